@@ -1,0 +1,29 @@
+"""fxinit: build big PyTorch models without allocating them, materialize exactly what you ask for.
+
+    m = fxinit.trace_init(MyModel, *args)     # deferred: shapes, dtypes, no storage
+    fxinit.materialize(m.layers[3])           # bit-for-bit what eager construction gives
+    graph = fxinit.init_graph(m)              # the recorded torch.fx init graph
+"""
+
+from fxinit.capture import DeferredTensor, clear_meta_init_cache, deferred_init, is_meta_init, meta_init, trace_init
+from fxinit.errors import DeferredInitError
+from fxinit.graph import InitGraph
+from fxinit.materialize import init_graph, is_deferred, materialize, materialize_module, materialize_tensor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DeferredInitError",
+    "DeferredTensor",
+    "InitGraph",
+    "clear_meta_init_cache",
+    "deferred_init",
+    "init_graph",
+    "is_deferred",
+    "is_meta_init",
+    "materialize",
+    "materialize_module",
+    "materialize_tensor",
+    "meta_init",
+    "trace_init",
+]

@@ -1,0 +1,94 @@
+"""Exact replay of init-graph nodes with PyTorch's own kernels.
+
+Each node runs the aten op it recorded, on the device eager construction would have
+used, in program order. Random ops draw from a private generator restored from the
+snapshot taken at capture, so the user's generators are neither read nor changed and
+any subset of nodes can run alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator, Mapping, Sequence
+
+import torch
+import torch.fx as fx
+
+from fxinit.rng import RngSnapshot, private_generator, swapped_default_generators
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    saved = torch.get_default_dtype()
+    if saved == dtype:
+        yield
+        return
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
+def _last_uses(nodes: Sequence[fx.Node]) -> dict[fx.Node, list[fx.Node]]:
+    """For each node, the values that can be dropped once it ran."""
+    last: dict[fx.Node, fx.Node] = {}
+    for n in nodes:
+        for inp in n.all_input_nodes:
+            last[inp] = n
+    drops: dict[fx.Node, list[fx.Node]] = {}
+    for value, user in last.items():
+        drops.setdefault(user, []).append(value)
+    return drops
+
+
+def run_nodes(
+    nodes: Sequence[fx.Node],
+    constants: Mapping[str, torch.Tensor],
+    rng: Mapping[str, RngSnapshot],
+    default_dtype: torch.dtype,
+    keep: set[fx.Node] | None = None,
+) -> dict[fx.Node, object]:
+    """Execute ``nodes`` (a slice in program order); return the values of ``keep``."""
+    keep = keep if keep is not None else set(nodes)
+    env: dict[fx.Node, object] = {}
+    drops = _last_uses(nodes)
+
+    def load(a: object) -> object:
+        return env[a] if isinstance(a, fx.Node) else a
+
+    with torch.no_grad(), _default_dtype(default_dtype):
+        for n in nodes:
+            if n.op == "get_attr":
+                c = constants[n.target]
+                value: object = torch.empty_strided(c.size(), c.stride(), dtype=c.dtype, device=c.device).copy_(c)
+            elif n.op == "call_function":
+                args = fx.node.map_aggregate(n.args, load)
+                kwargs = dict(fx.node.map_aggregate(n.kwargs, load))
+                rng_keys = n.meta.get("rng")
+                node_dtype = n.meta.get("default_dtype", default_dtype)
+                with _default_dtype(node_dtype):
+                    if rng_keys:
+                        value = _with_rng(n.target, args, kwargs, rng_keys, rng, "generator")
+                    else:
+                        value = n.target(*args, **kwargs)
+            else:
+                raise RuntimeError(f"fxinit cannot run init-graph node of kind {n.op!r}")
+            env[n] = value
+            for dead in drops.get(n, ()):
+                if dead not in keep:
+                    env.pop(dead, None)
+    return {n: env[n] for n in keep if n in env}
+
+
+def _with_rng(fn: Callable[..., object], args: tuple, kwargs: dict, keys: Mapping[str, str],
+              rng: Mapping[str, RngSnapshot], generator_kw: str) -> object:
+    """Call ``fn`` drawing from the recorded snapshots: a private generator passed in, and
+    the default generators temporarily set for code that draws from them implicitly."""
+    if "gen" in keys:
+        kwargs[generator_kw] = private_generator(rng[keys["gen"]])
+    defaults = {k: rng[v] for k, v in keys.items() if k.startswith("default:")}
+    if not defaults:
+        return fn(*args, **kwargs)
+    with swapped_default_generators(defaults):
+        return fn(*args, **kwargs)

@@ -1,0 +1,86 @@
+"""Entry points of capture: ``trace_init``, ``deferred_init`` and the ``meta_init`` block."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Callable, Iterator, TypeVar
+
+import torch
+
+from fxinit.capture.modes import active_modes
+from fxinit.capture.recorder import Recorder
+
+M = TypeVar("M", bound=torch.nn.Module)
+
+_local = threading.local()
+_META_INIT_RECORDERS: list[Recorder] = []
+
+
+def _depth() -> int:
+    return getattr(_local, "depth", 0)
+
+
+@contextlib.contextmanager
+def _capturing(recorder: Recorder) -> Iterator[None]:
+    fmode, dmode = active_modes(recorder)
+    recorder.capturing = True
+    _local.depth = _depth() + 1
+    try:
+        with fmode, dmode:
+            yield
+    finally:
+        _local.depth = _depth() - 1
+        recorder.capturing = False
+
+
+def trace_init(fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
+    """Build ``fn(*args, **kwargs)`` with every parameter and buffer deferred.
+
+    ``fn`` is a module class or any callable returning an ``nn.Module``. The result
+    has the shapes, dtypes, ``requires_grad`` and tying of eager construction but no
+    storage; its tensors report ``device='meta'``. The global random generators are
+    left exactly where eager construction would leave them, and any init applied to
+    the deferred tensors afterwards (``nn.init.*``, ``model.apply(...)``) is recorded too.
+    Use :func:`fxinit.materialize` to fill any part of it with eager-equal values.
+    """
+    recorder = Recorder("trace")
+    with _capturing(recorder):
+        module = fn(*args, **kwargs)
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"trace_init expects a callable returning an nn.Module, got {type(module).__name__}")
+    recorder.set_root(module)
+    return module
+
+
+def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
+    """torchdistX-compatible name of :func:`trace_init`."""
+    return trace_init(module_fn, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def meta_init() -> Iterator[None]:
+    """Defer every tensor created in the block, overriding explicit ``device=`` arguments.
+
+    Tensors (and modules) made inside can be materialized later, one by one, with
+    :func:`fxinit.materialize`; see ``keep_cache`` there.
+    """
+    recorder = Recorder("meta_init")
+    _META_INIT_RECORDERS.append(recorder)
+    with _capturing(recorder):
+        yield
+
+
+def is_meta_init() -> bool:
+    """True while a constructor runs under ``trace_init``/``meta_init`` (for module authors)."""
+    return _depth() > 0
+
+
+def clear_meta_init_cache() -> None:
+    """Forget the recorded graphs of ``meta_init`` blocks; their tensors can no longer be materialized."""
+    while _META_INIT_RECORDERS:
+        recorder = _META_INIT_RECORDERS.pop()
+        recorder.cleared = True
+        recorder.graph = None  # type: ignore[assignment]
+        recorder.constants.clear()
+        recorder.rng.clear()

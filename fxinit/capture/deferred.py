@@ -1,0 +1,217 @@
+"""DeferredTensor: a tensor with shape, dtype and intended device but no data.
+
+It is a meta tensor underneath (so every shape computation is PyTorch's own), with a
+``__torch_dispatch__`` that records each aten op into its recorder's graph and a
+``__torch_function__`` that keeps Python-level behaviour faithful:
+
+* during capture it reports its intended device (``cpu``, ``cuda:0``) and
+  ``is_meta == False``, so model code takes the same branches as in eager construction;
+  afterwards it reports ``device='meta'``;
+* ``.data`` reads and writes, ``.to()``/``.cpu()`` no-ops and ``new_tensor`` behave as on
+  a real tensor;
+* reading values (``.item()``, ``.tolist()``, ``numpy()``, ``bool(t)``) is answered
+  from a small exact shadow when one exists, and otherwise raises DeferredInitError;
+  raw storage access always raises.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from torch._C import TensorBase
+
+from fxinit.errors import DeferredInitError
+
+_META = torch.device("meta")
+STATE_ATTR = "_fxinit_state"
+
+# Getters and methods handled specially, keyed by the descriptor/function object.
+_DEVICE = TensorBase.device
+_IS_META = TensorBase.is_meta
+_IS_CPU = TensorBase.is_cpu
+_IS_CUDA = TensorBase.is_cuda
+_DATA = TensorBase.data
+_RAW_ACCESS = {
+    TensorBase.data_ptr,
+    TensorBase.untyped_storage,
+    torch.Tensor._typed_storage,
+    torch.Tensor.storage,
+    torch.Tensor.__dlpack__,
+}
+_VALUE_READS = {TensorBase.tolist, TensorBase.numpy, torch.Tensor.__array__}
+
+
+class DeferredState:
+    """What a DeferredTensor knows beyond its meta metadata."""
+
+    __slots__ = ("recorder", "node", "device")
+
+    def __init__(self, recorder: Any, node: Any, device: torch.device) -> None:
+        self.recorder = recorder
+        self.node = node
+        self.device = device
+
+
+def state_of(t: torch.Tensor) -> DeferredState:
+    return t.__dict__[STATE_ATTR]
+
+
+def is_deferred_tensor(t: object) -> bool:
+    return isinstance(t, DeferredTensor) and STATE_ATTR in t.__dict__
+
+
+class DeferredTensor(torch.Tensor):
+    """A tensor whose value is the output of a node of an init graph."""
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor | None = None, requires_grad: bool = True) -> torch.Tensor:
+        # Reached through ``type(param)(value, requires_grad=...)``: behave like Parameter.
+        if data is None or not is_deferred_tensor(data):
+            raise TypeError("DeferredTensor objects are created by fxinit capture only")
+        return torch.nn.Parameter(data, requires_grad=requires_grad)
+
+    def __repr__(self) -> str:  # never touches data
+        st = self.__dict__.get(STATE_ATTR)
+        dev = st.device if st is not None else "?"
+        kind = "Parameter" if getattr(self, "_is_param", False) else "tensor"
+        rg = ", requires_grad=True" if self.requires_grad else ""
+        return f"Deferred{kind.capitalize() if kind == 'tensor' else kind}(size={tuple(self.shape)}, dtype={self.dtype}, device='meta', intended_device='{dev}'{rg})"
+
+    __str__ = __repr__
+
+    def __deepcopy__(self, memo: dict) -> torch.Tensor:
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = self.clone(memory_format=torch.preserve_format)
+        if getattr(self, "_is_param", False):
+            new = torch.nn.Parameter(new, requires_grad=self.requires_grad)
+        else:
+            new.requires_grad_(self.requires_grad)
+        for k, v in self.__dict__.items():
+            if k not in (STATE_ATTR, "_is_param"):
+                new.__dict__[k] = v
+        memo[id(self)] = new
+        return new
+
+    def __reduce_ex__(self, proto: int) -> Any:
+        raise DeferredInitError(
+            "a deferred tensor cannot be pickled or saved",
+            hint="materialize it first (fxinit.materialize), or save the init graph (fxinit.init_graph(m))",
+        )
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        recorder = _recorder_of(args, kwargs)
+        return recorder.dispatch(func, args, kwargs or {})
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        owner = getattr(func, "__self__", None)
+        if owner is not None and getattr(func, "__name__", "") in ("__get__", "__set__"):
+            handled = _property(func.__name__, owner, args)
+            if handled is not _NOT_HANDLED:
+                return handled
+        elif func in _RAW_ACCESS:
+            _recorder_of(args, kwargs).fail_raw_access(func)
+        elif func in _VALUE_READS:
+            return _recorder_of(args, kwargs).read_values(func, args[0], args[1:], kwargs)
+        elif func is TensorBase.to or func is TensorBase.cpu or func is TensorBase.cuda:
+            result = _maybe_noop_move(func, args, kwargs)
+            if result is not None:
+                return result
+        elif func is TensorBase.new_tensor:
+            return _recorder_of(args, kwargs).new_tensor(args[0], *args[1:], **kwargs)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+
+_NOT_HANDLED = object()
+
+
+def _recorder_of(args: Any, kwargs: Any) -> Any:
+    for a in args:
+        if is_deferred_tensor(a):
+            return state_of(a).recorder
+        if isinstance(a, (list, tuple)):
+            for b in a:
+                if is_deferred_tensor(b):
+                    return state_of(b).recorder
+    for a in (kwargs or {}).values():
+        if is_deferred_tensor(a):
+            return state_of(a).recorder
+    raise RuntimeError("fxinit internal error: no deferred tensor among the arguments")
+
+
+def reported_device(t: torch.Tensor) -> torch.device:
+    st = state_of(t)
+    return st.device if st.recorder.capturing else _META
+
+
+def _property(kind: str, owner: Any, args: tuple) -> Any:
+    t = args[0]
+    if not is_deferred_tensor(t):
+        return _NOT_HANDLED
+    if kind == "__get__":
+        if owner is _DEVICE:
+            return reported_device(t)
+        if owner is _IS_META:
+            rec = state_of(t).recorder
+            if rec.try_record_opaque(sys._getframe(2), t):
+                return True
+            return reported_device(t).type == "meta"
+        if owner is _IS_CPU:
+            return reported_device(t).type == "cpu"
+        if owner is _IS_CUDA:
+            return reported_device(t).type == "cuda"
+        if owner is _DATA:
+            return state_of(t).recorder.data_alias(t)
+    elif kind == "__set__" and owner is _DATA:
+        state_of(t).recorder.set_data(t, args[1])
+        return None
+    return _NOT_HANDLED
+
+
+def _maybe_noop_move(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """``t.to(...)`` that eager would answer with ``t`` itself must do the same here."""
+    t = args[0]
+    if not is_deferred_tensor(t):
+        return None
+    st = state_of(t)
+    if func is TensorBase.cpu:
+        return t if st.device.type == "cpu" else None
+    if func is TensorBase.cuda:
+        return None
+    device = dtype = None
+    copy = kwargs.get("copy", False)
+    if kwargs.get("memory_format") not in (None, torch.preserve_format):
+        return None
+    rest = list(args[1:])
+    for a in rest:
+        if isinstance(a, torch.dtype):
+            dtype = a
+        elif isinstance(a, (str, torch.device)):
+            device = torch.device(a)
+        elif isinstance(a, torch.Tensor):
+            dtype, device = a.dtype, a.device
+        elif isinstance(a, bool):
+            copy = copy or False
+        else:
+            return None
+    device = torch.device(kwargs["device"]) if kwargs.get("device") is not None else device
+    dtype = kwargs.get("dtype", dtype) or dtype
+    if copy:
+        return None
+    if dtype is not None and dtype != t.dtype:
+        return None
+    if device is not None:
+        if device.type == "meta":
+            return None
+        if device.type != st.device.type:
+            return None
+        if device.index is not None and st.device.index is not None and device.index != st.device.index:
+            return None
+    return t

@@ -1,0 +1,149 @@
+"""Where an init op came from: the user's source line, the module, the init function.
+
+Capture calls these for every recorded op, so they only walk frames and keep strings
+and weak references; module paths are resolved to fully qualified names once the
+root module exists.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+import sys
+import types
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_FXINIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_INIT_FILE = os.path.join(_TORCH_DIR, "nn", "init.py")
+_INIT_METHOD_NAMES = {"_init_weights", "reset_parameters", "init_weights", "_initialize_weights", "post_init"}
+_ASSIGN = re.compile(r"self\.(\w+)\s*(?:=|\.append\(|\.extend\(|\.add_module\(|\[)")
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where one recorded op came from (strings only, cheap to keep and to save)."""
+
+    source: str | None  # "path/to/file.py:123"
+    init_fn: str | None  # "torch.nn.init.kaiming_uniform_", "LlamaPreTrainedModel._init_weights"
+    module_class: str | None
+
+
+def _frames(start: types.FrameType | None) -> Iterator[types.FrameType]:
+    f = start
+    while f is not None:
+        yield f
+        f = f.f_back
+
+
+def _is_internal(filename: str) -> bool:
+    return filename.startswith(_FXINIT_DIR) or filename.startswith(_TORCH_DIR)
+
+
+def user_frame(start: types.FrameType | None = None) -> types.FrameType | None:
+    """The innermost frame that belongs neither to torch nor to fxinit."""
+    for f in _frames(start or sys._getframe(1)):
+        if not _is_internal(f.f_code.co_filename):
+            return f
+    return None
+
+
+def format_source(frame: types.FrameType | None) -> str | None:
+    if frame is None:
+        return None
+    filename, lineno = frame.f_code.co_filename, frame.f_lineno
+    line = linecache.getline(filename, lineno).strip()
+    loc = f"{filename}:{lineno}"
+    return f"{loc}: {line}" if line else loc
+
+
+def _frame_module(f: types.FrameType) -> torch.nn.Module | None:
+    code = f.f_code
+    if code.co_argcount == 0:
+        return None
+    first = f.f_locals.get(code.co_varnames[0])
+    return first if isinstance(first, torch.nn.Module) else None
+
+
+def current_provenance(start: types.FrameType | None = None) -> tuple[Provenance, torch.nn.Module | None]:
+    """Provenance of the op being recorded now, and the innermost module on the stack."""
+    user = None
+    init_fn = None
+    module = None
+    for f in _frames(start or sys._getframe(1)):
+        code = f.f_code
+        filename = code.co_filename
+        if init_fn is None:
+            if filename == _INIT_FILE and not code.co_name.startswith("_"):
+                init_fn = f"torch.nn.init.{code.co_name}"
+            elif code.co_name in _INIT_METHOD_NAMES:
+                owner = _frame_module(f)
+                init_fn = f"{type(owner).__name__}.{code.co_name}" if owner is not None else code.co_name
+        if user is None and not _is_internal(filename):
+            user = f
+        if module is None:
+            module = _frame_module(f)
+        if user is not None and init_fn is not None and module is not None:
+            break
+    prov = Provenance(
+        source=format_source(user),
+        init_fn=init_fn,
+        module_class=type(module).__name__ if module is not None else None,
+    )
+    return prov, module
+
+
+def module_path_from_stack(
+    start: types.FrameType | None = None, known: dict[int, str] | None = None
+) -> str | None:
+    """Best-effort dotted path of the module being built or initialized right now.
+
+    A module whose constructor is still running is not attached to its parent yet, so
+    its name is read from the parent's source line (``self.attn = Attention(...)``,
+    ``self.layers.append(...)``); list comprehensions contribute their integer loop
+    variable. Modules already attached are named exactly through ``known``.
+    """
+    known = known or {}
+    chain: list[tuple[torch.nn.Module, types.FrameType]] = []
+    comp_index: dict[int, str] = {}
+    pending_index: str | None = None
+    for f in _frames(start or sys._getframe(1)):
+        m = _frame_module(f)
+        if m is not None:
+            if chain and chain[-1][0] is m:
+                chain[-1] = (m, f)  # outermost frame of the same module carries the assignment line
+                continue
+            if pending_index is not None and chain:
+                comp_index[id(chain[-1][0])] = pending_index
+            pending_index = None
+            chain.append((m, f))
+        elif f.f_code.co_name in ("<listcomp>", "<genexpr>", "<dictcomp>"):
+            ints = [v for k, v in f.f_locals.items() if not k.startswith(".") and isinstance(v, int)]
+            pending_index = str(ints[-1]) if ints else "?"
+    if not chain:
+        return None
+    chain.reverse()  # outermost first
+    for i, (m, _) in enumerate(reversed(chain)):
+        if id(m) in known:
+            start_i = len(chain) - 1 - i
+            parts = [known[id(m)]] if known[id(m)] else []
+            break
+    else:
+        start_i = 0
+        parts = [type(chain[0][0]).__name__]
+    for (parent, pframe), (child, _) in zip(chain[start_i:], chain[start_i + 1 :]):
+        line = linecache.getline(pframe.f_code.co_filename, pframe.f_lineno)
+        match = _ASSIGN.search(line)
+        name = match.group(1) if match else f"<{type(child).__name__}>"
+        parts.append(name)
+        if id(child) in comp_index:
+            parts.append(comp_index[id(child)])
+        elif match and ".append(" in line[match.start() :]:
+            existing = getattr(parent, name, None)
+            if isinstance(existing, (torch.nn.ModuleList, torch.nn.Sequential, list)):
+                parts.append(str(len(existing)))
+    return ".".join(p for p in parts if p)

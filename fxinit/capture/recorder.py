@@ -1,0 +1,531 @@
+"""The Recorder: turns aten calls on deferred tensors into init-graph nodes.
+
+One Recorder backs one ``trace_init`` (or one ``meta_init`` block) and everything done to
+its tensors afterwards. For every op it
+
+1. lifts real tensors among the arguments into graph constants,
+2. runs PyTorch's meta kernel to learn output shapes, strides and aliasing,
+3. appends an fx node with the storages the op read and wrote,
+4. for random ops, snapshots the generator and advances it exactly as eager would,
+5. keeps a small exact *shadow* value for tensors computed only from constants (drop-path
+   schedules, ``arange``), so data-dependent Python on them (``.item()``, ``.tolist()``)
+   gets the eager answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import sys
+import weakref
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.fx as fx
+from torch._C import TensorBase
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from fxinit.capture.deferred import STATE_ATTR, DeferredState, DeferredTensor, is_deferred_tensor, state_of
+from fxinit.capture.opaque import find_opaque_call
+from fxinit.capture.provenance import current_provenance, format_source, module_path_from_stack, user_frame
+from fxinit.errors import DeferredInitError
+from fxinit.graph import TensorSpec
+from fxinit.ops import call_init_function, resolve_init_function
+from fxinit.rng import RngSnapshot, default_generator_for, snapshot
+
+aten = torch.ops.aten
+_META = torch.device("meta")
+_CPU = torch.device("cpu")
+
+#: Tensors up to this many elements computed only from constants keep an exact shadow.
+SHADOW_LIMIT = 1 << 16
+
+_LIFT_OPS = {aten.lift_fresh.default, aten.lift_fresh_copy.default, aten.lift.default}
+_DATA_DEPENDENT = {
+    aten._local_scalar_dense.default,
+    aten.is_nonzero.default,
+    aten.equal.default,
+    aten.nonzero.default,
+    aten.masked_select.default,
+    aten._unique2.default,
+    aten.unique_dim.default,
+    aten.unique_consecutive.default,
+    aten.bincount.default,
+    aten.repeat_interleave.Tensor,
+    aten._assert_async.default,
+    aten._assert_async.msg,
+}
+_WHAT_THE_USER_WROTE = {
+    aten._local_scalar_dense.default: "Tensor.item() / float(t) / int(t)",
+    aten.is_nonzero.default: "bool(tensor) (e.g. `if t:` or `if t.any():`)",
+    aten.nonzero.default: "Tensor.nonzero() / torch.where(cond)",
+    aten.equal.default: "torch.equal",
+}
+
+
+def _is_random(func: Any) -> bool:
+    if torch.Tag.nondeterministic_seeded in func.tags:
+        return True
+    return any("Generator" in str(a.type) for a in func._schema.arguments)
+
+
+def _mutated_arg_indices(func: Any) -> list[int]:
+    return [i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+
+
+def _schema_value(func: Any, args: tuple, kwargs: dict, i: int) -> Any:
+    if i < len(args):
+        return args[i]
+    return kwargs.get(func._schema.arguments[i].name)
+
+
+def _tensors_in(x: Any) -> list[torch.Tensor]:
+    flat, _ = tree_flatten(x)
+    return [t for t in flat if isinstance(t, torch.Tensor)]
+
+
+class StorageInfo:
+    """One (meta) storage: an id for slicing and an optional exact shadow value."""
+
+    __slots__ = ("sid", "keepalive", "shadow")
+
+    def __init__(self, sid: int, keepalive: Any) -> None:
+        self.sid = sid
+        self.keepalive = keepalive
+        self.shadow: torch.Tensor | None = None  # flat real CPU tensor over the whole storage
+
+
+class Recorder:
+    """Records init ops of one trace into an fx graph."""
+
+    def __init__(self, kind: str = "trace") -> None:
+        self.kind = kind
+        self.graph = fx.Graph()
+        self.constants: dict[str, torch.Tensor] = {}
+        self.rng: dict[str, RngSnapshot] = {}
+        self.default_dtype = torch.get_default_dtype()
+        self.capturing = False
+        self.cleared = False
+        self._pos = 0
+        self._storages: dict[int, StorageInfo] = {}
+        self._suspended = 0
+        self._root: weakref.ReferenceType | None = None
+        self._paths: dict[int, str] = {}
+
+    # ------------------------------------------------------------------ helpers
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Real computation inside capture: the capture modes let ops through."""
+        self._suspended += 1
+        try:
+            yield
+        finally:
+            self._suspended -= 1
+
+    @property
+    def is_suspended(self) -> bool:
+        return self._suspended > 0
+
+    def set_root(self, module: torch.nn.Module) -> None:
+        self._root = weakref.ref(module)
+        self._paths = {}
+
+    def module_paths(self) -> dict[int, str]:
+        """id(module) -> dotted path under the traced root (empty while it is being built)."""
+        root = self._root() if self._root is not None else None
+        if root is not None and not self._paths:
+            for name, mod in root.named_modules(remove_duplicate=False):
+                self._paths.setdefault(id(mod), name)
+        return self._paths
+
+    def _storage(self, t: torch.Tensor) -> StorageInfo:
+        with torch._C.DisableTorchFunctionSubclass():
+            st = TensorBase.untyped_storage(t)
+        key = st._cdata
+        info = self._storages.get(key)
+        if info is None:
+            info = StorageInfo(len(self._storages), st)
+            self._storages[key] = info
+        return info
+
+    def storage_id(self, t: torch.Tensor) -> int:
+        return self._storage(t).sid
+
+    def shadow_of(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The exact real value of deferred ``t`` if it is known (small, constant-derived)."""
+        if not is_deferred_tensor(t):
+            return t
+        info = self._storage(t)
+        flat = info.shadow
+        if flat is None or flat.dtype != t.dtype:
+            return None
+        return flat.as_strided(t.size(), t.stride(), t.storage_offset())
+
+    def _set_shadow(self, t: torch.Tensor, real: torch.Tensor) -> None:
+        if real.stride() != t.stride() or real.storage_offset() != t.storage_offset() or real.dtype != t.dtype:
+            return
+        real = real.detach()
+        if real.device.type != "cpu":
+            return
+        flat = torch.empty(0, dtype=real.dtype).set_(real.untyped_storage())
+        self._storage(t).shadow = flat
+
+    def _wrap(self, meta: torch.Tensor, node: fx.Node, device: torch.device) -> torch.Tensor:
+        with torch._C._DisableTorchDispatch():
+            t = torch.Tensor._make_subclass(DeferredTensor, meta, meta.requires_grad)
+        t.__dict__[STATE_ATTR] = DeferredState(self, node, device)
+        node.meta["spec"] = TensorSpec.of(meta, device)
+        return t
+
+    def _node(self, target: Any, args: tuple, kwargs: dict, op: str = "call_function") -> fx.Node:
+        node = self.graph.create_node(op, target, args, kwargs)
+        node.meta["pos"] = self._pos
+        self._pos += 1
+        dt = torch.get_default_dtype()
+        if dt != self.default_dtype:
+            node.meta["default_dtype"] = dt
+        prov, module = current_provenance(sys._getframe(2))
+        node.meta["prov"] = prov
+        if module is not None:
+            node.meta["module_ref"] = weakref.ref(module)
+        return node
+
+    # ------------------------------------------------------------------ errors
+    def fail(self, what: str, op: str | None, hint: str) -> DeferredInitError:
+        frame = sys._getframe(1)
+        return DeferredInitError(
+            what,
+            op=op,
+            module=module_path_from_stack(frame, self.module_paths()),
+            source=format_source(user_frame(frame)),
+            hint=hint,
+        )
+
+    def fail_raw_access(self, func: Any) -> None:
+        raise self.fail(
+            "fxinit cannot give raw storage access to a deferred tensor (it has no data yet)",
+            op=getattr(func, "__name__", str(func)),
+            hint="materialize the tensor first, or guard this code with `if not fxinit.is_meta_init():`",
+        )
+
+    def _check_live(self) -> None:
+        if self.cleared:
+            raise DeferredInitError(
+                "this deferred tensor's meta-init cache was cleared, so it can no longer be materialized",
+                hint="pass keep_cache=True to materialize() when materializing tensors one at a time",
+            )
+
+    # ------------------------------------------------------------------ constants
+    def lift(self, real: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+        """A deferred tensor whose value is a copy of ``real`` (a graph constant)."""
+        if is_deferred_tensor(real):
+            return real
+        with self.suspended(), torch.no_grad():
+            value = torch.empty_strided(real.size(), real.stride(), dtype=real.dtype, device=real.device)
+            value.copy_(real.detach())
+        name = f"_const{len(self.constants)}"
+        self.constants[name] = value
+        node = self._node(name, (), {}, op="get_attr")
+        with torch._C._DisableTorchDispatch():
+            meta = torch.empty_strided(real.size(), real.stride(), dtype=real.dtype, device=_META)
+        t = self._wrap(meta, node, real.device)
+        if value.numel() <= SHADOW_LIMIT:
+            with self.suspended():
+                self._set_shadow(t, value.to("cpu", copy=True) if value.device.type != "cpu" else value.clone())
+        if device is not None and device != real.device:
+            t = self.dispatch(aten._to_copy.default, (t,), {"device": device})
+        return t
+
+    def constant_from(self, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
+        """``torch.tensor(data)``, ``from_numpy`` & co. during capture."""
+        kwargs = dict(kwargs)
+        device = kwargs.pop("device", None)
+        requires_grad = kwargs.pop("requires_grad", False)
+        data = args[0] if args else kwargs.get("data")
+        if is_deferred_tensor(data):
+            dtype = kwargs.get("dtype")
+            out = data.to(dtype=dtype or data.dtype, device=device or state_of(data).device,
+                          copy=func is torch.tensor)
+            return out.detach().requires_grad_(requires_grad) if func is torch.tensor else out
+        if device is None:
+            device = torch.get_default_device() if func not in (torch.from_numpy, torch.frombuffer) else _CPU
+        with self.suspended():
+            real = func(*args, **kwargs) if func in (torch.from_numpy, torch.frombuffer) else func(*args, device="cpu", **kwargs)
+        t = self.lift(real, torch.device(device))
+        if requires_grad:
+            t.requires_grad_(True)
+        return t
+
+    def new_tensor(self, self_t: torch.Tensor, data: Any, dtype: torch.dtype | None = None,
+                   device: Any = None, requires_grad: bool = False, **_: Any) -> torch.Tensor:
+        st = state_of(self_t)
+        target = torch.device(device) if device is not None else st.device
+        if is_deferred_tensor(data):
+            out = data.detach().to(dtype=dtype or data.dtype, device=target, copy=True)
+        else:
+            with self.suspended():
+                real = torch.tensor(data, dtype=dtype or self_t.dtype, device="cpu")
+            out = self.lift(real, target)
+        return out.requires_grad_(requires_grad) if requires_grad else out
+
+    # ------------------------------------------------------------------ .data
+    def data_alias(self, t: torch.Tensor) -> torch.Tensor:
+        return self.dispatch(aten.detach.default, (t,), {})
+
+    def set_data(self, t: torch.Tensor, src: torch.Tensor) -> None:
+        """``t.data = src``: rebind ``t`` to ``src``'s storage and metadata (no write)."""
+        if not isinstance(src, torch.Tensor):
+            raise TypeError("Tensor.data must be set to a tensor")
+        src = self.lift(src) if not is_deferred_tensor(src) else src
+        alias = self.dispatch(aten.detach.default, (src,), {})
+        with torch._C.DisableTorchFunctionSubclass():
+            TensorBase.data.__set__(t, src)
+        st = state_of(t)
+        st.node = state_of(alias).node
+        st.device = state_of(src).device
+
+    # ------------------------------------------------------------------ value reads
+    def read_values(self, func: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:
+        shadow = self.shadow_of(t)
+        if shadow is None:
+            raise self.fail(
+                f"fxinit cannot read the values of a deferred tensor during capture ({getattr(func, '__name__', func)})",
+                op=f"Tensor.{getattr(func, '__name__', func)}",
+                hint=self._value_hint(),
+            )
+        with self.suspended():
+            return func(shadow, *args, **kwargs)
+
+    def _value_hint(self) -> str:
+        return ("values are only known during capture for small tensors computed from constants; "
+                "move this computation out of __init__, guard it with `if not fxinit.is_meta_init():`, "
+                "or build this model eagerly")
+
+    # ------------------------------------------------------------------ opaque init functions
+    def try_record_opaque(self, frame: Any, t: torch.Tensor) -> bool:
+        call = find_opaque_call(frame, t)
+        if call is None:
+            return False
+        self._check_live()
+        st = state_of(t)
+        kwargs = dict(call.kwargs)
+        gen = kwargs.get("generator")
+        node_kwargs = {k: (None if k == "generator" else v) for k, v in kwargs.items()}
+        keys: dict[str, str] = {}
+        if st.device.type != "meta":
+            keys[f"default:{_CPU}"] = self._snapshot(torch.default_generator)
+            if st.device.type != "cpu":
+                keys[f"default:{st.device}"] = self._snapshot(default_generator_for(st.device))
+            if gen is not None:
+                keys["gen"] = self._snapshot(gen)
+            with self.suspended():
+                scratch = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=st.device)
+                resolve_init_function(call.qualname)(scratch, **kwargs)
+        sid = self.storage_id(t)
+        node = self._node(call_init_function, (call.qualname, st.node), node_kwargs)
+        node.meta.update(reads=(sid,), mutates=(sid,), rng=keys, opaque=call.qualname)
+        self._storage(t).shadow = None
+        return True
+
+    # ------------------------------------------------------------------ rng
+    def _snapshot(self, gen: torch.Generator) -> str:
+        key = f"rng{len(self.rng)}"
+        self.rng[key] = snapshot(gen)
+        return key
+
+    def _advance(self, func: Any, args: tuple, kwargs: dict, device: torch.device) -> None:
+        """Consume exactly the random numbers eager would, on a scratch copy."""
+        mutated = {id(_schema_value(func, args, kwargs, i)) for i in _mutated_arg_indices(func)}
+
+        def real(x: Any) -> Any:
+            if not is_deferred_tensor(x):
+                return x
+            shadow = self.shadow_of(x)
+            if shadow is not None and id(x) not in mutated:
+                return shadow.to(device)
+            alloc = torch.empty_strided if id(x) in mutated else _zeros_strided
+            return alloc(x.size(), x.stride(), dtype=x.dtype, device=state_of(x).device)
+
+        with self.suspended(), torch.no_grad():
+            rargs = tree_map(real, args)
+            rkwargs = tree_map(real, kwargs)
+            if "device" in rkwargs:
+                rkwargs["device"] = device
+            func(*rargs, **rkwargs)
+
+    # ------------------------------------------------------------------ the op
+    def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        self._check_live()
+        if func in _LIFT_OPS:
+            return self.lift(args[0])
+        args, kwargs = self._lift_reals(func, args, kwargs)
+        inputs = [t for t in _tensors_in((args, kwargs)) if is_deferred_tensor(t)]
+        if func in _DATA_DEPENDENT:
+            return self._via_shadows(func, args, kwargs, inputs, data_dependent=True)
+        device = self._output_device(func, inputs, kwargs)
+        mkwargs = dict(kwargs)
+        if "device" in mkwargs:
+            mkwargs["device"] = _META
+        if "generator" in mkwargs:
+            mkwargs["generator"] = None
+        try:
+            with torch._C._DisableTorchDispatch():
+                mout = func(*args, **mkwargs)
+        except DeferredInitError:
+            raise
+        except Exception as exc:  # no meta kernel, or data-dependent output shape
+            return self._via_shadows(func, args, kwargs, inputs, data_dependent=False, cause=exc)
+        return self._record(func, args, kwargs, inputs, mout, device)
+
+    def _lift_reals(self, func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        def lift(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and not is_deferred_tensor(x):
+                if x.device.type == "meta":
+                    raise self.fail(
+                        "a plain meta tensor (not created under fxinit) was mixed into a deferred computation",
+                        op=str(func),
+                        hint="create this tensor inside trace_init/meta_init, or on a real device",
+                    )
+                return self.lift(x)
+            if is_deferred_tensor(x) and state_of(x).recorder is not self:
+                raise self.fail(
+                    "tensors from two different fxinit traces were combined in one op",
+                    op=str(func),
+                    hint="materialize one of them first, or construct both under one trace_init",
+                )
+            return x
+
+        return tree_map(lift, args), tree_map(lift, kwargs)
+
+    def _output_device(self, func: Any, inputs: list[torch.Tensor], kwargs: dict) -> torch.device:
+        dev = kwargs.get("device")
+        if dev is not None:
+            dev = torch.device(dev)
+            if dev.type != "meta" or not inputs:
+                return dev  # explicit device; ``x.new_*`` passes x's (meta) device, which means "like x"
+        if not inputs:
+            return _CPU
+        devices = [state_of(t).device for t in inputs]
+        for t, d in zip(inputs, devices):
+            if d.type != "cpu" and t.dim() > 0:
+                return d
+        for d in devices:
+            if d.type != "cpu":
+                return d
+        return devices[0]
+
+    def _graph_args(self, func: Any, args: tuple, kwargs: dict, device: torch.device) -> tuple[tuple, dict]:
+        def to_node(x: Any) -> Any:
+            if is_deferred_tensor(x):
+                return state_of(x).node
+            if isinstance(x, torch.Generator):
+                return None
+            return x
+
+        gargs = tree_map(to_node, args)
+        gkwargs = tree_map(to_node, kwargs)
+        if "device" in gkwargs:
+            gkwargs["device"] = device
+        return gargs, gkwargs
+
+    def _record(self, func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor], mout: Any,
+                device: torch.device, real_out: Any = None) -> Any:
+        reads = tuple(dict.fromkeys(self.storage_id(t) for t in inputs))
+        mutated_objs = [t for i in _mutated_arg_indices(func) for t in _tensors_in(_schema_value(func, args, kwargs, i))]
+        mutates = tuple(dict.fromkeys(self.storage_id(t) for t in mutated_objs))
+        gargs, gkwargs = self._graph_args(func, args, kwargs, device)
+        random = _is_random(func) and device.type != "meta"
+        if random:
+            gen = kwargs.get("generator")
+            key = self._snapshot(gen if gen is not None else default_generator_for(device))
+            self._advance(func, args, kwargs, device)
+        node = self._node(func, gargs, gkwargs)
+        node.meta.update(reads=reads, mutates=mutates)
+        if random:
+            takes_generator = any(a.name == "generator" for a in func._schema.arguments)
+            node.meta["rng"] = {"gen" if takes_generator else f"default:{device}": key}
+
+        input_ids = {id(t): t for t in inputs}
+        flat_out, spec = tree_flatten(mout)
+        fresh: list[tuple[torch.Tensor, int]] = []
+        results = []
+        multi = not isinstance(mout, torch.Tensor)
+        for j, o in enumerate(flat_out):
+            if not isinstance(o, torch.Tensor):
+                results.append(o)
+            elif id(o) in input_ids:
+                results.append(input_ids[id(o)])  # in-place / out=: the same Python object
+            else:
+                vnode = node
+                if multi:
+                    vnode = self._node(operator.getitem, (node, j), {})
+                    vnode.meta.update(reads=(), mutates=())
+                with torch._C.DisableTorchFunctionSubclass():
+                    known = TensorBase.untyped_storage(o)._cdata in self._storages
+                w = self._wrap(o, vnode, device)
+                if not known:
+                    fresh.append((w, j))
+                results.append(w)
+        if multi:
+            node.meta["spec"] = None
+        self._update_shadows(func, args, kwargs, inputs, mutated_objs, fresh, random, real_out)
+        out = tree_unflatten(results, spec)
+        return out
+
+    def _update_shadows(self, func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
+                        mutated: list[torch.Tensor], fresh: list[tuple[torch.Tensor, int]], random: bool,
+                        real_out: Any) -> None:
+        shadows_known = all(self.shadow_of(t) is not None for t in inputs)
+        small = all(w.numel() <= SHADOW_LIMIT for w, _ in fresh)
+        if random or not shadows_known or not (mutated or (fresh and small)):
+            for t in mutated:
+                self._storage(t).shadow = None
+            return
+        if real_out is None:
+            real_out = self._compute_real(func, args, kwargs)
+        flat_real, _ = tree_flatten(real_out)
+        for w, j in fresh:
+            r = flat_real[j]
+            if isinstance(r, torch.Tensor):
+                self._set_shadow(w, r)
+
+    def _compute_real(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        def real(x: Any) -> Any:
+            return self.shadow_of(x) if is_deferred_tensor(x) else x
+
+        rkwargs = tree_map(real, kwargs)
+        if "device" in rkwargs:
+            rkwargs["device"] = _CPU
+        with self.suspended(), torch.no_grad():
+            return func(*tree_map(real, args), **rkwargs)
+
+    def _via_shadows(self, func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
+                     data_dependent: bool, cause: Exception | None = None) -> Any:
+        """Ops whose result depends on values: answer exactly from shadows, or refuse."""
+        if all(self.shadow_of(t) is not None for t in inputs) and not _is_random(func):
+            real_out = self._compute_real(func, args, kwargs)
+            if not _tensors_in(real_out):
+                return real_out  # a Python value (item, bool): nothing to record
+            device = self._output_device(func, inputs, kwargs)
+            with torch._C._DisableTorchDispatch():
+                mout = tree_map(
+                    lambda r: torch.empty_strided(r.size(), r.stride(), dtype=r.dtype, device=_META)
+                    if isinstance(r, torch.Tensor) else r, real_out)
+            return self._record(func, args, kwargs, inputs, mout, device, real_out=real_out)
+        if data_dependent:
+            what = _WHAT_THE_USER_WROTE.get(func, str(func))
+            raise self.fail(
+                f"fxinit cannot defer {what}: it needs the value of a deferred tensor during construction",
+                op=str(func),
+                hint=self._value_hint(),
+            )
+        raise self.fail(
+            f"fxinit cannot defer {func}: {type(cause).__name__}: {str(cause).splitlines()[0] if cause else ''}",
+            op=str(func),
+            hint="this operator has no meta implementation or needs data; compute it outside the constructor "
+                 "or guard it with `if not fxinit.is_meta_init():`",
+        )
+
+
+def _zeros_strided(size: Any, stride: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty_strided(size, stride, dtype=dtype, device=device).zero_()

@@ -1,0 +1,267 @@
+"""Running slices of the init graph and swapping the results into the user's objects.
+
+Values are computed first for everything requested, then swapped in with
+``torch.utils.swap_tensors``: the same Python objects become real tensors (Parameter
+identity, Python attributes such as ``_is_hf_initialized`` and optimizer references
+survive), and a failure while computing leaves every tensor deferred, never half done.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from typing import Any, Callable, Iterable, TypeVar
+
+import torch
+import torch.fx as fx
+
+from fxinit.backends.eager import run_nodes
+from fxinit.capture.api import _META_INIT_RECORDERS, clear_meta_init_cache
+from fxinit.capture.deferred import STATE_ATTR, is_deferred_tensor, state_of
+from fxinit.capture.recorder import Recorder
+from fxinit.errors import DeferredInitError
+from fxinit.graph import InitGraph, OutputInfo
+from fxinit.passes.slicing import required_nodes
+
+T = TypeVar("T")
+Location = tuple[torch.nn.Module, str, str]  # (module, attribute name, "_parameters" | "_buffers")
+
+
+def _deferred_in_module(module: torch.nn.Module, buffers_only: bool = False
+                        ) -> tuple[list[torch.Tensor], dict[int, list[Location]]]:
+    tensors: dict[int, torch.Tensor] = {}
+    where: dict[int, list[Location]] = defaultdict(list)
+    for mod in module.modules():
+        kinds = ("_buffers",) if buffers_only else ("_parameters", "_buffers")
+        for kind in kinds:
+            for name, t in getattr(mod, kind).items():
+                if t is not None and is_deferred_tensor(t):
+                    tensors.setdefault(id(t), t)
+                    where[id(t)].append((mod, name, kind))
+    return list(tensors.values()), where
+
+
+def is_deferred(obj: torch.nn.Module | torch.Tensor) -> bool:
+    """True if ``obj`` (a module, recursively, or a tensor) still has deferred tensors."""
+    if isinstance(obj, torch.nn.Module):
+        return bool(_deferred_in_module(obj)[0])
+    return is_deferred_tensor(obj)
+
+
+def _compute(recorder: Recorder, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    recorder._check_live()
+    targets = [(state_of(t).node, recorder.storage_id(t)) for t in tensors]
+    nodes = required_nodes(list(recorder.graph.nodes), targets)
+    env = run_nodes(nodes, recorder.constants, recorder.rng, recorder.default_dtype,
+                    keep={node for node, _ in targets})
+    values = []
+    for t, (node, _) in zip(tensors, targets):
+        v = env[node]
+        if not isinstance(v, torch.Tensor) or v.shape != t.shape or v.dtype != t.dtype:
+            raise DeferredInitError(
+                f"fxinit internal error: replay produced {type(v).__name__} "
+                f"{getattr(v, 'shape', '')} {getattr(v, 'dtype', '')} for a tensor of {tuple(t.shape)} {t.dtype}",
+                hint="please report this with the model that triggers it",
+            )
+        values.append(v)
+    return values
+
+
+def _move(values: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Move to ``device`` keeping tensors that shared a storage sharing one."""
+    moved_storage: dict[int, torch.UntypedStorage] = {}
+    out = []
+    for v in values:
+        if v.device == device:
+            out.append(v)
+            continue
+        st = v.untyped_storage()
+        key = st.data_ptr()
+        if key not in moved_storage:
+            new = torch.UntypedStorage(st.nbytes(), device=device)
+            new.copy_(st)
+            moved_storage[key] = new
+        out.append(torch.empty(0, dtype=v.dtype, device=device).set_(
+            moved_storage[key], v.storage_offset(), v.size(), v.stride()))
+    return out
+
+
+def _replacement(t: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    if getattr(t, "_is_param", False):
+        new = torch.nn.Parameter(value, requires_grad=t.requires_grad)
+    else:
+        new = value.detach()
+        if t.requires_grad:
+            new.requires_grad_(True)
+    for k, v in t.__dict__.items():
+        if k not in (STATE_ATTR, "_is_param"):
+            new.__dict__[k] = v
+    return new
+
+
+def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dict[int, list[Location]]) -> None:
+    for t, v in zip(tensors, values):
+        new = _replacement(t, v)
+        try:
+            torch.utils.swap_tensors(t, new)
+        except RuntimeError as exc:
+            places = where.get(id(t))
+            if not places:
+                raise DeferredInitError(
+                    f"fxinit could not swap the materialized value into this tensor object: {exc}",
+                    hint="drop other references (weakrefs) to the deferred tensor, or materialize its module",
+                ) from exc
+            warnings.warn(f"fxinit: could not swap in place ({exc}); replaced the module attribute instead, "
+                          "so other references to the old object stay deferred", stacklevel=3)
+            for mod, name, kind in places:
+                getattr(mod, kind)[name] = new
+
+
+def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Location]],
+                         device: torch.device | str | None, init: bool) -> None:
+    by_recorder: dict[int, tuple[Recorder, list[torch.Tensor]]] = {}
+    for t in tensors:
+        rec = state_of(t).recorder
+        by_recorder.setdefault(id(rec), (rec, []))[1].append(t)
+    target = torch.device(device) if device is not None else None
+    plan: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
+    for rec, ts in by_recorder.values():
+        if init:
+            values = _compute(rec, ts)
+        else:
+            values = [torch.empty_strided(t.size(), t.stride(), dtype=t.dtype,
+                                          device=target or state_of(t).device) for t in ts]
+        if target is not None:
+            values = _move(values, target)
+        plan.append((ts, values))
+    for ts, values in plan:
+        _swap_in(ts, values, where)
+
+
+M = TypeVar("M", torch.nn.Module, torch.Tensor)
+
+
+def materialize(obj: M, *, device: torch.device | str | None = None, init: bool = True,
+                keep_cache: bool = False) -> M:
+    """Fill the deferred tensors of ``obj`` in place and return ``obj``.
+
+    ``obj`` is a module (all its parameters and buffers, recursively; any submodule,
+    in any order) or a deferred tensor. Values are bit-for-bit those of eager
+    construction followed by any init recorded since. ``device=None`` keeps each tensor's
+    intended device; otherwise values are computed where eager would have computed them
+    and moved. ``init=False`` only allocates (the ``to_empty`` pattern).
+    ``keep_cache=False`` clears the ``meta_init`` cache after materializing a tensor or
+    module made under ``meta_init`` (seed semantics); pass True to materialize more later.
+    """
+    if isinstance(obj, torch.nn.Module):
+        tensors, where = _deferred_in_module(obj)
+    elif is_deferred_tensor(obj):
+        tensors, where = [obj], {}
+    elif isinstance(obj, torch.Tensor):
+        return obj
+    else:
+        raise TypeError(f"materialize expects an nn.Module or a tensor, got {type(obj).__name__}")
+    from_meta_init = any(state_of(t).recorder.kind == "meta_init" for t in tensors)
+    _materialize_tensors(tensors, where, device, init)
+    if from_meta_init and not keep_cache:
+        clear_meta_init_cache()
+    return obj
+
+
+def materialize_module(module: torch.nn.Module, buffers_only: bool = False,
+                       check_fn: Callable[[torch.nn.Module], bool] | None = None) -> torch.nn.Module:
+    """torchdistX-compatible: materialize ``module``'s tensors in place.
+
+    ``check_fn(submodule) -> bool`` decides, for every submodule, whether it (and its
+    subtree) is materialized; ``buffers_only`` leaves parameters deferred.
+    """
+    tensors: dict[int, torch.Tensor] = {}
+    where: dict[int, list[Location]] = defaultdict(list)
+
+    def visit(mod: torch.nn.Module) -> None:
+        if check_fn is not None and not check_fn(mod):
+            return
+        kinds = ("_buffers",) if buffers_only else ("_parameters", "_buffers")
+        for kind in kinds:
+            for name, t in getattr(mod, kind).items():
+                if t is not None and is_deferred_tensor(t):
+                    tensors.setdefault(id(t), t)
+                    where[id(t)].append((mod, name, kind))
+        for child in mod.children():
+            visit(child)
+
+    visit(module)
+    _materialize_tensors(list(tensors.values()), where, None, True)
+    return module
+
+
+def materialize_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """torchdistX-compatible: the materialized tensor (the same object, filled in place)."""
+    return materialize(tensor, keep_cache=True)
+
+
+def init_graph(module: torch.nn.Module) -> InitGraph:
+    """The InitGraph of ``module``'s deferred parameters and buffers, by fully qualified name."""
+    named: dict[str, torch.Tensor] = {}
+    info: dict[str, OutputInfo] = {}
+    for mod_name, mod in module.named_modules(remove_duplicate=False):
+        prefix = f"{mod_name}." if mod_name else ""
+        for kind in ("_parameters", "_buffers"):
+            for name, t in getattr(mod, kind).items():
+                if t is not None and is_deferred_tensor(t) and prefix + name not in named:
+                    named[prefix + name] = t
+                    info[prefix + name] = OutputInfo(
+                        requires_grad=t.requires_grad, is_parameter=kind == "_parameters",
+                        persistent=kind == "_parameters" or name not in mod._non_persistent_buffers_set)
+    if not named:
+        raise ValueError("this module has no deferred tensors (was it built with fxinit.trace_init?)")
+    recorders = {id(state_of(t).recorder): state_of(t).recorder for t in named.values()}
+    if len(recorders) != 1:
+        raise DeferredInitError("this module's tensors come from several traces; take init_graph of each part")
+    rec = next(iter(recorders.values()))
+    rec._check_live()
+    targets = {fqn: (state_of(t).node, rec.storage_id(t)) for fqn, t in named.items()}
+    nodes = required_nodes(list(rec.graph.nodes), targets.values())
+    paths = rec.module_paths()
+    graph = fx.Graph()
+    remap: dict[fx.Node, fx.Node] = {}
+    for n in nodes:
+        new = graph.node_copy(n, lambda x: remap[x])
+        ref = new.meta.pop("module_ref", None)
+        mod = ref() if ref is not None else None
+        if mod is not None and id(mod) in paths:
+            new.meta["module"] = paths[id(mod)]
+        remap[n] = new
+    outputs = {fqn: remap[node] for fqn, (node, _) in targets.items()}
+    graph.output({fqn: node for fqn, node in outputs.items()})
+    groups: dict[int, list[str]] = defaultdict(list)
+    for fqn, t in named.items():
+        groups[id(t)].append(fqn)
+    for mod_name, mod in module.named_modules(remove_duplicate=False):
+        prefix = f"{mod_name}." if mod_name else ""
+        for kind in ("_parameters", "_buffers"):
+            for name, t in getattr(mod, kind).items():
+                fqn = prefix + name
+                if t is not None and is_deferred_tensor(t) and fqn not in groups[id(t)]:
+                    groups[id(t)].append(fqn)
+    ties = [g for g in groups.values() if len(g) > 1]
+    for g in ties:
+        for fqn in g:
+            outputs.setdefault(fqn, outputs[g[0]])
+            info.setdefault(fqn, info[g[0]])
+    storage = {fqn: targets[fqn][1] for fqn in targets}
+    for g in ties:
+        for fqn in g:
+            storage.setdefault(fqn, targets[g[0]][1])
+    used_consts = {n.target for n in nodes if n.op == "get_attr"}
+    used_rng = {k for n in nodes for k in (n.meta.get("rng") or {}).values()}
+    return InitGraph(
+        graph=graph,
+        outputs=outputs,
+        output_storage=storage,
+        info=info,
+        ties=ties,
+        constants={k: v for k, v in rec.constants.items() if k in used_consts},
+        rng={k: v for k, v in rec.rng.items() if k in used_rng},
+        default_dtype=rec.default_dtype,
+    )

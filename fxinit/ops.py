@@ -1,0 +1,44 @@
+"""The few graph ops of an InitGraph that are not aten ops.
+
+An InitGraph is a torch.fx graph whose ``call_function`` nodes call aten overloads,
+``operator.getitem`` and the functions here. Keeping this vocabulary small and named
+is what lets a graph be checked, saved and replayed without the model's code.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+import torch
+
+# Init functions that cannot be expressed as a static aten graph (data-dependent
+# sampling, QR, randperm loops) or that return early on meta tensors. They are
+# recorded as one node and replayed by calling the installed torch's own function.
+OPAQUE_INIT_FUNCTIONS: tuple[str, ...] = (
+    "torch.nn.init.trunc_normal_",
+    "torch.nn.init._no_grad_trunc_normal_",
+    "torch.nn.init.orthogonal_",
+    "torch.nn.init.dirac_",
+    "torch.nn.init.sparse_",
+)
+
+
+def resolve_init_function(qualname: str) -> Callable[..., Any]:
+    """The function object an opaque node names; only the allowed set resolves."""
+    if qualname not in OPAQUE_INIT_FUNCTIONS:
+        raise ValueError(f"{qualname!r} is not an init function fxinit may call")
+    module_name, _, attr = qualname.rpartition(".")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def call_init_function(qualname: str, tensor: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """Graph op: run an opaque init function in place on ``tensor``.
+
+    The backend sets up the generators (the snapshots recorded at capture) around it.
+    """
+    resolve_init_function(qualname)(tensor, **kwargs)
+    return tensor
+
+
+call_init_function.__module__ = "fxinit.ops"

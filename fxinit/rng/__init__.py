@@ -1,0 +1,5 @@
+"""Generator snapshots and replay: what makes materialization exact and order-free."""
+
+from fxinit.rng.snapshot import RngSnapshot, default_generator_for, private_generator, snapshot, swapped_default_generators
+
+__all__ = ["RngSnapshot", "default_generator_for", "private_generator", "snapshot", "swapped_default_generators"]

@@ -48,12 +48,31 @@ def is_deferred(obj: torch.nn.Module | torch.Tensor) -> bool:
     return is_deferred_tensor(obj)
 
 
-def _compute(recorder: Recorder, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+def _device_map(nodes: list[fx.Node], target: torch.device | None) -> dict[torch.device, torch.device]:
+    """Intended devices missing on this machine, mapped to the requested target."""
+    mapping: dict[torch.device, torch.device] = {}
+    for n in nodes:
+        dev = n.kwargs.get("device") if n.op == "call_function" else None
+        if isinstance(dev, torch.device) and dev.type not in ("cpu", "meta") and dev not in mapping:
+            mod = getattr(torch, dev.type, None)
+            if mod is not None and getattr(mod, "is_available", lambda: False)():
+                continue
+            if target is None:
+                raise DeferredInitError(
+                    f"these tensors were meant for {dev}, which is not available on this machine",
+                    hint="pass device=... to materialize them elsewhere",
+                )
+            mapping[dev] = target
+    return mapping
+
+
+def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.device | None = None
+             ) -> list[torch.Tensor]:
     recorder._check_live()
     targets = [(state_of(t).node, recorder.storage_id(t)) for t in tensors]
     nodes = required_nodes(list(recorder.graph.nodes), targets)
     env = run_nodes(nodes, recorder.constants, recorder.rng, recorder.default_dtype,
-                    keep={node for node, _ in targets})
+                    keep={node for node, _ in targets}, device_map=_device_map(nodes, target))
     values = []
     for t, (node, _) in zip(tensors, targets):
         v = env[node]
@@ -127,15 +146,33 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
     plan: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
     for rec, ts in by_recorder.values():
         if init:
-            values = _compute(rec, ts)
+            values = _compute(rec, ts, target)
         else:
             values = [torch.empty_strided(t.size(), t.stride(), dtype=t.dtype,
                                           device=target or state_of(t).device) for t in ts]
         if target is not None:
             values = _move(values, target)
         plan.append((ts, values))
-    for ts, values in plan:
-        _swap_in(ts, values, where)
+    holders = _weakref_holders(where)
+    for mod in holders:
+        mod._flat_weight_refs = []
+    try:
+        for ts, values in plan:
+            _swap_in(ts, values, where)
+    finally:
+        for mod in holders:
+            mod._init_flat_weights()
+
+
+def _weakref_holders(where: dict[int, list[Location]]) -> list[torch.nn.Module]:
+    """Modules that keep weak references to their parameters (RNNs' flat weights).
+
+    ``swap_tensors`` refuses tensors with weak references; like ``RNNBase._apply``, the
+    references are dropped for the swap and rebuilt after it.
+    """
+    mods = {id(mod): mod for places in where.values() for mod, _, _ in places
+            if hasattr(mod, "_flat_weight_refs") and hasattr(mod, "_init_flat_weights")}
+    return list(mods.values())
 
 
 M = TypeVar("M", torch.nn.Module, torch.Tensor)

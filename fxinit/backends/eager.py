@@ -48,8 +48,13 @@ def run_nodes(
     rng: Mapping[str, RngSnapshot],
     default_dtype: torch.dtype,
     keep: set[fx.Node] | None = None,
+    device_map: Mapping[torch.device, torch.device] | None = None,
 ) -> dict[fx.Node, object]:
-    """Execute ``nodes`` (a slice in program order); return the values of ``keep``."""
+    """Execute ``nodes`` (a slice in program order); return the values of ``keep``.
+
+    ``device_map`` replaces intended devices that are not available here; capture only
+    allows that for graphs whose ops on those devices draw no random numbers.
+    """
     keep = keep if keep is not None else set(nodes)
     env: dict[fx.Node, object] = {}
     drops = _last_uses(nodes)
@@ -65,6 +70,8 @@ def run_nodes(
             elif n.op == "call_function":
                 args = fx.node.map_aggregate(n.args, load)
                 kwargs = dict(fx.node.map_aggregate(n.kwargs, load))
+                if device_map and kwargs.get("device") in device_map:
+                    kwargs["device"] = device_map[kwargs["device"]]
                 rng_keys = n.meta.get("rng")
                 node_dtype = n.meta.get("default_dtype", default_dtype)
                 with _default_dtype(node_dtype):

@@ -1,12 +1,13 @@
 """Capture: run the user's constructor and record its init ops into an fx graph."""
 
-from fxinit.capture.api import clear_meta_init_cache, deferred_init, is_meta_init, meta_init, trace_init
+from fxinit.capture.api import clear_meta_init_cache, deferred_init, dry_run, is_meta_init, meta_init, trace_init
 from fxinit.capture.deferred import DeferredTensor, is_deferred_tensor
 
 __all__ = [
     "DeferredTensor",
     "clear_meta_init_cache",
     "deferred_init",
+    "dry_run",
     "is_deferred_tensor",
     "is_meta_init",
     "meta_init",

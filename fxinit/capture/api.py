@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 
+from fxinit.capture.deferred import is_deferred_tensor, state_of
+from fxinit.capture.lazy import lazy_module_support
 from fxinit.capture.modes import active_modes
 from fxinit.capture.recorder import Recorder
 
@@ -15,6 +18,7 @@ M = TypeVar("M", bound=torch.nn.Module)
 
 _local = threading.local()
 _META_INIT_RECORDERS: list[Recorder] = []
+_ROOT_RECORDERS: "weakref.WeakKeyDictionary[torch.nn.Module, Recorder]" = weakref.WeakKeyDictionary()
 
 
 def _depth() -> int:
@@ -27,7 +31,7 @@ def _capturing(recorder: Recorder) -> Iterator[None]:
     recorder.capturing = True
     _local.depth = _depth() + 1
     try:
-        with fmode, dmode:
+        with fmode, dmode, lazy_module_support(recorder):
             yield
     finally:
         _local.depth = _depth() - 1
@@ -50,6 +54,7 @@ def trace_init(fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"trace_init expects a callable returning an nn.Module, got {type(module).__name__}")
     recorder.set_root(module)
+    _ROOT_RECORDERS[module] = recorder
     return module
 
 
@@ -69,6 +74,25 @@ def meta_init() -> Iterator[None]:
     _META_INIT_RECORDERS.append(recorder)
     with _capturing(recorder):
         yield
+
+
+def dry_run(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """Run ``module(*args, **kwargs)`` on a deferred model so lazy modules infer their shapes.
+
+    This is the deferred counterpart of the dry run that ``nn.LazyLinear`` & co. need:
+    the parameters they create become deferred tensors whose init is recorded, drawing
+    random numbers exactly where the eager dry run would. The forward computation itself
+    is recorded too but never executed by materialization; its (deferred) output is returned.
+    """
+    recorder = _ROOT_RECORDERS.get(module)
+    if recorder is None:
+        found = [state_of(t).recorder for t in list(module.parameters()) + list(module.buffers()) if is_deferred_tensor(t)]
+        recorder = found[0] if found else Recorder("trace")
+    if recorder._root is None:
+        recorder.set_root(module)
+    recorder._paths = {}
+    with _capturing(recorder):
+        return module(*args, **kwargs)
 
 
 def is_meta_init() -> bool:

@@ -18,6 +18,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fxinit.capture.recorder import Recorder
 
 _CONSTANT_FACTORIES = {torch.tensor, torch.as_tensor, torch.asarray, torch.from_numpy, torch.frombuffer}
+_FACTORIES = {
+    torch.empty, torch.zeros, torch.ones, torch.full, torch.arange, torch.range, torch.linspace, torch.logspace,
+    torch.eye, torch.rand, torch.randn, torch.randint, torch.randperm, torch.empty_strided, torch.tril_indices,
+    torch.triu_indices, torch.scalar_tensor, torch.normal, torch.bartlett_window, torch.hann_window,
+    torch.hamming_window, torch.blackman_window, torch.kaiser_window,
+}
 
 
 class CaptureDispatchMode(TorchDispatchMode):
@@ -39,8 +45,19 @@ class CaptureFunctionMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
-        if func in _CONSTANT_FACTORIES and not self.recorder.is_suspended:
+        if self.recorder.is_suspended:
+            return func(*args, **kwargs)
+        if func in _CONSTANT_FACTORIES:
             return self.recorder.constant_from(func, args, kwargs)
+        device = kwargs.get("device")
+        if device is None and func in _FACTORIES:
+            device = torch.get_default_device()
+        if device is not None and torch.device(device).type not in ("cpu", "meta"):
+            # Building on that device first would touch (or need) it; build on meta and
+            # let the recorder note the intended device for the factory ops inside.
+            kwargs = {**kwargs, "device": "meta"}
+            with self.recorder.intended_device(torch.device(device)):
+                return func(*args, **kwargs)
         return func(*args, **kwargs)
 
 

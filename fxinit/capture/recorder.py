@@ -69,8 +69,17 @@ def _is_random(func: Any) -> bool:
     return any("Generator" in str(a.type) for a in func._schema.arguments)
 
 
+# Ops that write into arguments their schema does not mark as written (running stats).
+_UNANNOTATED_WRITES = {
+    aten.native_batch_norm.default: (3, 4),
+    aten.cudnn_batch_norm.default: (3, 4),
+    aten.miopen_batch_norm.default: (3, 4),
+}
+
+
 def _mutated_arg_indices(func: Any) -> list[int]:
-    return [i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    marked = [i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+    return marked + [i for i in _UNANNOTATED_WRITES.get(func, ()) if i not in marked]
 
 
 def _schema_value(func: Any, args: tuple, kwargs: dict, i: int) -> Any:
@@ -111,6 +120,7 @@ class Recorder:
         self._suspended = 0
         self._root: weakref.ReferenceType | None = None
         self._paths: dict[int, str] = {}
+        self._intended: torch.device | None = None
 
     # ------------------------------------------------------------------ helpers
     @contextlib.contextmanager
@@ -397,10 +407,21 @@ class Recorder:
 
         return tree_map(lift, args), tree_map(lift, kwargs)
 
+    @contextlib.contextmanager
+    def intended_device(self, device: torch.device) -> Iterator[None]:
+        """Factory ops built on meta inside this block were asked for ``device``."""
+        saved, self._intended = self._intended, device
+        try:
+            yield
+        finally:
+            self._intended = saved
+
     def _output_device(self, func: Any, inputs: list[torch.Tensor], kwargs: dict) -> torch.device:
         dev = kwargs.get("device")
         if dev is not None:
             dev = torch.device(dev)
+            if dev.type == "meta" and self._intended is not None and not inputs:
+                return self._intended
             if dev.type != "meta" or not inputs:
                 return dev  # explicit device; ``x.new_*`` passes x's (meta) device, which means "like x"
         if not inputs:
@@ -437,6 +458,14 @@ class Recorder:
         random = _is_random(func) and device.type != "meta"
         if random:
             gen = kwargs.get("generator")
+            if gen is None and device.type != "cpu" and not _device_available(device):
+                raise self.fail(
+                    f"fxinit cannot record a random op for {device}: that device is not available here, "
+                    "so its generator state is unknown",
+                    op=str(func),
+                    hint=f"trace on a machine with {device.type}, or construct for the CPU and "
+                         f"materialize with device='{device}'",
+                )
             key = self._snapshot(gen if gen is not None else default_generator_for(device))
             self._advance(func, args, kwargs, device)
         node = self._node(func, gargs, gkwargs)
@@ -525,6 +554,12 @@ class Recorder:
             hint="this operator has no meta implementation or needs data; compute it outside the constructor "
                  "or guard it with `if not fxinit.is_meta_init():`",
         )
+
+
+def _device_available(device: torch.device) -> bool:
+    module = getattr(torch, device.type, None)
+    is_available = getattr(module, "is_available", None)
+    return bool(is_available and is_available())
 
 
 def _zeros_strided(size: Any, stride: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

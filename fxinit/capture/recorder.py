@@ -56,7 +56,7 @@ _DATA_DEPENDENT = {
     aten._assert_async.msg,
 }
 _WHAT_THE_USER_WROTE = {
-    aten._local_scalar_dense.default: "Tensor.item() / float(t) / int(t)",
+    aten._local_scalar_dense.default: "reading a value (Tensor.item(), bool(t) as in `if t > 0:`, float(t), int(t))",
     aten.is_nonzero.default: "bool(tensor) (e.g. `if t:` or `if t.any():`)",
     aten.nonzero.default: "Tensor.nonzero() / torch.where(cond)",
     aten.equal.default: "torch.equal",

@@ -1,0 +1,344 @@
+"""The fidelity corpus: every transformers architecture, bit for bit against eager.
+
+    python tools/corpus.py                       # all listed models, seed 0, float32
+    python tools/corpus.py --seeds 0,1 --dtypes float32,bfloat16,float64 --jobs 2
+    python tools/corpus.py --models llama,vit --json out.json
+    python tools/corpus.py --refresh-list        # rebuild tools/corpus_models.json
+
+For each architecture (``AutoModel.from_config`` on a tiny config), seed and default
+dtype it builds the eager reference, then with fxinit: trace + materialize whole, and
+trace + materialize leaf module by leaf module in reverse order. Every parameter and
+buffer (persistent or not) must match bitwise, with the same dtype, shape, device,
+requires_grad, Parameter type, tying and storage sharing; trace_init must leave the
+global RNG where eager construction leaves it, and materialize must not change it.
+Prints one line per check and the figure N/M bitwise-equal per (seed, dtype, order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+LIST_PATH = Path(__file__).with_name("corpus_models.json")
+MAX_PARAMS = 20_000_000
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float64": "float64"}
+
+
+# ----------------------------------------------------------------------------- comparing
+def _tensors(model: Any) -> dict[str, Any]:
+    out = dict(model.named_parameters(remove_duplicate=False))
+    out.update(dict(model.named_buffers(remove_duplicate=False)))
+    return out
+
+
+def _bits(t: Any) -> Any:
+    import torch
+
+    t = t.detach().reshape(-1).contiguous()
+    return t.view(torch.uint8) if t.numel() else t
+
+
+def compare(ref: Any, got: Any) -> list[str]:
+    """Names (with the reason) of every tensor of ``got`` that differs from ``ref``."""
+    import torch
+
+    r, g = _tensors(ref), _tensors(got)
+    problems = [f"{k}: missing" for k in r if k not in g] + [f"{k}: unexpected" for k in g if k not in r]
+    for k in r:
+        if k not in g:
+            continue
+        a, b = r[k], g[k]
+        if a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
+            problems.append(f"{k}: {a.dtype}{tuple(a.shape)}@{a.device} vs {b.dtype}{tuple(b.shape)}@{b.device}")
+        elif a.requires_grad != b.requires_grad:
+            problems.append(f"{k}: requires_grad")
+        elif type(a) is not type(b):
+            problems.append(f"{k}: type {type(a).__name__} vs {type(b).__name__}")
+        elif not torch.equal(_bits(a), _bits(b)):
+            problems.append(f"{k}: values")
+        elif getattr(a, "_is_hf_initialized", None) != getattr(b, "_is_hf_initialized", None):
+            problems.append(f"{k}: _is_hf_initialized")
+    for what, key in (("tying", id), ("storage sharing", lambda t: t.untyped_storage().data_ptr())):
+        def groups(d: dict[str, Any]) -> set[frozenset[str]]:
+            gs: dict[Any, set[str]] = defaultdict(set)
+            for name, t in d.items():
+                if t.numel():
+                    gs[key(t)].add(name)
+            return {frozenset(v) for v in gs.values() if len(v) > 1}
+        if groups(r) != groups(g):
+            problems.append(f"{what} differs: {sorted(map(sorted, groups(r) ^ groups(g)))[:2]}")
+    return problems
+
+
+# ----------------------------------------------------------------------------- one check
+def build_config(model_type: str, variant: str) -> Any:
+    from tiny_configs import candidate_configs
+
+    for label, cfg in candidate_configs(model_type):
+        if label == variant:
+            return cfg
+    raise KeyError(variant)
+
+
+def check_model(model_type: str, seed: int = 0, dtype: str = "float32", variant: str = "tiny",
+                orders: tuple[str, ...] = ("whole", "reverse")) -> dict[str, Any]:
+    """Check one architecture; returns {order: "ok" | "mismatch: ..." | "cannot defer: ..." | "crash: ..."}."""
+    import torch
+    from transformers import AutoModel
+
+    import fxinit
+
+    cfg = build_config(model_type, variant)
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))
+    result: dict[str, Any] = {"model": model_type, "seed": seed, "dtype": dtype}
+    try:
+        torch.manual_seed(seed)
+        t0 = time.perf_counter()
+        ref = AutoModel.from_config(cfg)
+        result["eager_s"] = time.perf_counter() - t0
+        rng_after_eager = torch.get_rng_state()
+        for order in orders:
+            try:
+                torch.manual_seed(seed)
+                t0 = time.perf_counter()
+                m = fxinit.trace_init(AutoModel.from_config, cfg)
+                result[f"trace_s_{order}"] = time.perf_counter() - t0
+                problems = []
+                if not torch.equal(torch.get_rng_state(), rng_after_eager):
+                    problems.append("global RNG after trace_init differs from eager")
+                torch.manual_seed(seed + 12345)  # materialize must not depend on the global state
+                before = torch.get_rng_state()
+                t0 = time.perf_counter()
+                if order == "whole":
+                    fxinit.materialize(m)
+                else:
+                    for mod in reversed(list(m.modules())):
+                        if any(True for _ in mod.parameters(recurse=False)) or any(True for _ in mod.buffers(recurse=False)):
+                            fxinit.materialize(mod)
+                    fxinit.materialize(m)
+                result[f"materialize_s_{order}"] = time.perf_counter() - t0
+                if not torch.equal(before, torch.get_rng_state()):
+                    problems.append("materialize changed the global RNG")
+                if fxinit.is_deferred(m):
+                    problems.append("still deferred after materialize")
+                problems += compare(ref, m)
+                result[order] = "ok" if not problems else "mismatch: " + "; ".join(problems[:4]) + (
+                    f" (+{len(problems) - 4} more)" if len(problems) > 4 else "")
+            except fxinit.DeferredInitError as exc:
+                result[order] = "cannot defer: " + " | ".join(str(exc).splitlines()[:3])
+            except Exception as exc:  # noqa: BLE001
+                tb = traceback.extract_tb(exc.__traceback__)
+                where = next((f"{Path(f.filename).name}:{f.lineno}" for f in reversed(tb) if "fxinit" in f.filename), "")
+                result[order] = f"crash: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''} {where}"
+    except Exception as exc:  # noqa: BLE001
+        for order in orders:
+            result[order] = f"eager failed: {type(exc).__name__}: {str(exc)[:200]}"
+    finally:
+        torch.set_default_dtype(saved)
+    return result
+
+
+# ----------------------------------------------------------------------------- the list
+def probe(model_type: str) -> dict[str, Any]:
+    """Find the first config variant of ``model_type`` that builds with < MAX_PARAMS parameters."""
+    import torch
+    from transformers import AutoModel
+
+    tried = []
+    try:
+        from tiny_configs import candidate_configs
+
+        for label, cfg in candidate_configs(model_type):
+            try:
+                with torch.device("meta"):
+                    n = sum(p.numel() for p in AutoModel.from_config(cfg).parameters())
+            except Exception as exc:  # noqa: BLE001
+                if label == "default":
+                    tried.append(f"{label}: meta build failed: {type(exc).__name__}: {str(exc)[:120]}")
+                    continue
+                n = None
+            if n is not None and n >= MAX_PARAMS:
+                tried.append(f"{label}: {n / 1e6:.1f}M parameters")
+                continue
+            try:
+                torch.manual_seed(0)
+                t0 = time.perf_counter()
+                model = AutoModel.from_config(cfg)
+                secs = time.perf_counter() - t0
+            except Exception as exc:  # noqa: BLE001
+                tried.append(f"{label}: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}")
+                continue
+            n = sum(p.numel() for p in model.parameters())
+            if n >= MAX_PARAMS:
+                tried.append(f"{label}: {n / 1e6:.1f}M parameters")
+                continue
+            return {"model": model_type, "variant": label, "params": n, "eager_s": round(secs, 3)}
+    except Exception as exc:  # noqa: BLE001
+        tried.append(f"config: {type(exc).__name__}: {str(exc)[:160]}")
+    return {"model": model_type, "variant": None, "why": tried}
+
+
+def all_model_types() -> list[str]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    return [t for t in CONFIG_MAPPING_NAMES if t in MODEL_MAPPING_NAMES]
+
+
+# ----------------------------------------------------------------------------- running in workers
+def _worker(fn_name: str, args: tuple, queue: Any) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        queue.put(globals()[fn_name](*args))
+    except BaseException as exc:  # noqa: BLE001
+        queue.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def run_parallel(fn_name: str, jobs: list[tuple], n_workers: int, timeout: float,
+                 on_result: Any) -> None:
+    """Run ``fn(*args)`` for each args in a fresh forked process, ``n_workers`` at a time."""
+    ctx = mp.get_context("fork")
+    pending = list(enumerate(jobs))
+    running: dict[int, tuple[Any, Any, float, tuple]] = {}
+    while pending or running:
+        while pending and len(running) < n_workers:
+            i, args = pending.pop(0)
+            q = ctx.Queue()
+            p = ctx.Process(target=_worker, args=(fn_name, args, q), daemon=True)
+            p.start()
+            running[i] = (p, q, time.monotonic(), args)
+        time.sleep(0.02)
+        for i, (p, q, started, args) in list(running.items()):
+            res = None
+            try:
+                res = q.get_nowait()
+            except Exception:  # noqa: BLE001
+                if p.is_alive() and time.monotonic() - started < timeout:
+                    continue
+                if p.is_alive():
+                    p.kill()
+                    res = {"error": f"timeout after {timeout:.0f}s"}
+                else:
+                    try:
+                        res = q.get(timeout=1)
+                    except Exception:  # noqa: BLE001
+                        res = {"error": f"worker died (exit code {p.exitcode})"}
+            p.join(timeout=5)
+            del running[i]
+            on_result(args, res)
+
+
+def refresh_list(jobs: int, only_failed: bool = False) -> list[dict[str, Any]]:
+    types = all_model_types()
+    found: list[dict[str, Any]] = []
+    if only_failed and LIST_PATH.exists():
+        found = [r for r in json.loads(LIST_PATH.read_text()) if r.get("variant")]
+        kept = {r["model"] for r in found}
+        types = [t for t in types if t not in kept]
+
+    def done(args: tuple, res: dict[str, Any]) -> None:
+        if "error" in res:
+            res = {"model": args[0], "variant": None, "why": [res["error"]]}
+        found.append(res)
+        status = f"{res['variant']} {res['params'] / 1e6:.2f}M" if res.get("variant") else f"-- {res['why'][-1:]}"
+        print(f"[{len(found)}/{len(types)}] {res['model']}: {status}", flush=True)
+
+    run_parallel("probe", [(t,) for t in types], jobs, 300, done)
+    found.sort(key=lambda r: r["model"])
+    LIST_PATH.write_text(json.dumps(found, indent=1) + "\n")
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", help="comma-separated model types (default: every buildable one)")
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--dtypes", default="float32")
+    ap.add_argument("--orders", default="whole,reverse")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--limit", type=int, default=0, help="only the first K models")
+    ap.add_argument("--every", type=int, default=1, help="only every K-th model (a spread-out sample)")
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--json", help="write per-check results here")
+    ap.add_argument("--refresh-list", action="store_true", help="re-probe which architectures build")
+    ap.add_argument("--reprobe-failed", action="store_true", help="re-probe only those that did not build")
+    args = ap.parse_args(argv)
+
+    t_start = time.time()
+    import torch  # noqa: F401  (imported once here, shared by every forked worker)
+    from transformers import AutoModel  # noqa: F401
+
+    import fxinit  # noqa: F401
+    if args.refresh_list or args.reprobe_failed or not LIST_PATH.exists():
+        listing = refresh_list(args.jobs, only_failed=args.reprobe_failed)
+    else:
+        listing = json.loads(LIST_PATH.read_text())
+    buildable = {r["model"]: r for r in listing if r.get("variant")}
+    names = args.models.split(",") if args.models else sorted(buildable)
+    names = names[:: args.every]
+    if args.limit:
+        names = names[: args.limit]
+    missing = [n for n in names if n not in buildable]
+    if missing:
+        print(f"not in the buildable list (see {LIST_PATH.name}): {missing}")
+        names = [n for n in names if n in buildable]
+    orders = tuple(args.orders.split(","))
+    checks = [(n, int(s), d, buildable[n]["variant"], orders)
+              for s in args.seeds.split(",") for d in args.dtypes.split(",") for n in names]
+    print(f"{len(names)} architectures x {len(checks) // max(len(names), 1)} (seed, dtype) "
+          f"x {len(orders)} orders; {len(listing) - len(buildable)} of {len(listing)} model types do not build tiny")
+    results: list[dict[str, Any]] = []
+
+    def done(job: tuple, res: dict[str, Any]) -> None:
+        model, seed, dtype = job[0], job[1], job[2]
+        if "error" in res:
+            res = {"model": model, "seed": seed, "dtype": dtype, **{o: f"crash: {res['error']}" for o in orders}}
+        results.append(res)
+        status = "  ".join(f"{o}={res[o] if res[o] == 'ok' else res[o][:300]}" for o in orders)
+        print(f"[{len(results)}/{len(checks)}] {model} seed={seed} {dtype}: {status}", flush=True)
+
+    run_parallel("check_model", checks, args.jobs, args.timeout, done)
+
+    print("\n== corpus figure ==")
+    wrong = 0
+    for s in args.seeds.split(","):
+        for d in args.dtypes.split(","):
+            for o in orders:
+                rs = [r for r in results if r["seed"] == int(s) and r["dtype"] == d]
+                ok = sum(r[o] == "ok" for r in rs)
+                refused = sum(r[o].startswith("cannot defer") for r in rs)
+                wrong += sum(r[o].startswith(("mismatch", "crash")) for r in rs)
+                print(f"seed={s} dtype={d:8s} order={o:7s}: {ok}/{len(rs)} bitwise-equal"
+                      + (f", {refused} refused with DeferredInitError" if refused else ""))
+    kinds: dict[str, list[str]] = defaultdict(list)
+    for r in results:
+        for o in orders:
+            if r[o] != "ok":
+                kinds[r[o].split(":")[0]].append(f"{r['model']}({r['seed']},{r['dtype']},{o})")
+    for k, v in kinds.items():
+        print(f"{k}: {len(v)}: {', '.join(v[:30])}")
+    print(f"wall time {time.time() - t_start:.0f}s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    # A clear DeferredInitError is an honest refusal; a wrong value or a crash fails the run.
+    return 0 if wrong == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

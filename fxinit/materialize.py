@@ -9,6 +9,7 @@ survive), and a failure while computing leaves every tensor deferred, never half
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections import defaultdict
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -153,7 +154,7 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
         if target is not None:
             values = _move(values, target)
         plan.append((ts, values))
-    holders = _weakref_holders(where)
+    holders = _weakref_holders(where, tensors)
     for mod in holders:
         mod._flat_weight_refs = []
     try:
@@ -164,14 +165,24 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
             mod._init_flat_weights()
 
 
-def _weakref_holders(where: dict[int, list[Location]]) -> list[torch.nn.Module]:
-    """Modules that keep weak references to their parameters (RNNs' flat weights).
+def _weakref_holders(where: dict[int, list[Location]], tensors: list[torch.Tensor]) -> list[torch.nn.Module]:
+    """Modules that keep weak references to the tensors being swapped (RNNs' flat weights).
 
     ``swap_tensors`` refuses tensors with weak references; like ``RNNBase._apply``, the
-    references are dropped for the swap and rebuilt after it.
+    references are dropped for the swap and rebuilt after it. A tensor materialized on its
+    own is looked up in the modules of the model it was traced with.
     """
-    mods = {id(mod): mod for places in where.values() for mod, _, _ in places
-            if hasattr(mod, "_flat_weight_refs") and hasattr(mod, "_init_flat_weights")}
+    def holds_refs(mod: torch.nn.Module) -> bool:
+        return hasattr(mod, "_flat_weight_refs") and hasattr(mod, "_init_flat_weights")
+
+    mods = {id(mod): mod for places in where.values() for mod, _, _ in places if holds_refs(mod)}
+    referenced = {id(t) for t in tensors if weakref.getweakrefs(t)}
+    if referenced:
+        for t in tensors:
+            root = state_of(t).recorder.root
+            for mod in root.modules() if root is not None else ():
+                if holds_refs(mod) and any(r is not None and id(r()) in referenced for r in mod._flat_weight_refs):
+                    mods[id(mod)] = mod
     return list(mods.values())
 
 

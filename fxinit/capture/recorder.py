@@ -140,6 +140,11 @@ class Recorder:
         self._root = weakref.ref(module)
         self._paths = {}
 
+    @property
+    def root(self) -> torch.nn.Module | None:
+        """The traced model, while it is alive."""
+        return self._root() if self._root is not None else None
+
     def module_paths(self) -> dict[int, str]:
         """id(module) -> dotted path under the traced root (empty while it is being built)."""
         root = self._root() if self._root is not None else None

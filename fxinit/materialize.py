@@ -28,18 +28,51 @@ T = TypeVar("T")
 Location = tuple[torch.nn.Module, str, str]  # (module, attribute name, "_parameters" | "_buffers")
 
 
+def _module_tensors(mod: torch.nn.Module, buffers_only: bool = False) -> Iterable[tuple[str, str, torch.Tensor]]:
+    """(kind, name, tensor) for a module's own deferred parameters, buffers and tensor attributes."""
+    kinds = ("_buffers",) if buffers_only else ("_parameters", "_buffers")
+    for kind in kinds:
+        for name, t in getattr(mod, kind).items():
+            if t is not None and is_deferred_tensor(t):
+                yield kind, name, t
+    if not buffers_only:
+        for name, t in vars(mod).items():
+            if is_deferred_tensor(t):
+                yield "__dict__", name, t
+
+
 def _deferred_in_module(module: torch.nn.Module, buffers_only: bool = False
                         ) -> tuple[list[torch.Tensor], dict[int, list[Location]]]:
     tensors: dict[int, torch.Tensor] = {}
     where: dict[int, list[Location]] = defaultdict(list)
     for mod in module.modules():
-        kinds = ("_buffers",) if buffers_only else ("_parameters", "_buffers")
-        for kind in kinds:
-            for name, t in getattr(mod, kind).items():
-                if t is not None and is_deferred_tensor(t):
-                    tensors.setdefault(id(t), t)
-                    where[id(t)].append((mod, name, kind))
+        for kind, name, t in _module_tensors(mod, buffers_only):
+            tensors.setdefault(id(t), t)
+            where[id(t)].append((mod, name, kind))
     return list(tensors.values()), where
+
+
+def _with_storage_siblings(tensors: list[torch.Tensor], where: dict[int, list[Location]]) -> list[torch.Tensor]:
+    """Add the traced model's other deferred tensors that share a storage with ``tensors``.
+
+    Tensors that alias one storage in eager construction (a parameter that is a view of
+    another, a buffer aliasing a parameter) must be materialized from one computation to
+    alias one real storage too, whichever of them was asked for.
+    """
+    out = {id(t): t for t in tensors}
+    for rec in {id(state_of(t).recorder): state_of(t).recorder for t in tensors}.values():
+        root = rec.root
+        if root is None:
+            continue
+        wanted = {rec.storage_id(t) for t in tensors if state_of(t).recorder is rec}
+        for mod in root.modules():
+            for kind, name, t in _module_tensors(mod):
+                if id(t) not in out and rec.storage_id(t) in wanted:
+                    out[id(t)] = t
+                places = where.setdefault(id(t), []) if id(t) in out else None
+                if places is not None and not any(p[0] is mod and p[1] == name for p in places):
+                    places.append((mod, name, kind))
+    return list(out.values())
 
 
 def is_deferred(obj: torch.nn.Module | torch.Tensor) -> bool:
@@ -120,7 +153,10 @@ def _replacement(t: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
 
 
 def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dict[int, list[Location]]) -> None:
-    for t, v in zip(tensors, values):
+    # Tensors computed with autograd (a weight_norm'ed ``weight``) hold references to the
+    # parameters they came from; swapping them first releases those references.
+    order = sorted(range(len(tensors)), key=lambda i: tensors[i].grad_fn is None)
+    for t, v in ((tensors[i], values[i]) for i in order):
         new = _replacement(t, v)
         try:
             torch.utils.swap_tensors(t, new)
@@ -134,11 +170,15 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
             warnings.warn(f"fxinit: could not swap in place ({exc}); replaced the module attribute instead, "
                           "so other references to the old object stay deferred", stacklevel=3)
             for mod, name, kind in places:
-                getattr(mod, kind)[name] = new
+                if kind == "__dict__":
+                    setattr(mod, name, new)
+                else:
+                    getattr(mod, kind)[name] = new
 
 
 def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Location]],
                          device: torch.device | str | None, init: bool) -> None:
+    tensors = _with_storage_siblings(tensors, where)
     by_recorder: dict[int, tuple[Recorder, list[torch.Tensor]]] = {}
     for t in tensors:
         rec = state_of(t).recorder
@@ -229,12 +269,9 @@ def materialize_module(module: torch.nn.Module, buffers_only: bool = False,
     def visit(mod: torch.nn.Module) -> None:
         if check_fn is not None and not check_fn(mod):
             return
-        kinds = ("_buffers",) if buffers_only else ("_parameters", "_buffers")
-        for kind in kinds:
-            for name, t in getattr(mod, kind).items():
-                if t is not None and is_deferred_tensor(t):
-                    tensors.setdefault(id(t), t)
-                    where[id(t)].append((mod, name, kind))
+        for kind, name, t in _module_tensors(mod, buffers_only):
+            tensors.setdefault(id(t), t)
+            where[id(t)].append((mod, name, kind))
         for child in mod.children():
             visit(child)
 

@@ -39,7 +39,10 @@ _CPU = torch.device("cpu")
 
 #: Tensors up to this many elements computed only from constants keep an exact shadow.
 SHADOW_LIMIT = 1 << 16
+#: Tensors up to this many elements are computed exactly on demand when Python needs a value.
+EVAL_LIMIT = 1 << 20
 
+_SCALAR_FACTORIES = {aten.scalar_tensor.default, aten.lift_fresh.default}
 _LIFT_OPS = {aten.lift_fresh.default, aten.lift_fresh_copy.default, aten.lift.default}
 _DATA_DEPENDENT = {
     aten._local_scalar_dense.default,
@@ -176,6 +179,28 @@ class Recorder:
             return None
         return flat.as_strided(t.size(), t.stride(), t.storage_offset())
 
+    def value_of(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The exact current value of deferred ``t`` on the CPU, if it is cheap to know.
+
+        Constant-derived tensors have a shadow. Others (random ancestry) with at most
+        EVAL_LIMIT elements are computed by running their slice of the graph recorded so
+        far: every random op in it carries its generator snapshot, so this is exact and
+        touches no user generator. Larger tensors return None (the caller refuses).
+        """
+        shadow = self.shadow_of(t)
+        if shadow is not None or t.numel() > EVAL_LIMIT:
+            return shadow
+        # Evaluating mid-capture means running the graph: the one place capture uses a backend.
+        from fxinit.backends.eager import run_nodes
+        from fxinit.passes.slicing import required_nodes
+
+        node = state_of(t).node
+        nodes = required_nodes(list(self.graph.nodes), [(node, self.storage_id(t))])
+        with self.suspended():
+            env = run_nodes(nodes, self.constants, self.rng, self.default_dtype, keep={node},
+                            device_map=_unavailable_to_cpu(nodes))
+            return env[node].to("cpu")
+
     def _set_shadow(self, t: torch.Tensor, real: torch.Tensor) -> None:
         if real.stride() != t.stride() or real.storage_offset() != t.storage_offset() or real.dtype != t.dtype:
             return
@@ -301,7 +326,7 @@ class Recorder:
 
     # ------------------------------------------------------------------ value reads
     def read_values(self, func: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:
-        shadow = self.shadow_of(t)
+        shadow = self.value_of(t)
         if shadow is None:
             raise self.fail(
                 f"fxinit cannot read the values of a deferred tensor during capture ({getattr(func, '__name__', func)})",
@@ -312,7 +337,7 @@ class Recorder:
             return func(shadow, *args, **kwargs)
 
     def _value_hint(self) -> str:
-        return ("values are only known during capture for small tensors computed from constants; "
+        return ("values are only known during capture for tensors of at most 2**20 elements; "
                 "move this computation out of __init__, guard it with `if not fxinit.is_meta_init():`, "
                 "or build this model eagerly")
 
@@ -425,8 +450,13 @@ class Recorder:
         dev = kwargs.get("device")
         if dev is not None:
             dev = torch.device(dev)
-            if dev.type == "meta" and self._intended is not None and not inputs:
-                return self._intended
+            if dev.type == "meta" and not inputs:
+                if self._intended is not None:
+                    return self._intended
+                if func in _SCALAR_FACTORIES:
+                    # ``t[i] = 0`` wraps the scalar on t's device, which is meta underneath;
+                    # a CPU scalar combines with a tensor of any device, as eager's would.
+                    return _CPU
             if dev.type != "meta" or not inputs:
                 return dev  # explicit device; ``x.new_*`` passes x's (meta) device, which means "like x"
         if not inputs:
@@ -525,7 +555,7 @@ class Recorder:
 
     def _compute_real(self, func: Any, args: tuple, kwargs: dict) -> Any:
         def real(x: Any) -> Any:
-            return self.shadow_of(x) if is_deferred_tensor(x) else x
+            return self.value_of(x) if is_deferred_tensor(x) else x
 
         rkwargs = tree_map(real, kwargs)
         if "device" in rkwargs:
@@ -536,7 +566,7 @@ class Recorder:
     def _via_shadows(self, func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
                      data_dependent: bool, cause: Exception | None = None) -> Any:
         """Ops whose result depends on values: answer exactly from shadows, or refuse."""
-        if all(self.shadow_of(t) is not None for t in inputs) and not _is_random(func):
+        if not _is_random(func) and all(self.value_of(t) is not None for t in inputs):
             real_out = self._compute_real(func, args, kwargs)
             if not _tensors_in(real_out):
                 return real_out  # a Python value (item, bool): nothing to record
@@ -559,6 +589,12 @@ class Recorder:
             hint="this operator has no meta implementation or needs data; compute it outside the constructor "
                  "or guard it with `if not fxinit.is_meta_init():`",
         )
+
+
+def _unavailable_to_cpu(nodes: list[fx.Node]) -> dict[torch.device, torch.device]:
+    devices = {n.kwargs.get("device") for n in nodes if n.op == "call_function"}
+    return {d: _CPU for d in devices
+            if isinstance(d, torch.device) and d.type not in ("cpu", "meta") and not _device_available(d)}
 
 
 def _device_available(device: torch.device) -> bool:

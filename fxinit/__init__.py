@@ -5,7 +5,7 @@
     graph = fxinit.init_graph(m)              # the recorded torch.fx init graph
 """
 
-from fxinit.capture import DeferredTensor, clear_meta_init_cache, deferred_init, dry_run, is_meta_init, meta_init, trace_init
+from fxinit.capture import DeferredTensor, clear_meta_init_cache, deferred_init, dry_run, is_meta_init, meta_init, recording, trace_init
 from fxinit.errors import DeferredInitError
 from fxinit.graph import InitGraph
 from fxinit.materialize import init_graph, is_deferred, materialize, materialize_module, materialize_tensor
@@ -26,5 +26,6 @@ __all__ = [
     "materialize_module",
     "materialize_tensor",
     "meta_init",
+    "recording",
     "trace_init",
 ]

@@ -1,6 +1,6 @@
 """Capture: run the user's constructor and record its init ops into an fx graph."""
 
-from fxinit.capture.api import clear_meta_init_cache, deferred_init, dry_run, is_meta_init, meta_init, trace_init
+from fxinit.capture.api import clear_meta_init_cache, deferred_init, dry_run, is_meta_init, meta_init, recording, trace_init
 from fxinit.capture.deferred import DeferredTensor, is_deferred_tensor
 
 __all__ = [
@@ -11,5 +11,6 @@ __all__ = [
     "is_deferred_tensor",
     "is_meta_init",
     "meta_init",
+    "recording",
     "trace_init",
 ]

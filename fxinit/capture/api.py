@@ -76,6 +76,32 @@ def meta_init() -> Iterator[None]:
         yield
 
 
+def _recorder_for(module: torch.nn.Module) -> Recorder:
+    recorder = _ROOT_RECORDERS.get(module)
+    if recorder is None:
+        found = [state_of(t).recorder for t in list(module.parameters()) + list(module.buffers())
+                 if is_deferred_tensor(t)]
+        recorder = found[0] if found else Recorder("trace")
+    if recorder.root is None:
+        recorder.set_root(module)
+    recorder._paths = {}
+    return recorder
+
+
+@contextlib.contextmanager
+def recording(module: torch.nn.Module) -> Iterator[None]:
+    """Run init code on a deferred model as if it were still being constructed.
+
+    After ``trace_init`` a deferred tensor reports ``device='meta'``, so code that builds
+    new tensors "like" a parameter (``torch.randn(w.shape, device=w.device)``, registering
+    a parametrization) would build plain meta tensors fxinit knows nothing about. Inside
+    this block the model's tensors report their intended device again and every new
+    tensor is deferred and recorded, drawing random numbers exactly as eager code would.
+    """
+    with _capturing(_recorder_for(module)):
+        yield
+
+
 def dry_run(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     """Run ``module(*args, **kwargs)`` on a deferred model so lazy modules infer their shapes.
 
@@ -84,14 +110,7 @@ def dry_run(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     random numbers exactly where the eager dry run would. The forward computation itself
     is recorded too but never executed by materialization; its (deferred) output is returned.
     """
-    recorder = _ROOT_RECORDERS.get(module)
-    if recorder is None:
-        found = [state_of(t).recorder for t in list(module.parameters()) + list(module.buffers()) if is_deferred_tensor(t)]
-        recorder = found[0] if found else Recorder("trace")
-    if recorder._root is None:
-        recorder.set_root(module)
-    recorder._paths = {}
-    with _capturing(recorder):
+    with recording(module):
         return module(*args, **kwargs)
 
 

@@ -424,7 +424,9 @@ class Recorder:
                     raise self.fail(
                         "a plain meta tensor (not created under fxinit) was mixed into a deferred computation",
                         op=str(func),
-                        hint="create this tensor inside trace_init/meta_init, or on a real device",
+                        hint="tensors built with device=<a deferred tensor's .device> after trace_init are plain "
+                             "meta tensors; run that code inside `with fxinit.recording(model):`, or build "
+                             "the tensor on a real device",
                     )
                 return self.lift(x)
             if is_deferred_tensor(x) and state_of(x).recorder is not self:

@@ -401,7 +401,7 @@ class Recorder:
         args, kwargs = self._lift_reals(func, args, kwargs)
         inputs = [t for t in _tensors_in((args, kwargs)) if is_deferred_tensor(t)]
         if func in _DATA_DEPENDENT:
-            return self._via_shadows(func, args, kwargs, inputs, data_dependent=True)
+            return self._via_values(func, args, kwargs, inputs, data_dependent=True)
         device = self._output_device(func, inputs, kwargs)
         mkwargs = dict(kwargs)
         if "device" in mkwargs:
@@ -414,7 +414,7 @@ class Recorder:
         except DeferredInitError:
             raise
         except Exception as exc:  # no meta kernel, or data-dependent output shape
-            return self._via_shadows(func, args, kwargs, inputs, data_dependent=False, cause=exc)
+            return self._via_values(func, args, kwargs, inputs, data_dependent=False, cause=exc)
         return self._record(func, args, kwargs, inputs, mout, device)
 
     def _lift_reals(self, func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -565,9 +565,9 @@ class Recorder:
         with self.suspended(), torch.no_grad():
             return func(*tree_map(real, args), **rkwargs)
 
-    def _via_shadows(self, func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
+    def _via_values(self, func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
                      data_dependent: bool, cause: Exception | None = None) -> Any:
-        """Ops whose result depends on values: answer exactly from shadows, or refuse."""
+        """Ops whose result depends on values (or that have no meta kernel): run them on exact values, or refuse."""
         if not _is_random(func) and all(self.value_of(t) is not None for t in inputs):
             real_out = self._compute_real(func, args, kwargs)
             if not _tensors_in(real_out):

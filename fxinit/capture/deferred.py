@@ -99,7 +99,7 @@ class DeferredTensor(torch.Tensor):
     def __reduce_ex__(self, proto: int) -> Any:
         raise DeferredInitError(
             "a deferred tensor cannot be pickled or saved",
-            hint="materialize it first (fxinit.materialize), or save the init graph (fxinit.init_graph(m))",
+            hint="materialize it first (fxinit.materialize)",
         )
 
     @classmethod

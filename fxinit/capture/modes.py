@@ -16,6 +16,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxinit.capture.recorder import Recorder
+from fxinit.errors import DeferredInitError
 
 _CONSTANT_FACTORIES = {torch.tensor, torch.as_tensor, torch.asarray, torch.from_numpy, torch.frombuffer}
 _FACTORIES = {
@@ -24,6 +25,16 @@ _FACTORIES = {
     torch.triu_indices, torch.scalar_tensor, torch.normal, torch.bartlett_window, torch.hann_window,
     torch.hamming_window, torch.blackman_window, torch.kaiser_window,
 }
+
+
+def _default_device() -> torch.device:
+    try:
+        return torch.get_default_device()
+    except (AssertionError, RuntimeError) as exc:  # e.g. torch.device("cuda") on a CPU-only build
+        raise DeferredInitError(
+            f"the default device is not usable here: {exc}",
+            hint="trace on a machine with that device, or construct for the CPU and materialize with device=...",
+        ) from exc
 
 
 class CaptureDispatchMode(TorchDispatchMode):
@@ -51,7 +62,7 @@ class CaptureFunctionMode(TorchFunctionMode):
             return self.recorder.constant_from(func, args, kwargs)
         device = kwargs.get("device")
         if device is None and func in _FACTORIES:
-            device = torch.get_default_device()
+            device = _default_device()
         if device is not None and torch.device(device).type not in ("cpu", "meta"):
             # Building on that device first would touch (or need) it; build on meta and
             # let the recorder note the intended device for the factory ops inside.

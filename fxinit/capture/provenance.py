@@ -28,9 +28,10 @@ _ASSIGN = re.compile(r"self\.(\w+)\s*(?:=|\.append\(|\.extend\(|\.add_module\(|\
 class Provenance:
     """Where one recorded op came from (strings only, cheap to keep and to save)."""
 
-    source: str | None  # "path/to/file.py:123"
-    init_fn: str | None  # "torch.nn.init.kaiming_uniform_", "LlamaPreTrainedModel._init_weights"
-    module_class: str | None
+    source: str | None  # "path/to/file.py:123: the line"
+    init_fn: str | None  # the innermost torch.nn.init function: "torch.nn.init.kaiming_uniform_"
+    module_class: str | None  # class of the module the op initializes
+    init_method: str | None = None  # the outermost init method: "LlamaPreTrainedModel._init_weights"
 
 
 def _frames(start: types.FrameType | None) -> Iterator[types.FrameType]:
@@ -40,7 +41,12 @@ def _frames(start: types.FrameType | None) -> Iterator[types.FrameType]:
         f = f.f_back
 
 
+_DEMO_FILE = os.path.join(_FXINIT_DIR, "demo.py")
+
+
 def _is_internal(filename: str) -> bool:
+    if filename == _DEMO_FILE:  # the example model is user code
+        return False
     return filename.startswith(_FXINIT_DIR) or filename.startswith(_TORCH_DIR)
 
 
@@ -62,37 +68,47 @@ def format_source(frame: types.FrameType | None) -> str | None:
 
 
 def _frame_module(f: types.FrameType) -> torch.nn.Module | None:
+    """The module a frame works on: ``self``, or the ``module`` argument of ``_init_weights(self, module)``."""
     code = f.f_code
     if code.co_argcount == 0:
         return None
-    first = f.f_locals.get(code.co_varnames[0])
+    local = f.f_locals
+    first = local.get(code.co_varnames[0])
+    if code.co_argcount >= 2 and code.co_name in _INIT_METHOD_NAMES:
+        second = local.get(code.co_varnames[1])
+        if isinstance(second, torch.nn.Module):
+            return second
     return first if isinstance(first, torch.nn.Module) else None
+
+
+def _frame_self(f: types.FrameType) -> object:
+    code = f.f_code
+    return f.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
 
 
 def current_provenance(start: types.FrameType | None = None) -> tuple[Provenance, torch.nn.Module | None]:
     """Provenance of the op being recorded now, and the innermost module on the stack."""
     user = None
     init_fn = None
+    init_method = None
     module = None
     for f in _frames(start or sys._getframe(1)):
         code = f.f_code
         filename = code.co_filename
-        if init_fn is None:
-            if filename == _INIT_FILE and not code.co_name.startswith("_"):
-                init_fn = f"torch.nn.init.{code.co_name}"
-            elif code.co_name in _INIT_METHOD_NAMES:
-                owner = _frame_module(f)
-                init_fn = f"{type(owner).__name__}.{code.co_name}" if owner is not None else code.co_name
+        if init_fn is None and filename == _INIT_FILE and not code.co_name.startswith("_"):
+            init_fn = f"torch.nn.init.{code.co_name}"
+        if code.co_name in _INIT_METHOD_NAMES:
+            owner = _frame_self(f)
+            init_method = f"{type(owner).__name__}.{code.co_name}" if isinstance(owner, torch.nn.Module) else code.co_name
         if user is None and not _is_internal(filename):
             user = f
         if module is None:
             module = _frame_module(f)
-        if user is not None and init_fn is not None and module is not None:
-            break
     prov = Provenance(
         source=format_source(user),
         init_fn=init_fn,
         module_class=type(module).__name__ if module is not None else None,
+        init_method=init_method,
     )
     return prov, module
 

@@ -288,7 +288,9 @@ class Recorder:
                           copy=func is torch.tensor)
             return out.detach().requires_grad_(requires_grad) if func is torch.tensor else out
         if device is None:
-            device = torch.get_default_device() if func not in (torch.from_numpy, torch.frombuffer) else _CPU
+            from fxinit.capture.modes import _default_device
+
+            device = _default_device() if func not in (torch.from_numpy, torch.frombuffer) else _CPU
         with self.suspended():
             real = func(*args, **kwargs) if func in (torch.from_numpy, torch.frombuffer) else func(*args, device="cpu", **kwargs)
         t = self.lift(real, torch.device(device))
@@ -329,7 +331,8 @@ class Recorder:
         shadow = self.value_of(t)
         if shadow is None:
             raise self.fail(
-                f"fxinit cannot read the values of a deferred tensor during capture ({getattr(func, '__name__', func)})",
+                f"fxinit cannot read the values of a deferred tensor that is too large to compute while recording "
+                f"({getattr(func, '__name__', func)})",
                 op=f"Tensor.{getattr(func, '__name__', func)}",
                 hint=self._value_hint(),
             )
@@ -337,9 +340,9 @@ class Recorder:
             return func(shadow, *args, **kwargs)
 
     def _value_hint(self) -> str:
-        return ("values are only known during capture for tensors of at most 2**20 elements; "
-                "move this computation out of __init__, guard it with `if not fxinit.is_meta_init():`, "
-                "or build this model eagerly")
+        return ("values are computed while recording only for tensors of at most 2**20 elements; "
+                "materialize the tensor first, move this computation out of __init__, or guard it with "
+                "`if not fxinit.is_meta_init():`")
 
     # ------------------------------------------------------------------ opaque init functions
     def try_record_opaque(self, frame: Any, t: torch.Tensor) -> bool:
@@ -380,11 +383,12 @@ class Recorder:
         def real(x: Any) -> Any:
             if not is_deferred_tensor(x):
                 return x
-            shadow = self.shadow_of(x)
-            if shadow is not None and id(x) not in mutated:
-                return shadow.to(device)
-            alloc = torch.empty_strided if id(x) in mutated else _zeros_strided
-            return alloc(x.size(), x.stride(), dtype=x.dtype, device=state_of(x).device)
+            if id(x) in mutated:  # overwritten by the op: its values do not matter
+                return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=state_of(x).device)
+            value = self.value_of(x)  # probabilities, means: exact when cheap, else a valid stand-in
+            if value is not None:
+                return value.to(state_of(x).device)
+            return torch.ones(x.size(), dtype=x.dtype, device=state_of(x).device)
 
         with self.suspended(), torch.no_grad():
             rargs = tree_map(real, args)
@@ -581,7 +585,8 @@ class Recorder:
         if data_dependent:
             what = _WHAT_THE_USER_WROTE.get(func, str(func))
             raise self.fail(
-                f"fxinit cannot defer {what}: it needs the value of a deferred tensor during construction",
+                f"fxinit cannot defer {what}: it needs the value of a deferred tensor that is too large "
+                "to compute while recording",
                 op=str(func),
                 hint=self._value_hint(),
             )
@@ -605,5 +610,3 @@ def _device_available(device: torch.device) -> bool:
     return bool(is_available and is_available())
 
 
-def _zeros_strided(size: Any, stride: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.empty_strided(size, stride, dtype=dtype, device=device).zero_()

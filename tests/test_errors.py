@@ -1,0 +1,264 @@
+"""What cannot be deferred fails loudly: a DeferredInitError that names the op, the module path
+and the user's file and line; and a failing materialize leaves nothing half initialized."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import fxinit
+from conftest import assert_modules_equal, same_bits
+
+_THIS = os.path.abspath(__file__)
+
+
+def _line(marker: str) -> int:
+    """Line number of the (unique) line of this file that carries ``# <marker>``."""
+    with open(_THIS) as f:
+        hits = [i for i, line in enumerate(f, 1) if line.rstrip().endswith(f"# {marker}")]
+    assert len(hits) == 1, marker
+    return hits[0]
+
+
+# Each offending module is built as ``self.block`` of a Parent, so its path is "...block".
+class ItemOnRandom(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+        self.scale = self.w[0].item()  # ERR:item
+
+
+class IfOnRandom(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+        if self.w.sum() > 0:  # ERR:if
+            self.sign = 1
+
+
+class NonzeroOnRandom(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4))
+        self.register_buffer("idx", torch.nonzero(self.w > 0))  # ERR:nonzero
+
+
+class TolistOnLarge(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        big = torch.linspace(0, 1, 70_000)  # larger than any small-constant shortcut
+        self.values = big.tolist()  # ERR:tolist
+
+
+class TolistOnRandom(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.rand(3))
+        self.values = self.w.tolist()  # ERR:tolist_random
+
+
+class DataPtr(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+        self.ptr = self.w.data_ptr()  # ERR:data_ptr
+
+
+class UntypedStorage(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+        self.st = self.w.untyped_storage()  # ERR:untyped_storage
+
+
+class Numpy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+        self.arr = self.w.detach().numpy()  # ERR:numpy
+
+
+class Parent(nn.Module):
+    def __init__(self, cls) -> None:
+        super().__init__()
+        self.pre = nn.Linear(2, 2)
+        self.block = cls()
+
+
+ERROR_CASES = [
+    ("item", ItemOnRandom, ("item",)),
+    ("if", IfOnRandom, ("bool", "if ", "is_nonzero", "_local_scalar_dense")),
+    ("nonzero", NonzeroOnRandom, ("nonzero",)),
+    ("tolist", TolistOnLarge, ("tolist",)),
+    ("tolist_random", TolistOnRandom, ("tolist",)),
+    ("data_ptr", DataPtr, ("data_ptr",)),
+    ("untyped_storage", UntypedStorage, ("untyped_storage",)),
+    ("numpy", Numpy, ("numpy",)),
+]
+
+
+@pytest.mark.parametrize("marker,cls,op_names", ERROR_CASES, ids=[c[0] for c in ERROR_CASES])
+def test_data_dependent_constructor_raises_a_precise_error(marker, cls, op_names) -> None:
+    torch.manual_seed(0)
+    Parent(cls)  # eager construction works
+    eager_rng = torch.get_rng_state()
+    torch.manual_seed(0)
+    with pytest.raises(fxinit.DeferredInitError) as info:
+        fxinit.trace_init(Parent, cls)
+    exc = info.value
+    msg = str(exc)
+    assert any(name in msg for name in op_names), f"the op ({op_names}) is not named in:\n{msg}"
+    assert "block" in msg, f"the module path (Parent.block) is not named in:\n{msg}"
+    where = f"test_errors.py:{_line('ERR:' + marker)}"
+    assert where in msg, f"the source line {where} is not named in:\n{msg}"
+    assert exc.module is not None and "block" in exc.module
+    assert exc.source is not None and where in exc.source
+    del eager_rng
+
+
+def test_error_outside_any_module_names_the_line() -> None:
+    with pytest.raises(fxinit.DeferredInitError) as info:
+        with fxinit.meta_init():
+            t = torch.randn(3)
+            t.max().item()  # ERR:meta_init_item
+    assert f"test_errors.py:{_line('ERR:meta_init_item')}" in str(info.value)
+
+
+def test_error_in_reinit_after_trace_names_the_line() -> None:
+    m = fxinit.trace_init(nn.Linear, 3, 3)
+    with pytest.raises(fxinit.DeferredInitError) as info:
+        float(m.weight.abs().max())  # ERR:after_trace
+    assert f"test_errors.py:{_line('ERR:after_trace')}" in str(info.value)
+    assert fxinit.is_deferred(m.weight)
+    fxinit.materialize(m)  # the model is still usable
+
+
+def test_small_constant_values_are_answered_not_refused() -> None:
+    """The other side of the rule: values computed only from small constants are known."""
+
+    class SmallConstants(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.n = int(torch.tensor([1, 2, 3]).sum().item())
+            self.xs = torch.linspace(0, 1, 5).tolist()
+            self.nz = torch.nonzero(torch.tensor([0, 1, 0, 1])).flatten().tolist()
+            self.w = nn.Parameter(torch.zeros(self.n))
+
+    ref = SmallConstants()
+    m = fxinit.trace_init(SmallConstants)
+    assert (m.n, m.xs, m.nz) == (ref.n, ref.xs, ref.nz)
+    fxinit.materialize(m)
+    assert_modules_equal(m, ref)
+
+
+def test_pickling_a_deferred_tensor_raises() -> None:
+    m = fxinit.trace_init(nn.Linear, 3, 3)
+    with pytest.raises(fxinit.DeferredInitError):
+        pickle.dumps(m.weight)
+
+
+def test_mixing_two_traces_raises() -> None:
+    a = fxinit.trace_init(nn.Linear, 3, 3)
+    b = fxinit.trace_init(nn.Linear, 3, 3)
+    with pytest.raises(fxinit.DeferredInitError):
+        with torch.no_grad():
+            a.weight.add_(b.weight)
+
+
+def test_trace_init_of_a_non_module_raises_type_error() -> None:
+    with pytest.raises(TypeError):
+        fxinit.trace_init(lambda: torch.zeros(3))
+
+
+# ----------------------------------------------------------------------------- nothing half-initialized
+def _all_deferred(m: nn.Module) -> bool:
+    return all(fxinit.is_deferred(t) for t in list(m.parameters()) + list(m.buffers()))
+
+
+class WantsMissingDevice(nn.Module):
+    """A deterministic buffer meant for a device that this machine may not have."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("z", torch.ones(4, device=device))
+
+
+def _missing_device() -> str:
+    for dev in ("cuda", "xpu", "mps"):
+        mod = getattr(torch, dev, None)
+        if mod is None or not mod.is_available():
+            return dev
+    pytest.skip("every device type is available here")
+
+
+def test_failing_materialize_leaves_everything_deferred() -> None:
+    dev = _missing_device()
+    torch.manual_seed(0)
+    ref = WantsMissingDevice("cpu")
+    torch.manual_seed(0)
+    m = fxinit.trace_init(WantsMissingDevice, dev)
+    assert m.z.shape == (4,)
+    with pytest.raises(fxinit.DeferredInitError):
+        fxinit.materialize(m)  # the buffer's device is not available
+    assert _all_deferred(m), "a failed materialize left some tensors materialized"
+    fxinit.materialize(m, device="cpu")  # the documented way out
+    assert_modules_equal(m, ref)
+
+
+def test_failing_materialize_across_two_traces_leaves_everything_deferred() -> None:
+    """The first part computes fine, the second cannot be computed any more: nothing is swapped."""
+    with fxinit.meta_init():
+        part = nn.Linear(2, 2)
+    other = fxinit.trace_init(nn.Linear, 2, 2)
+    root = nn.Sequential(other, part)
+    with fxinit.meta_init():
+        throwaway = torch.ones(1)
+    fxinit.materialize(throwaway)  # keep_cache=False clears the meta_init cache, `part`'s included
+    with pytest.raises(fxinit.DeferredInitError):
+        fxinit.materialize(root)
+    assert _all_deferred(root), "a failed materialize left some tensors materialized"
+    fxinit.materialize(other)
+    assert not fxinit.is_deferred(other)
+
+
+def test_failing_materialize_of_one_tensor_keeps_the_module_usable() -> None:
+    dev = _missing_device()
+    m = fxinit.trace_init(WantsMissingDevice, dev)
+    with pytest.raises(fxinit.DeferredInitError):
+        fxinit.materialize(m.z)
+    assert fxinit.is_deferred(m.z)
+    fxinit.materialize(m.lin)
+    assert not fxinit.is_deferred(m.lin)
+    assert fxinit.is_deferred(m.z)
+
+
+def test_random_op_for_a_missing_device_fails_at_trace_time() -> None:
+    dev = _missing_device()
+
+    class RandomOnDevice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.r = nn.Parameter(torch.randn(3, device=dev))  # ERR:missing_device
+
+    with pytest.raises(fxinit.DeferredInitError) as info:
+        fxinit.trace_init(RandomOnDevice)
+    assert f"test_errors.py:{_line('ERR:missing_device')}" in str(info.value)
+    assert dev in str(info.value)
+
+
+def test_numpy_array_input_is_not_an_error() -> None:
+    class FromNumpy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("a", torch.from_numpy(np.arange(4.0)))
+
+    ref = FromNumpy()
+    m = fxinit.trace_init(FromNumpy)
+    fxinit.materialize(m)
+    assert same_bits(m.a, ref.a)

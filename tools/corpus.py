@@ -152,6 +152,12 @@ def check_model(model_type: str, seed: int = 0, dtype: str = "float32", variant:
     return result
 
 
+def check_model_settings(model_type: str, settings: list[tuple[int, str]], variant: str,
+                         orders: tuple[str, ...]) -> list[dict[str, Any]]:
+    """``check_model`` for several (seed, dtype) settings in one process (one import of the model)."""
+    return [check_model(model_type, seed, dtype, variant, orders) for seed, dtype in settings]
+
+
 # ----------------------------------------------------------------------------- the list
 def probe(model_type: str) -> dict[str, Any]:
     """Find the first config variant of ``model_type`` that builds with < MAX_PARAMS parameters."""
@@ -265,11 +271,23 @@ def refresh_list(jobs: int, only_failed: bool = False) -> list[dict[str, Any]]:
     return found
 
 
+def _settings(seeds: str, dtypes: str, pair: bool) -> list[tuple[int, str]]:
+    ss = [int(x) for x in seeds.split(",")]
+    ds = dtypes.split(",")
+    if pair:
+        if len(ss) != len(ds):
+            raise SystemExit("--pair needs as many seeds as dtypes")
+        return list(zip(ss, ds))
+    return [(s, d) for s in ss for d in ds]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", help="comma-separated model types (default: every buildable one)")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--dtypes", default="float32")
+    ap.add_argument("--pair", action="store_true",
+                    help="pair seeds with dtypes (0,float32 1,bfloat16 ...) instead of taking every combination")
     ap.add_argument("--orders", default="whole,reverse")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--limit", type=int, default=0, help="only the first K models")
@@ -299,33 +317,35 @@ def main(argv: list[str] | None = None) -> int:
         print(f"not in the buildable list (see {LIST_PATH.name}): {missing}")
         names = [n for n in names if n in buildable]
     orders = tuple(args.orders.split(","))
-    checks = [(n, int(s), d, buildable[n]["variant"], orders)
-              for s in args.seeds.split(",") for d in args.dtypes.split(",") for n in names]
-    print(f"{len(names)} architectures x {len(checks) // max(len(names), 1)} (seed, dtype) "
-          f"x {len(orders)} orders; {len(listing) - len(buildable)} of {len(listing)} model types do not build tiny")
+    settings = _settings(args.seeds, args.dtypes, args.pair)
+    jobs = [(n, settings, buildable[n]["variant"], orders) for n in names]
+    print(f"{len(names)} architectures x {len(settings)} (seed, dtype) x {len(orders)} orders; "
+          f"{len(listing) - len(buildable)} of {len(listing)} model types do not build tiny")
     results: list[dict[str, Any]] = []
 
-    def done(job: tuple, res: dict[str, Any]) -> None:
-        model, seed, dtype = job[0], job[1], job[2]
-        if "error" in res:
-            res = {"model": model, "seed": seed, "dtype": dtype, **{o: f"crash: {res['error']}" for o in orders}}
-        results.append(res)
-        status = "  ".join(f"{o}={res[o] if res[o] == 'ok' else res[o][:300]}" for o in orders)
-        print(f"[{len(results)}/{len(checks)}] {model} seed={seed} {dtype}: {status}", flush=True)
+    def done(job: tuple, res: Any) -> None:
+        model = job[0]
+        if isinstance(res, dict) and "error" in res:
+            res = [{"model": model, "seed": s, "dtype": d, **{o: f"crash: {res['error']}" for o in orders}}
+                   for s, d in settings]
+        for r in res:
+            results.append(r)
+            status = "  ".join(f"{o}={r[o] if r[o] == 'ok' else r[o][:300]}" for o in orders)
+            print(f"[{len(results)}/{len(jobs) * len(settings)}] {model} seed={r['seed']} {r['dtype']}: {status}",
+                  flush=True)
 
-    run_parallel("check_model", checks, args.jobs, args.timeout, done)
+    run_parallel("check_model_settings", jobs, args.jobs, args.timeout * len(settings), done)
 
     print("\n== corpus figure ==")
     wrong = 0
-    for s in args.seeds.split(","):
-        for d in args.dtypes.split(","):
-            for o in orders:
-                rs = [r for r in results if r["seed"] == int(s) and r["dtype"] == d]
-                ok = sum(r[o] == "ok" for r in rs)
-                refused = sum(r[o].startswith("cannot defer") for r in rs)
-                wrong += sum(r[o].startswith(("mismatch", "crash")) for r in rs)
-                print(f"seed={s} dtype={d:8s} order={o:7s}: {ok}/{len(rs)} bitwise-equal"
-                      + (f", {refused} refused with DeferredInitError" if refused else ""))
+    for s, d in settings:
+        for o in orders:
+            rs = [r for r in results if r["seed"] == s and r["dtype"] == d]
+            ok = sum(r[o] == "ok" for r in rs)
+            refused = sum(r[o].startswith("cannot defer") for r in rs)
+            wrong += sum(r[o].startswith(("mismatch", "crash")) for r in rs)
+            print(f"seed={s} dtype={d:8s} order={o:7s}: {ok}/{len(rs)} bitwise-equal"
+                  + (f", {refused} refused with DeferredInitError" if refused else ""))
     kinds: dict[str, list[str]] = defaultdict(list)
     for r in results:
         for o in orders:

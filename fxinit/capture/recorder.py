@@ -39,8 +39,9 @@ _CPU = torch.device("cpu")
 
 #: Tensors up to this many elements computed only from constants keep an exact shadow.
 SHADOW_LIMIT = 1 << 16
-#: Tensors up to this many elements are computed exactly on demand when Python needs a value.
-EVAL_LIMIT = 1 << 20
+#: When Python needs the value of a deferred tensor, its slice is run for real if the slice
+#: allocates at most this many bytes (counting every intermediate).
+EVAL_BUDGET = 16 << 20
 
 _SCALAR_FACTORIES = {aten.scalar_tensor.default, aten.lift_fresh.default}
 _LIFT_OPS = {aten.lift_fresh.default, aten.lift_fresh_copy.default, aten.lift.default}
@@ -183,12 +184,12 @@ class Recorder:
         """The exact current value of deferred ``t`` on the CPU, if it is cheap to know.
 
         Constant-derived tensors have a shadow. Others (random ancestry) with at most
-        EVAL_LIMIT elements are computed by running their slice of the graph recorded so
-        far: every random op in it carries its generator snapshot, so this is exact and
-        touches no user generator. Larger tensors return None (the caller refuses).
+        a slice of at most EVAL_BUDGET bytes are computed by running that slice of the graph
+        recorded so far: every random op in it carries its generator snapshot, so this is
+        exact and touches no user generator. Costlier ones return None (the caller refuses).
         """
         shadow = self.shadow_of(t)
-        if shadow is not None or t.numel() > EVAL_LIMIT:
+        if shadow is not None:
             return shadow
         # Evaluating mid-capture means running the graph: the one place capture uses a backend.
         from fxinit.backends.eager import run_nodes
@@ -196,6 +197,9 @@ class Recorder:
 
         node = state_of(t).node
         nodes = required_nodes(list(self.graph.nodes), [(node, self.storage_id(t))])
+        cost = sum(n.meta["spec"].nbytes for n in nodes if n.meta.get("spec") is not None)
+        if cost > EVAL_BUDGET:
+            return None
         with self.suspended():
             env = run_nodes(nodes, self.constants, self.rng, self.default_dtype, keep={node},
                             device_map=_unavailable_to_cpu(nodes))
@@ -340,7 +344,7 @@ class Recorder:
             return func(shadow, *args, **kwargs)
 
     def _value_hint(self) -> str:
-        return ("values are computed while recording only for tensors of at most 2**20 elements; "
+        return ("values are computed while recording only when that costs at most 16 MiB of tensors; "
                 "materialize the tensor first, move this computation out of __init__, or guard it with "
                 "`if not fxinit.is_meta_init():`")
 

@@ -53,7 +53,7 @@ def _deferred_in_module(module: torch.nn.Module, buffers_only: bool = False
 
 
 def _with_storage_siblings(tensors: list[torch.Tensor], where: dict[int, list[Location]]) -> list[torch.Tensor]:
-    """Add the traced model's other deferred tensors that share a storage with ``tensors``.
+    """Add the traced model's other deferred tensors that must be materialized with ``tensors``.
 
     Tensors that alias one storage in eager construction (a parameter that is a view of
     another, a buffer aliasing a parameter) must be materialized from one computation to
@@ -67,7 +67,10 @@ def _with_storage_siblings(tensors: list[torch.Tensor], where: dict[int, list[Lo
         wanted = {rec.storage_id(t) for t in tensors if state_of(t).recorder is rec}
         for mod in root.modules():
             for kind, name, t in _module_tensors(mod):
-                if id(t) not in out and rec.storage_id(t) in wanted:
+                # Tensor attributes computed with autograd (weight_norm's ``weight``) hold the
+                # parameters they came from: they go with them, or those could not be swapped.
+                derived = kind == "__dict__" and t.grad_fn is not None
+                if id(t) not in out and (derived or rec.storage_id(t) in wanted):
                     out[id(t)] = t
                 places = where.setdefault(id(t), []) if id(t) in out else None
                 if places is not None and not any(p[0] is mod and p[1] == name for p in places):

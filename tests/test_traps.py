@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import warnings
@@ -608,10 +609,30 @@ def test_submodule_shared_by_two_parents() -> None:
     assert_modules_equal(m, ref)
 
 
+def _recorded(post):
+    """Run ``post`` on the fxinit model inside ``fxinit.recording`` (and plainly on the eager one):
+    the documented way for post-trace code that builds tensors on a parameter's device."""
+
+    def run(m):
+        ctx = fxinit.recording(m) if fxinit.is_deferred(m) else contextlib.nullcontext()
+        with ctx:
+            post(m)
+
+    return run
+
+
 def test_parametrization_registered_after_trace() -> None:
     assert_same_as_eager(lambda: nn.Linear(5, 4), post=lambda m: P.spectral_norm(m),
                          forward=lambda m: m.eval()(_x(2, 5)))
-    assert_same_as_eager(lambda: nn.Linear(4, 4), post=lambda m: P.orthogonal(m), forward=lambda m: m.weight)
+    assert_same_as_eager(lambda: nn.Linear(4, 4), post=_recorded(lambda m: P.orthogonal(m)),
+                         forward=lambda m: m.weight)
+
+
+def test_parametrization_building_tensors_after_trace_needs_recording() -> None:
+    """Without ``recording`` the parametrization builds plain meta tensors: a clear error, not wrong values."""
+    m = fxinit.trace_init(nn.Linear, 4, 4)
+    with pytest.raises(fxinit.DeferredInitError, match="recording"):
+        P.orthogonal(m)
 
 
 def test_reinit_after_trace_with_tensors_made_on_the_parameters_device() -> None:
@@ -624,7 +645,10 @@ def test_reinit_after_trace_with_tensors_made_on_the_parameters_device() -> None
             w.copy_(torch.randn(w.shape, device=w.device, dtype=w.dtype) * 0.1)
             m.bias.copy_(torch.arange(m.bias.numel(), device=m.bias.device, dtype=m.bias.dtype))
 
-    assert_same_as_eager(lambda: nn.Linear(4, 3), post=post)
+    assert_same_as_eager(lambda: nn.Linear(4, 3), post=_recorded(post))
+    m = fxinit.trace_init(nn.Linear, 4, 3)
+    with pytest.raises(fxinit.DeferredInitError, match="plain meta tensor"):
+        post(m)
 
 
 def test_generator_attribute_reused_after_trace() -> None:
@@ -638,19 +662,32 @@ def test_generator_attribute_reused_after_trace() -> None:
 
 
 def test_parameter_identity_kept_while_an_autograd_graph_references_it() -> None:
-    """A tensor computed from a deferred parameter (with grad) is alive when materializing:
-    the parameter must still become real in place (references such as an optimizer's stay valid)."""
+    """A tensor computed from a deferred parameter (with grad) is alive when materializing.
+
+    ``torch.utils.swap_tensors`` cannot swap a tensor that a live autograd graph saved, so
+    fxinit cannot keep that parameter's identity: it warns, puts the (correct) value in the
+    module, and the old object stays deferred. Once the graph is gone, identity is kept.
+    """
     torch.manual_seed(0)
     ref = nn.Linear(3, 2)
     torch.manual_seed(0)
     m = fxinit.trace_init(nn.Linear, 3, 2)
     w = m.weight
     scaled = m.weight * m.weight  # the autograd graph saves the parameter itself
-    fxinit.materialize(m)
-    assert m.weight is w, "the module's parameter is a new object: references taken before materialize are stale"
-    assert not fxinit.is_deferred(w)
-    assert_bits(w, ref.weight, "weight")
+    with pytest.warns(UserWarning, match="could not swap"):
+        fxinit.materialize(m)
+    assert m.weight is not w and fxinit.is_deferred(w)
+    assert_bits(m.weight, ref.weight, "weight")
     del scaled
+
+    torch.manual_seed(0)
+    m = fxinit.trace_init(nn.Linear, 3, 2)
+    w = m.weight
+    scaled = m.weight * m.weight
+    del scaled
+    fxinit.materialize(m)
+    assert m.weight is w and not fxinit.is_deferred(w)
+    assert_bits(w, ref.weight, "weight")
 
 
 def test_attributes_of_parameters_survive_materialize() -> None:

@@ -11,21 +11,20 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections import defaultdict
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Callable, Iterable, TypeVar
 
 import torch
 import torch.fx as fx
 
 from fxinit.backends.eager import run_nodes
-from fxinit.capture.api import _META_INIT_RECORDERS, clear_meta_init_cache
+from fxinit.capture.api import clear_meta_init_cache
 from fxinit.capture.deferred import STATE_ATTR, is_deferred_tensor, state_of
 from fxinit.capture.recorder import Recorder
 from fxinit.errors import DeferredInitError
 from fxinit.graph import InitGraph, OutputInfo
 from fxinit.passes.slicing import required_nodes
 
-T = TypeVar("T")
-Location = tuple[torch.nn.Module, str, str]  # (module, attribute name, "_parameters" | "_buffers")
+Location = tuple[torch.nn.Module, str, str]  # (module, attribute name, "_parameters" | "_buffers" | "__dict__")
 
 
 def _module_tensors(mod: torch.nn.Module, buffers_only: bool = False) -> Iterable[tuple[str, str, torch.Tensor]]:
@@ -52,7 +51,7 @@ def _deferred_in_module(module: torch.nn.Module, buffers_only: bool = False
     return list(tensors.values()), where
 
 
-def _with_storage_siblings(tensors: list[torch.Tensor], where: dict[int, list[Location]]) -> list[torch.Tensor]:
+def _with_companions(tensors: list[torch.Tensor], where: dict[int, list[Location]]) -> list[torch.Tensor]:
     """Add the traced model's other deferred tensors that must be materialized with ``tensors``.
 
     Tensors that alias one storage in eager construction (a parameter that is a view of
@@ -181,7 +180,7 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
 
 def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Location]],
                          device: torch.device | str | None, init: bool) -> None:
-    tensors = _with_storage_siblings(tensors, where)
+    tensors = _with_companions(tensors, where)
     by_recorder: dict[int, tuple[Recorder, list[torch.Tensor]]] = {}
     for t in tensors:
         rec = state_of(t).recorder

@@ -257,13 +257,14 @@ def refresh_list(jobs: int, only_failed: bool = False) -> list[dict[str, Any]]:
         found = [r for r in json.loads(LIST_PATH.read_text()) if r.get("variant")]
         kept = {r["model"] for r in found}
         types = [t for t in types if t not in kept]
+    kept_count = len(found)
 
     def done(args: tuple, res: dict[str, Any]) -> None:
         if "error" in res:
             res = {"model": args[0], "variant": None, "why": [res["error"]]}
         found.append(res)
         status = f"{res['variant']} {res['params'] / 1e6:.2f}M" if res.get("variant") else f"-- {res['why'][-1:]}"
-        print(f"[{len(found)}/{len(types)}] {res['model']}: {status}", flush=True)
+        print(f"[{len(found) - kept_count}/{len(types)}] {res['model']}: {status}", flush=True)
 
     run_parallel("probe", [(t,) for t in types], jobs, 300, done)
     found.sort(key=lambda r: r["model"])

@@ -19,7 +19,8 @@ from transformers import AutoConfig, PretrainedConfig  # noqa: E402
 WIDTH = {"hidden_size", "d_model", "n_embd", "embed_dim", "embedding_size", "projection_dim", "hidden_dim",
          "encoder_hidden_size", "decoder_hidden_size", "projector_hidden_size", "out_hidden_size",
          "output_hidden_size", "word_embed_proj_dim", "d_embed", "memory_attention_hidden_size",
-         "encoder_hidden_dim", "text_embed_dim", "vision_embed_dim", "hidden_channels", "embedding_dim"}
+         "encoder_hidden_dim", "text_embed_dim", "vision_embed_dim", "hidden_channels", "embedding_dim",
+         "emb_dim", "d_latents", "entity_emb_size"}
 FFN = {"intermediate_size", "encoder_ffn_dim", "decoder_ffn_dim", "ffn_dim", "d_ff", "n_inner",
        "decoder_intermediate_size", "encoder_intermediate_size"}
 SMALL_FFN = {"moe_intermediate_size", "shared_expert_intermediate_size", "shared_intermediate_size"}
@@ -33,6 +34,7 @@ HEAD_DIMS = {"head_dim": 8, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_hea
 EXPERTS = {"num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
            "moe_topk": 2, "n_group": 1, "topk_group": 1, "n_shared_experts": 1, "num_shared_experts": 1,
            "index_n_heads": 2, "index_topk": 8}
+VOCABS = {"vocab_size", "n_words", "entity_vocab_size", "src_vocab_size", "tgt_vocab_size"}
 POSITIONS = {"max_position_embeddings": 128, "n_positions": 128, "max_source_positions": 128,
              "max_target_positions": 128, "max_2d_position_embeddings": 128}
 LAYER_LISTS = ("layer_types", "mlp_layer_types", "mlp_only_layers", "indexer_types")
@@ -49,7 +51,7 @@ def _shrink(cfg: PretrainedConfig, level: int) -> None:
         new: Any = None
         if k in LAYERS and isinstance(v, int) and v > 2:
             new = layers = 2
-        elif k == "vocab_size" and isinstance(v, int) and v > VOCAB:
+        elif k in VOCABS and isinstance(v, int) and v > VOCAB:
             new = VOCAB
         elif k in POSITIONS and isinstance(v, int) and v > POSITIONS[k]:
             new = POSITIONS[k]
@@ -66,6 +68,8 @@ def _shrink(cfg: PretrainedConfig, level: int) -> None:
                 new = 2
             elif k in HEAD_DIMS and isinstance(v, int) and v > HEAD_DIMS[k]:
                 new = HEAD_DIMS[k]
+            elif k == "num_latents" and isinstance(v, int) and v > 8:
+                new = 8
             elif k in EXPERTS and isinstance(v, int) and v > EXPERTS[k]:
                 new = EXPERTS[k]
             elif k == "image_size" and isinstance(v, int) and "patch_size" in d and v > 32:

@@ -75,15 +75,18 @@ def step(node: torch.fx.Node) -> str:
 
 
 def recipe(graph: fxinit.InitGraph, name: str) -> str:
-    """The ops the tensor's value needs, in program order; repeats shown as ``normal_ x3``."""
+    """The ops the tensor's value needs, in program order; repeats shown as ``normal_ x3``,
+    writes that dead-init elimination drops shown as ``(uniform_ [kaiming_uniform_]: dead)``."""
     steps: list[list] = []
-    for node in graph.required_nodes([name]):
+    dead = graph.dead_writes()
+    for node in graph.required_nodes([name], eliminate_dead=False):
+        label = f"({step(node)}: dead)" if node in dead else step(node)
         if step(node) in ("detach", "alias"):
             continue
-        if steps and steps[-1][0] == step(node):
+        if steps and steps[-1][0] == label:
             steps[-1][1] += 1
         else:
-            steps.append([step(node), 1])
+            steps.append([label, 1])
     return " -> ".join(s if n == 1 else f"{s} x{n}" for s, n in steps)
 
 
@@ -108,16 +111,20 @@ def draw(graph: fxinit.InitGraph, out: Path) -> Path:
     """One node per op and per output tensor, clustered by ``node.meta["module"]``; returns the file written."""
     import graphviz
 
-    legend = "fxinit init graph - orange: random op, blue: constant, green: parameter/buffer, dashed: next write"
+    legend = ("fxinit init graph - orange: random op, blue: constant, green: parameter/buffer, "
+              "grey text: dead write (never run), dashed: next write")
     font = {"fontname": "Helvetica", "fontsize": "10"}
     dot = graphviz.Digraph("init_deps", graph_attr={"rankdir": "LR", "label": legend, "labelloc": "t", **font},
                            node_attr={"shape": "box", "style": "rounded,filled", "fillcolor": "white", **font})
     clusters: dict[str, list[tuple[str, dict[str, str]]]] = {}
     last_write: dict[int, str] = {}
+    dead = graph.dead_writes()
     for node in graph.nodes:
         where = (node.meta["prov"].source or "<").split(": ")[0].rpartition("/")[2]  # "model.py:58"
         attrs = {"label": step(node) + ("" if where.startswith("<") else f"\n{where}"),
                  "fillcolor": RANDOM if node.meta.get("rng") else CONSTANT if node.op == "get_attr" else "white"}
+        if node in dead:
+            attrs.update(fontcolor="grey50", style="rounded,filled,dashed")
         clusters.setdefault(node.meta.get("module") or "", []).append((node.name, attrs))
         for inp in node.all_input_nodes:
             dot.edge(inp.name, node.name)

@@ -76,11 +76,18 @@ class InitGraph:
     def spec(self, name: str) -> TensorSpec:
         return self.outputs[name].meta["spec"]
 
-    def required_nodes(self, names: Iterable[str]) -> list[fx.Node]:
+    def dead_writes(self) -> set[fx.Node]:
+        """Nodes whose writes are overwritten before anyone reads them (never executed)."""
+        from fxinit.passes.dead_init import dead_writes
+
+        return dead_writes(self.nodes)
+
+    def required_nodes(self, names: Iterable[str], eliminate_dead: bool = True) -> list[fx.Node]:
         """The nodes, in program order, that the named outputs need (a slice)."""
         from fxinit.passes.slicing import required_nodes
 
-        return required_nodes(self.nodes, [(self.outputs[n], self.output_storage[n]) for n in names])
+        dead = self.dead_writes() if eliminate_dead else frozenset()
+        return required_nodes(self.nodes, [(self.outputs[n], self.output_storage[n]) for n in names], dead)
 
     def materialize(
         self, names: Iterable[str] | None = None, device: torch.device | str | None = None
@@ -90,14 +97,14 @@ class InitGraph:
         Tensors are computed on the device eager construction would have used and then
         moved to ``device`` if one is given. Tied names map to the same tensor.
         """
-        from fxinit.backends.eager import run_nodes
+        from fxinit.backends.eager import run_parallel
 
         wanted = list(self.outputs) if names is None else list(names)
         unknown = [n for n in wanted if n not in self.outputs]
         if unknown:
             raise KeyError(f"not outputs of this init graph: {unknown[:5]}")
-        env = run_nodes(self.required_nodes(wanted), self.constants, self.rng, self.default_dtype,
-                        keep={self.outputs[n] for n in wanted})
+        env = run_parallel(self.required_nodes(wanted), self.constants, self.rng, self.default_dtype,
+                           keep={self.outputs[n] for n in wanted})
         out: dict[str, torch.Tensor] = {}
         for n in wanted:
             value = env[self.outputs[n]]
@@ -106,12 +113,27 @@ class InitGraph:
             out[n] = value
         return out
 
-    def stats(self) -> dict[str, int]:
-        nodes = self.nodes
-        random = sum(1 for n in nodes if n.meta.get("rng"))
-        out_bytes = sum(self.spec(n).nbytes for n in {ns[0] for ns in self._tie_representatives()})
-        return {"nodes": len(nodes), "random_ops": random, "outputs": len(self.outputs),
-                "constants": len(self.constants), "output_bytes": out_bytes}
+    def stats(self, names: Iterable[str] | None = None) -> dict[str, int]:
+        """Sizes of the graph, and of what materializing ``names`` (all if None) runs.
+
+        ``*_captured`` counts everything capture recorded for those outputs; the plain
+        counts are what runs after slicing and dead-init elimination. ``random_elements``
+        counts the elements random ops fill (their draws, up to a per-dtype factor);
+        ``bytes_allocated`` what the run allocates (outputs and temporaries).
+        """
+        wanted = list(self.outputs) if names is None else list(names)
+        captured = self.required_nodes(wanted, eliminate_dead=False)
+        run = self.required_nodes(wanted)
+        out = {"outputs": len(self.outputs), "constants": len(self.constants),
+               "output_bytes": sum(self.spec(g[0]).nbytes for g in self._tie_representatives()),
+               "dead_nodes": len(set(captured) - set(run))}
+        for suffix, nodes in (("_captured", captured), ("", run)):
+            random = [n for n in nodes if n.meta.get("rng")]
+            out["nodes" + suffix] = len(nodes)
+            out["random_ops" + suffix] = len(random)
+            out["random_elements" + suffix] = sum(_numel(n) for n in random)
+            out["bytes_allocated" + suffix] = sum(n.meta["spec"].nbytes for n in nodes if _allocates(n))
+        return out
 
     def _tie_representatives(self) -> list[list[str]]:
         seen: set[str] = set()
@@ -124,5 +146,31 @@ class InitGraph:
 
     def __repr__(self) -> str:
         s = self.stats()
-        return (f"InitGraph({s['outputs']} outputs, {s['nodes']} nodes, {s['random_ops']} random ops, "
-                f"{s['output_bytes'] / 2**20:.1f} MiB)")
+        return (f"InitGraph({s['outputs']} outputs, {s['nodes_captured']} nodes ({s['dead_nodes']} dead), "
+                f"{s['random_ops']} random ops to run, {s['output_bytes'] / 2**20:.1f} MiB)")
+
+
+def _numel(n: fx.Node) -> int:
+    """Elements of the node's value; for an in-place op, of the tensor it writes."""
+    spec = n.meta.get("spec")
+    if spec is None:
+        written = next((a for a in n.args if isinstance(a, fx.Node)), None)
+        spec = written.meta.get("spec") if written is not None else None
+    if spec is None:
+        return 0
+    k = 1
+    for d in spec.shape:
+        k *= d
+    return k
+
+
+def _allocates(n: fx.Node) -> bool:
+    """Whether running ``n`` creates a new storage (not a view, not in place)."""
+    if n.meta.get("spec") is None:
+        return False
+    if n.op == "get_attr":
+        return True
+    schema = getattr(n.target, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    return schema.returns[0].alias_info is None

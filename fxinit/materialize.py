@@ -16,7 +16,7 @@ from typing import Callable, Iterable, TypeVar
 import torch
 import torch.fx as fx
 
-from fxinit.backends.eager import run_nodes
+from fxinit.backends.eager import run_parallel
 from fxinit.capture.api import clear_meta_init_cache
 from fxinit.capture.deferred import STATE_ATTR, is_deferred_tensor, state_of
 from fxinit.capture.recorder import Recorder
@@ -106,9 +106,9 @@ def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.devi
              ) -> list[torch.Tensor]:
     recorder._check_live()
     targets = [(state_of(t).node, recorder.storage_id(t)) for t in tensors]
-    nodes = required_nodes(list(recorder.graph.nodes), targets)
-    env = run_nodes(nodes, recorder.constants, recorder.rng, recorder.default_dtype,
-                    keep={node for node, _ in targets}, device_map=_device_map(nodes, target))
+    nodes = required_nodes(list(recorder.graph.nodes), targets, recorder.dead_writes())
+    env = run_parallel(nodes, recorder.constants, recorder.rng, recorder.default_dtype,
+                       keep={node for node, _ in targets}, device_map=_device_map(nodes, target))
     values = []
     for t, (node, _) in zip(tensors, targets):
         v = env[node]

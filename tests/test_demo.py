@@ -21,7 +21,7 @@ def test_demo_is_bitwise_equal_and_draws(tmp_path: Path, capsys: pytest.CaptureF
     printed = capsys.readouterr().out
     assert "RESULT: bit-for-bit equal to eager construction" in printed
     assert "lm_head.weight" in printed and "tied to embed.weight" in printed
-    assert "uniform_ [kaiming_uniform_]" in printed  # recipes come from the init graph
+    assert "(uniform_ [kaiming_uniform_]: dead) -> normal_" in printed  # recipes come from the init graph
     source = (out / "init_deps.dot").read_text()
     assert "cluster_layers.0.attn" in source and "inv_freq" in source
     if shutil.which("dot"):

@@ -31,7 +31,9 @@ from fxinit.capture.provenance import current_provenance, format_source, module_
 from fxinit.errors import DeferredInitError
 from fxinit.graph import TensorSpec
 from fxinit.ops import call_init_function, resolve_init_function
-from fxinit.rng import RngSnapshot, default_generator_for, snapshot
+from fxinit.rng import RngSnapshot, default_generator_for, mt19937, snapshot
+from fxinit.passes.dead_init import dead_writes
+from fxinit.rng.draws import cpu_draws
 
 aten = torch.ops.aten
 _META = torch.device("meta")
@@ -44,6 +46,11 @@ SHADOW_LIMIT = 1 << 16
 EVAL_BUDGET = 16 << 20
 
 _SCALAR_FACTORIES = {aten.scalar_tensor.default, aten.lift_fresh.default}
+# In-place ops whose result does not depend on the old contents of what they write.
+_OVERWRITE_OPS = {
+    aten.uniform_, aten.normal_, aten.bernoulli_, aten.exponential_, aten.random_, aten.cauchy_,
+    aten.log_normal_, aten.geometric_, aten.fill_, aten.zero_, aten.copy_,
+}
 _LIFT_OPS = {aten.lift_fresh.default, aten.lift_fresh_copy.default, aten.lift.default}
 _DATA_DEPENDENT = {
     aten._local_scalar_dense.default,
@@ -116,6 +123,8 @@ class Recorder:
         self.graph = fx.Graph()
         self.constants: dict[str, torch.Tensor] = {}
         self.rng: dict[str, RngSnapshot] = {}
+        self._dead: tuple[int, set[fx.Node]] = (-1, set())
+        self.random_ops = {"skipped": 0, "drawn": 0}  # how capture kept generators in step
         self.default_dtype = torch.get_default_dtype()
         self.capturing = False
         self.cleared = False
@@ -204,6 +213,13 @@ class Recorder:
             env = run_nodes(nodes, self.constants, self.rng, self.default_dtype, keep={node},
                             device_map=_unavailable_to_cpu(nodes))
             return env[node].to("cpu")
+
+    def dead_writes(self) -> set[fx.Node]:
+        """Writes overwritten unread so far (passes.dead_init); recomputed as the graph grows."""
+        size = len(self.graph.nodes)
+        if self._dead[0] != size:
+            self._dead = (size, dead_writes(list(self.graph.nodes)))
+        return self._dead[1]
 
     def _set_shadow(self, t: torch.Tensor, real: torch.Tensor) -> None:
         if real.stride() != t.stride() or real.storage_offset() != t.storage_offset() or real.dtype != t.dtype:
@@ -370,9 +386,25 @@ class Recorder:
                 resolve_init_function(call.qualname)(scratch, **kwargs)
         sid = self.storage_id(t)
         node = self._node(call_init_function, (call.qualname, st.node), node_kwargs)
-        node.meta.update(reads=(sid,), mutates=(sid,), rng=keys, opaque=call.qualname)
+        node.meta.update(reads=(sid,), mutates=(sid,), rng=keys, opaque=call.qualname,
+                         overwrites=self._replaced_storage(t, []))
         self._storage(t).shadow = None
         return True
+
+    def _overwrites(self, func: Any, inputs: list[torch.Tensor], mutated: list[torch.Tensor]) -> tuple[int, ...]:
+        """The storage an op replaces entirely without reading it (see passes.dead_init)."""
+        if func.overloadpacket not in _OVERWRITE_OPS or len(mutated) != 1:
+            return ()
+        return self._replaced_storage(mutated[0], [t for t in inputs if t is not mutated[0]])
+
+    def _replaced_storage(self, t: torch.Tensor, others: list[torch.Tensor]) -> tuple[int, ...]:
+        sid = self.storage_id(t)
+        if any(self.storage_id(o) == sid for o in others):
+            return ()
+        with torch._C.DisableTorchFunctionSubclass():
+            nbytes = TensorBase.untyped_storage(t).nbytes()
+            whole = t.is_contiguous() and t.numel() * t.element_size() == nbytes
+        return (sid,) if whole else ()
 
     # ------------------------------------------------------------------ rng
     def _snapshot(self, gen: torch.Generator) -> str:
@@ -380,8 +412,17 @@ class Recorder:
         self.rng[key] = snapshot(gen)
         return key
 
-    def _advance(self, func: Any, args: tuple, kwargs: dict, device: torch.device) -> None:
-        """Consume exactly the random numbers eager would, on a scratch copy."""
+    def _advance(self, func: Any, args: tuple, kwargs: dict, device: torch.device, gen: torch.Generator,
+                 start: RngSnapshot, filled: list[Any]) -> None:
+        """Leave ``gen`` exactly where eager would: skip ahead when the op's consumption is
+        a known pure advance, else consume the numbers for real on a scratch copy."""
+        if device.type == "cpu" and len(filled) == 1 and isinstance(filled[0], torch.Tensor):
+            draws = cpu_draws(func, args, kwargs, filled[0])
+            if draws is not None:
+                gen.set_state(mt19937.advance(start.state, draws))
+                self.random_ops["skipped"] += 1
+                return
+        self.random_ops["drawn"] += 1
         mutated = {id(_schema_value(func, args, kwargs, i)) for i in _mutated_arg_indices(func)}
 
         def real(x: Any) -> Any:
@@ -511,10 +552,11 @@ class Recorder:
                     hint=f"trace on a machine with {device.type}, or construct for the CPU and "
                          f"materialize with device='{device}'",
                 )
-            key = self._snapshot(gen if gen is not None else default_generator_for(device))
-            self._advance(func, args, kwargs, device)
+            used = gen if gen is not None else default_generator_for(device)
+            key = self._snapshot(used)
+            self._advance(func, args, kwargs, device, used, self.rng[key], mutated_objs or [mout])
         node = self._node(func, gargs, gkwargs)
-        node.meta.update(reads=reads, mutates=mutates)
+        node.meta.update(reads=reads, mutates=mutates, overwrites=self._overwrites(func, inputs, mutated_objs))
         if random:
             takes_generator = any(a.name == "generator" for a in func._schema.arguments)
             node.meta["rng"] = {"gen" if takes_generator else f"default:{device}": key}

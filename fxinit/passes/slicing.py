@@ -10,22 +10,26 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import defaultdict
-from typing import Iterable, Sequence
+from typing import AbstractSet, Iterable, Sequence
 
 import torch.fx as fx
 
 _END = float("inf")
 
 
-def required_nodes(nodes: Sequence[fx.Node], targets: Iterable[tuple[fx.Node, int]]) -> list[fx.Node]:
+def required_nodes(nodes: Sequence[fx.Node], targets: Iterable[tuple[fx.Node, int]],
+                   dead: AbstractSet[fx.Node] = frozenset()) -> list[fx.Node]:
     """Nodes (in program order) needed for the final values of ``targets``.
 
     ``targets`` are ``(value node, storage id)`` pairs; the storage id is the one the
     tensor has *now*, which differs from its node's if ``.data =`` or ``set_`` rebound it.
+    ``dead`` writes (see ``dead_init``) are never needed.
     """
     writer_pos: dict[int, list[int]] = defaultdict(list)
     writer_node: dict[int, list[fx.Node]] = defaultdict(list)
     for n in nodes:
+        if n in dead:
+            continue
         for sid in n.meta.get("mutates", ()):
             writer_pos[sid].append(n.meta["pos"])
             writer_node[sid].append(n)

@@ -1,0 +1,63 @@
+"""The compiled MT19937 skip kernel, built on first use with the system C compiler.
+
+A plain shared library loaded with ctypes: no Python headers are needed, only ``cc``.
+It is cached under ``$FXINIT_CACHE_DIR`` (default ``~/.cache/fxinit``) by source hash.
+Where no compiler works, or ``FXINIT_NO_NATIVE=1``, callers fall back to numpy, which
+gives the same states, only slower.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+_SOURCE = Path(__file__).with_name("mt19937.c")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("FXINIT_CACHE_DIR") or Path.home() / ".cache" / "fxinit"
+    return Path(root)
+
+
+@lru_cache(maxsize=None)
+def library() -> ctypes.CDLL | None:
+    """The loaded kernel, or None where it cannot be built here."""
+    if os.environ.get("FXINIT_NO_NATIVE") == "1":
+        return None
+    try:
+        path = _build()
+        lib = ctypes.CDLL(str(path))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lib.fxinit_mt_twist.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+    lib.fxinit_mt_twist.restype = None
+    lib.fxinit_mt_xpow.argtypes = [ctypes.c_uint64, ctypes.c_void_p]
+    lib.fxinit_mt_xpow.restype = ctypes.c_int
+    lib.fxinit_mt_jump.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.fxinit_mt_jump.restype = None
+    return lib
+
+
+def _build() -> Path:
+    source = _SOURCE.read_bytes()
+    tag = hashlib.sha256(source + sys.platform.encode()).hexdigest()[:16]
+    target = cache_dir() / f"mt19937-{tag}.so"
+    if target.exists():
+        return target
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise OSError("no C compiler")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        out = Path(tmp) / target.name
+        subprocess.run([compiler, "-O3", "-shared", "-fPIC", str(_SOURCE), "-o", str(out)],
+                       check=True, capture_output=True, timeout=120)
+        os.replace(out, target)  # atomic: concurrent builders agree on the result
+    return target

@@ -1,0 +1,136 @@
+"""Graph passes: dead-init elimination and the partition for parallel runs, each alone and
+through materialization (which must stay bitwise equal to eager)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+import fxinit
+from fxinit.backends.eager import run_nodes, run_parallel
+from fxinit.passes import dead_writes, independent_groups
+from tests.conftest import assert_same_as_eager
+
+
+def _op_names(graph: fxinit.InitGraph, nodes) -> list[str]:
+    return [getattr(getattr(n.target, "overloadpacket", n.target), "__name__", str(n.target)) for n in nodes]
+
+
+class Reinit(nn.Module):
+    """transformers' pattern: reset_parameters draws, _init_weights draws again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 32)
+        nn.init.normal_(self.fc.weight, std=0.02)
+        nn.init.zeros_(self.fc.bias)
+
+
+def test_overwritten_draws_are_dead_and_values_stay_exact() -> None:
+    torch.manual_seed(0)
+    g = fxinit.init_graph(fxinit.trace_init(Reinit))
+    dead = g.dead_writes()
+    assert sorted(_op_names(g, dead)) == ["uniform_", "uniform_"]  # kaiming weight + bias draw
+    s = g.stats()
+    assert s["random_ops_captured"] == 3 and s["random_ops"] == 1 and s["dead_nodes"] == 2
+    assert s["random_elements_captured"] == 16 * 32 * 2 + 32 and s["random_elements"] == 16 * 32
+    assert_same_as_eager(Reinit)
+
+
+class ReadBetween(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.empty(8, 8))
+        self.v = nn.Parameter(torch.empty(8, 8))
+        nn.init.uniform_(self.w)
+        with torch.no_grad():
+            self.v.copy_(self.w * 2)  # reads w's first draw: it is not dead
+        nn.init.normal_(self.w)
+
+
+class PartialOverwrite(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.empty(8, 8))
+        nn.init.uniform_(self.w)
+        nn.init.normal_(self.w[:4])  # only half: the first draw survives in the other half
+        self.t = nn.Parameter(torch.empty(8, 8))
+        nn.init.uniform_(self.t)
+        nn.init.normal_(self.t.T)  # all of it, but through a transposed view: kept (conservative)
+
+
+class SelfCopy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.empty(4, 4))
+        nn.init.uniform_(self.w)
+        with torch.no_grad():
+            self.w.copy_(self.w.flip(0))  # copy_ reading its own storage
+
+
+def test_writes_that_are_read_or_partly_overwritten_stay() -> None:
+    for cls, expected_dead in ((ReadBetween, 0), (PartialOverwrite, 0), (SelfCopy, 0)):
+        torch.manual_seed(0)
+        g = fxinit.init_graph(fxinit.trace_init(cls))
+        assert len(g.dead_writes()) == expected_dead, cls.__name__
+        assert_same_as_eager(cls)
+
+
+def test_reinit_after_trace_kills_the_traced_draw() -> None:
+    def reinit(m: nn.Module) -> None:
+        nn.init.orthogonal_(m.fc.weight)  # opaque init function: still a full overwrite
+
+    torch.manual_seed(0)
+    m = fxinit.trace_init(Reinit)
+    reinit(m)
+    g = fxinit.init_graph(m)
+    assert "normal_" in _op_names(g, g.dead_writes())
+    assert_same_as_eager(Reinit, post=reinit)
+
+
+def test_dead_writes_on_a_bare_node_list() -> None:
+    torch.manual_seed(0)
+    g = fxinit.init_graph(fxinit.trace_init(Reinit))
+    assert dead_writes(g.nodes) == g.dead_writes()
+
+
+class Independent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(32, 32) for _ in range(6))
+        self.shared = torch.empty(4, 8)
+        nn.init.normal_(self.shared)
+        self.p = nn.Parameter(self.shared[:2])  # views of one storage: must share a group
+        self.q = nn.Parameter(self.shared[2:])
+        self.register_buffer("pos", torch.arange(16).float() / 16)
+
+
+def test_partition_groups_share_no_value_and_no_storage() -> None:
+    torch.manual_seed(0)
+    g = fxinit.init_graph(fxinit.trace_init(Independent))
+    nodes = g.required_nodes(list(g.outputs))
+    groups = independent_groups(nodes)
+    assert sorted(n.name for grp in groups for n in grp) == sorted(n.name for n in nodes)
+    group_of = {n: i for i, grp in enumerate(groups) for n in grp}
+    for n in nodes:
+        for inp in n.all_input_nodes:
+            assert group_of[inp] == group_of[n]
+    storages = [set(s for n in grp for s in (*n.meta["reads"], *n.meta["mutates"])) for grp in groups]
+    for i in range(len(storages)):
+        for j in range(i + 1, len(storages)):
+            assert not storages[i] & storages[j]
+    assert group_of[g.outputs["p"]] == group_of[g.outputs["q"]]
+    assert len(groups) >= 12  # 6 weights + 6 biases at least
+
+
+def test_parallel_run_equals_serial_run() -> None:
+    torch.manual_seed(0)
+    g = fxinit.init_graph(fxinit.trace_init(Independent))
+    nodes = g.required_nodes(list(g.outputs))
+    keep = set(g.outputs.values())
+    serial = run_nodes(nodes, g.constants, g.rng, g.default_dtype, keep)
+    parallel = run_parallel(nodes, g.constants, g.rng, g.default_dtype, keep, workers=4)
+    assert serial.keys() == parallel.keys()
+    for node in keep:
+        assert torch.equal(serial[node], parallel[node])
+    assert_same_as_eager(Independent)

@@ -1,0 +1,148 @@
+"""Materialization speed and memory against eager construction, measured in one run.
+
+Every figure is the median of several fresh processes (so imports, allocator state and
+caches do not leak between measurements), with the spread (min-max) next to it.
+Ratios are against eager construction measured in the same run.
+
+    python tools/bench.py                  # the ~0.5B Llama of the passes issue, CPU
+    python tools/bench.py --model tiny     # a quick look
+    python tools/bench.py --trace-405b     # also: tracing a 405B Llama vs meta construction
+
+Rows:
+  eager                 torch.manual_seed(0); LlamaForCausalLM(config)
+  meta+to_empty+init    meta construction, to_empty(cpu), model.init_weights() (not exact)
+  fxinit exact          trace_init + materialize (bitwise equal to eager)
+  fxinit last layer     trace_init + materialize(model.model.layers[-1]) only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MODELS = {
+    "0.5b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
+                 num_key_value_heads=4, vocab_size=32000),
+    "tiny": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
+                 num_key_value_heads=2, vocab_size=8000),
+    "405b": dict(hidden_size=16384, intermediate_size=53248, num_hidden_layers=126, num_attention_heads=128,
+                 num_key_value_heads=8, vocab_size=128256),
+}
+
+# Each row runs in a fresh interpreter; it prints one JSON line {"seconds", "peak_rss", "base_rss"}.
+_CHILD = r"""
+import json, resource, sys, time
+sys.path.insert(0, {root!r})
+import torch, fxinit
+from transformers import LlamaConfig, LlamaForCausalLM
+
+def rss():  # current resident set, bytes
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+cfg = LlamaConfig(**{cfg!r})
+torch.manual_seed(0)
+base = rss()
+t0 = time.perf_counter()
+{body}
+seconds = time.perf_counter() - t0
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({{"seconds": seconds, "peak_rss": peak, "base_rss": base, "extra": extra}}))
+"""
+
+ROWS = {
+    "eager": "m = LlamaForCausalLM(cfg)\nextra = None",
+    "meta+to_empty+init": (
+        "with torch.device('meta'):\n    m = LlamaForCausalLM(cfg)\n"
+        "m.to_empty(device='cpu')\nm.init_weights()\nextra = None"
+    ),
+    "fxinit exact": (
+        "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nt_trace = time.perf_counter() - t0\n"
+        "fxinit.materialize(m)\nextra = {'trace_s': t_trace}"
+    ),
+    "fxinit last layer": (
+        "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nfxinit.materialize(m.model.layers[-1])\nextra = None"
+    ),
+}
+
+TRACE_ROWS = {
+    "meta construction (405B)": "with torch.device('meta'):\n    m = LlamaForCausalLM(cfg)\nextra = None",
+    "fxinit trace (405B)": (
+        "m = fxinit.trace_init(LlamaForCausalLM, cfg)\n"
+        "extra = {'nodes': fxinit.init_graph(m).stats()['nodes_captured']}"
+    ),
+}
+
+
+def run_child(cfg: dict, body: str) -> dict:
+    code = _CHILD.format(root=str(ROOT), cfg=cfg, body=body)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark child failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def measure(cfg: dict, rows: dict[str, str], repeat: int) -> dict[str, list[dict]]:
+    results: dict[str, list[dict]] = {name: [] for name in rows}
+    for _ in range(repeat):  # interleaved, so drifting machine load hits every row alike
+        for name, body in rows.items():
+            results[name].append(run_child(cfg, body))
+    return results
+
+
+def table(results: dict[str, list[dict]], reference: str) -> str:
+    ref_t = statistics.median(r["seconds"] for r in results[reference])
+    ref_m = statistics.median(r["peak_rss"] for r in results[reference])
+    lines = [f"{'row':<26}{'time s (min-max)':>22}{'x ' + reference:>12}{'peak RSS MiB':>15}{'x ' + reference:>12}"
+             f"{'  +RSS MiB':>11}"]
+    for name, rs in results.items():
+        ts = [r["seconds"] for r in rs]
+        ms = [r["peak_rss"] for r in rs]
+        grow = statistics.median(r["peak_rss"] - r["base_rss"] for r in rs)
+        t, m = statistics.median(ts), statistics.median(ms)
+        lines.append(f"{name:<26}{t:>9.3f} ({min(ts):.3f}-{max(ts):.3f}){t / ref_t:>11.3f}x"
+                     f"{m / 2**20:>15.0f}{m / ref_m:>11.3f}x{grow / 2**20:>11.0f}")
+        extras = [r["extra"] for r in rs if r.get("extra")]
+        if extras:
+            keys = extras[0].keys()
+            lines.append("    " + ", ".join(f"{k} median {statistics.median(e[k] for e in extras):.3f}" for k in keys))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=["0.5b", "tiny"], default="0.5b")
+    ap.add_argument("--repeat", type=int, default=3, help="fresh processes per row (median reported)")
+    ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated subset of rows")
+    ap.add_argument("--trace-405b", action="store_true", help="also time tracing the 405B config")
+    ap.add_argument("--json", type=Path, help="write raw measurements here")
+    args = ap.parse_args(argv)
+
+    import torch  # only for the header
+
+    rows = {k: ROWS[k] for k in args.rows.split(",")}
+    if "eager" not in rows:
+        rows = {"eager": ROWS["eager"], **rows}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, model {args.model}: {MODELS[args.model]}")
+    results = measure(MODELS[args.model], rows, args.repeat)
+    print(table(results, "eager"))
+    raw = {"model": args.model, "rows": results}
+    if args.trace_405b:
+        big = measure(MODELS["405b"], TRACE_ROWS, args.repeat)
+        print()
+        print(table(big, "meta construction (405B)"))
+        raw["trace_405b"] = big
+    if args.json:
+        args.json.write_text(json.dumps(raw, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections import defaultdict
-from typing import Callable, Iterable, TypeVar
+from typing import Callable, Iterable, Mapping, TypeVar
 
 import torch
 import torch.fx as fx
@@ -20,6 +20,7 @@ from fxinit.backends.eager import run_parallel
 from fxinit.capture.api import clear_meta_init_cache
 from fxinit.capture.deferred import STATE_ATTR, is_deferred_tensor, state_of
 from fxinit.capture.recorder import Recorder
+from fxinit.checkpoint import Checkpoint, CheckpointSource
 from fxinit.errors import DeferredInitError
 from fxinit.graph import InitGraph, OutputInfo
 from fxinit.passes.slicing import required_nodes
@@ -179,8 +180,12 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
 
 
 def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Location]],
-                         device: torch.device | str | None, init: bool) -> None:
+                         device: torch.device | str | None, init: bool,
+                         loaded: Mapping[int, torch.Tensor] | None = None) -> None:
+    """Compute (or, with ``loaded``, read from a checkpoint) and swap in; ``loaded`` maps
+    ``id(tensor)`` to its checkpoint value."""
     tensors = _with_companions(tensors, where)
+    loaded = loaded or {}
     by_recorder: dict[int, tuple[Recorder, list[torch.Tensor]]] = {}
     for t in tensors:
         rec = state_of(t).recorder
@@ -188,14 +193,25 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
     target = torch.device(device) if device is not None else None
     plan: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
     for rec, ts in by_recorder.values():
+        sharing = defaultdict(int)
+        for t in ts:
+            sharing[rec.storage_id(t)] += 1
+        # A checkpoint tensor with a storage of its own is read straight to its device; one
+        # that is a view of a shared storage is written into it after the storage is built.
+        direct = [t for t in ts if id(t) in loaded and sharing[rec.storage_id(t)] == 1 and t.grad_fn is None]
+        rest = [t for t in ts if not any(t is d for d in direct)]
         if init:
-            values = _compute(rec, ts, target)
+            values = _compute(rec, rest, target) if rest else []
         else:
-            values = [torch.empty_strided(t.size(), t.stride(), dtype=t.dtype,
-                                          device=target or state_of(t).device) for t in ts]
+            values = [_empty_like(t, target) for t in rest]
         if target is not None:
             values = _move(values, target)
-        plan.append((ts, values))
+        with torch.no_grad():
+            for t, v in zip(rest, values):
+                if id(t) in loaded:
+                    v.copy_(loaded[id(t)])
+            values += [_empty_like(t, target).copy_(loaded[id(t)]) for t in direct]
+        plan.append((rest + direct, values))
     holders = _weakref_holders(where, tensors)
     for mod in holders:
         mod._flat_weight_refs = []
@@ -205,6 +221,59 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
     finally:
         for mod in holders:
             mod._init_flat_weights()
+
+
+def _empty_like(t: torch.Tensor, target: torch.device | None) -> torch.Tensor:
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=target or state_of(t).device)
+
+
+def _checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], state_dict: CheckpointSource,
+                       prefix: str, strict: bool) -> dict[int, torch.Tensor]:
+    """``id(tensor) -> checkpoint tensor`` for the deferred tensors the checkpoint names.
+
+    Names are ``prefix`` + the name under ``module``; of tied names, the first the
+    checkpoint has wins. Shapes must match; dtypes are converted as ``load_state_dict`` does.
+    """
+    ckpt = Checkpoint(state_dict)
+    keys = ckpt.keys()
+    deferred = {id(t) for t in tensors}
+    names: dict[int, list[str]] = defaultdict(list)
+    for name, t in _named_tensors(module):
+        if id(t) in deferred:
+            names[id(t)].append(prefix + name)
+    found: dict[int, str] = {}
+    for tid, fqns in names.items():
+        hit = next((k for k in fqns if k in keys), None)
+        if hit is not None:
+            found[tid] = hit
+    if strict:
+        missing = sorted(n for tid, fqns in names.items() if tid not in found for n in fqns)
+        used = {n for tid in found for n in names[tid]}
+        unexpected = sorted(k for k in keys if k.startswith(prefix) and k not in used)
+        if missing or unexpected:
+            raise DeferredInitError(
+                f"checkpoint does not match the module: missing {missing[:8]}, unexpected {unexpected[:8]}",
+                hint="pass strict=False to initialize what the checkpoint lacks and ignore what it has extra")
+    by_id = {id(t): t for t in tensors}
+    out: dict[int, torch.Tensor] = {}
+    for tid, key in found.items():
+        value = ckpt.get(key)
+        if tuple(value.shape) != tuple(by_id[tid].shape):
+            raise DeferredInitError(
+                f"checkpoint tensor {key!r} has shape {tuple(value.shape)}, the module's has "
+                f"{tuple(by_id[tid].shape)}",
+                hint="check that the checkpoint belongs to this model and config")
+        out[tid] = value
+    return out
+
+
+def _named_tensors(module: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
+    for mod_name, mod in module.named_modules(remove_duplicate=False):
+        prefix = f"{mod_name}." if mod_name else ""
+        for kind in ("_parameters", "_buffers"):
+            for name, t in getattr(mod, kind).items():
+                if t is not None:
+                    yield prefix + name, t
 
 
 def _weakref_holders(where: dict[int, list[Location]], tensors: list[torch.Tensor]) -> list[torch.nn.Module]:
@@ -232,7 +301,8 @@ M = TypeVar("M", torch.nn.Module, torch.Tensor)
 
 
 def materialize(obj: M, *, device: torch.device | str | None = None, init: bool = True,
-                keep_cache: bool = False) -> M:
+                keep_cache: bool = False, state_dict: CheckpointSource | None = None,
+                prefix: str = "", strict: bool = False) -> M:
     """Fill the deferred tensors of ``obj`` in place and return ``obj``.
 
     ``obj`` is a module (all its parameters and buffers, recursively; any submodule,
@@ -242,6 +312,13 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     and moved. ``init=False`` only allocates (the ``to_empty`` pattern).
     ``keep_cache=False`` clears the ``meta_init`` cache after materializing a tensor or
     module made under ``meta_init`` (seed semantics); pass True to materialize more later.
+
+    ``state_dict`` (a dict, a ``.safetensors`` file or a ``torch.save`` file; files are
+    memory-mapped and read tensor by tensor) provides values for the tensors it names
+    (``prefix`` + their name under ``obj``): those are read straight onto their device and
+    their init never runs; everything else initializes exactly, as if eager construction
+    had been followed by ``load_state_dict``. ``strict=True`` refuses a checkpoint that
+    lacks tensors of ``obj`` or has extra ones under ``prefix``.
     """
     if isinstance(obj, torch.nn.Module):
         tensors, where = _deferred_in_module(obj)
@@ -251,8 +328,13 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
         return obj
     else:
         raise TypeError(f"materialize expects an nn.Module or a tensor, got {type(obj).__name__}")
+    loaded = None
+    if state_dict is not None:
+        if not isinstance(obj, torch.nn.Module):
+            raise TypeError("state_dict= needs a module to name the tensors")
+        loaded = _checkpoint_values(obj, tensors, state_dict, prefix, strict)
     from_meta_init = any(state_of(t).recorder.kind == "meta_init" for t in tensors)
-    _materialize_tensors(tensors, where, device, init)
+    _materialize_tensors(tensors, where, device, init, loaded)
     if from_meta_init and not keep_cache:
         clear_meta_init_cache()
     return obj

@@ -81,6 +81,9 @@ TRACE_ROWS = {
 }
 
 
+STATS_ROW = "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nextra = fxinit.init_graph(m).stats()"
+
+
 def run_child(cfg: dict, body: str) -> dict:
     code = _CHILD.format(root=str(ROOT), cfg=cfg, body=body)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -133,7 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, model {args.model}: {MODELS[args.model]}")
     results = measure(MODELS[args.model], rows, args.repeat)
     print(table(results, "eager"))
-    raw = {"model": args.model, "rows": results}
+    stats = run_child(MODELS[args.model], STATS_ROW)["extra"]
+    print("\ninit graph, as captured -> as run (slicing + dead-init elimination):")
+    for key in ("nodes", "random_ops", "random_elements", "bytes_allocated"):
+        print(f"  {key:<16}{stats[key + '_captured']:>16,} -> {stats[key]:>16,}")
+    raw = {"model": args.model, "rows": results, "graph_stats": stats}
     if args.trace_405b:
         big = measure(MODELS["405b"], TRACE_ROWS, args.repeat)
         print()

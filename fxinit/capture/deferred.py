@@ -40,6 +40,7 @@ _RAW_ACCESS = {
     torch.Tensor.storage,
     torch.Tensor.__dlpack__,
 }
+_LOAD_FROM_STATE_DICT = torch.nn.Module._load_from_state_dict.__code__
 _VALUE_READS = {TensorBase.tolist, TensorBase.numpy, torch.Tensor.__array__}
 
 
@@ -160,8 +161,11 @@ def _property(kind: str, owner: Any, args: tuple) -> Any:
             return reported_device(t)
         if owner is _IS_META:
             rec = state_of(t).recorder
-            if rec.try_record_opaque(sys._getframe(2), t):
+            caller = sys._getframe(2)
+            if rec.try_record_opaque(caller, t):
                 return True
+            if caller.f_code is _LOAD_FROM_STATE_DICT:
+                return False  # load_state_dict into a deferred model is recorded, not a no-op
             return reported_device(t).type == "meta"
         if owner is _IS_CPU:
             return reported_device(t).type == "cpu"

@@ -45,6 +45,12 @@ class Checkpoint:
     def keys(self) -> set[str]:
         return set(self._dict.keys()) if self._dict is not None else set(self._file.keys())
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The shape of ``name``, without reading its data."""
+        if self._dict is not None:
+            return tuple(self.get(name).shape)
+        return tuple(self._file.get_slice(name).get_shape())
+
     def get(self, name: str) -> torch.Tensor:
         value = self._dict[name] if self._dict is not None else self._file.get_tensor(name)
         if not isinstance(value, torch.Tensor):

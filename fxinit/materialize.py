@@ -8,6 +8,7 @@ survive), and a failure while computing leaves every tensor deferred, never half
 
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
 from collections import defaultdict
@@ -181,9 +182,10 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
 
 def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Location]],
                          device: torch.device | str | None, init: bool,
-                         loaded: Mapping[int, torch.Tensor] | None = None) -> None:
+                         loaded: Mapping[int, Callable[[], torch.Tensor]] | None = None) -> None:
     """Compute (or, with ``loaded``, read from a checkpoint) and swap in; ``loaded`` maps
-    ``id(tensor)`` to its checkpoint value."""
+    ``id(tensor)`` to a reader of its checkpoint value (called once, just before the copy,
+    so that only one checkpoint tensor is held at a time)."""
     tensors = _with_companions(tensors, where)
     loaded = loaded or {}
     by_recorder: dict[int, tuple[Recorder, list[torch.Tensor]]] = {}
@@ -199,7 +201,8 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
         # A checkpoint tensor with a storage of its own is read straight to its device; one
         # that is a view of a shared storage is written into it after the storage is built.
         direct = [t for t in ts if id(t) in loaded and sharing[rec.storage_id(t)] == 1 and t.grad_fn is None]
-        rest = [t for t in ts if not any(t is d for d in direct)]
+        direct_ids = {id(t) for t in direct}
+        rest = [t for t in ts if id(t) not in direct_ids]
         if init:
             values = _compute(rec, rest, target) if rest else []
         else:
@@ -209,8 +212,8 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
         with torch.no_grad():
             for t, v in zip(rest, values):
                 if id(t) in loaded:
-                    v.copy_(loaded[id(t)])
-            values += [_empty_like(t, target).copy_(loaded[id(t)]) for t in direct]
+                    v.copy_(loaded[id(t)]())
+            values += [_empty_like(t, target).copy_(loaded[id(t)]()) for t in direct]
         plan.append((rest + direct, values))
     holders = _weakref_holders(where, tensors)
     for mod in holders:
@@ -228,8 +231,8 @@ def _empty_like(t: torch.Tensor, target: torch.device | None) -> torch.Tensor:
 
 
 def _checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], state_dict: CheckpointSource,
-                       prefix: str, strict: bool) -> dict[int, torch.Tensor]:
-    """``id(tensor) -> checkpoint tensor`` for the deferred tensors the checkpoint names.
+                       prefix: str, strict: bool) -> dict[int, Callable[[], torch.Tensor]]:
+    """``id(tensor) -> reader of its checkpoint tensor`` for the deferred tensors the checkpoint names.
 
     Names are ``prefix`` + the name under ``module``; of tied names, the first the
     checkpoint has wins. Shapes must match; dtypes are converted as ``load_state_dict`` does.
@@ -255,15 +258,15 @@ def _checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], sta
                 f"checkpoint does not match the module: missing {missing[:8]}, unexpected {unexpected[:8]}",
                 hint="pass strict=False to initialize what the checkpoint lacks and ignore what it has extra")
     by_id = {id(t): t for t in tensors}
-    out: dict[int, torch.Tensor] = {}
+    out: dict[int, Callable[[], torch.Tensor]] = {}
     for tid, key in found.items():
-        value = ckpt.get(key)
-        if tuple(value.shape) != tuple(by_id[tid].shape):
+        shape = ckpt.shape(key)
+        if shape != tuple(by_id[tid].shape):
             raise DeferredInitError(
-                f"checkpoint tensor {key!r} has shape {tuple(value.shape)}, the module's has "
+                f"checkpoint tensor {key!r} has shape {shape}, the module's has "
                 f"{tuple(by_id[tid].shape)}",
                 hint="check that the checkpoint belongs to this model and config")
-        out[tid] = value
+        out[tid] = functools.partial(ckpt.get, key)
     return out
 
 

@@ -144,11 +144,13 @@ int fxinit_mt_xpow(uint64_t m, uint64_t *out) {
 void fxinit_mt_jump(uint32_t *s, const uint64_t *q) {
   uint32_t acc[N];
   memset(acc, 0, sizeof acc);
-  int idx = 0; /* acc's first word */
+  int idx = 0, i1 = 1, im = M; /* acc's first word, and the two the step reads */
   for (long j = DEG - 1; j >= 0; j--) {
     /* acc = T acc: append the next word, drop the first */
-    acc[idx] = acc[(idx + M) % N] ^ mix(acc[idx], acc[(idx + 1) % N]);
-    idx = idx + 1 == N ? 0 : idx + 1;
+    acc[idx] = acc[im] ^ mix(acc[idx], acc[i1]);
+    idx = i1;
+    i1 = i1 + 1 == N ? 0 : i1 + 1;
+    im = im + 1 == N ? 0 : im + 1;
     if (getbit(q, j)) {
       int head = N - idx;
       for (int i = 0; i < head; i++) acc[idx + i] ^= s[i];

@@ -12,7 +12,7 @@ Rows:
   eager                 torch.manual_seed(0); LlamaForCausalLM(config)
   meta+to_empty+init    meta construction, to_empty(cpu), model.init_weights() (not exact)
   fxinit exact          trace_init + materialize (bitwise equal to eager)
-  fxinit exact, 1 thread  the same without concurrent tensor generation
+  fxinit exact 1 thread   the same without concurrent tensor generation
   fxinit last layer     trace_init + materialize(model.model.layers[-1]) only
 """
 
@@ -68,7 +68,7 @@ ROWS = {
         "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nt_trace = time.perf_counter() - t0\n"
         "fxinit.materialize(m)\nextra = {'trace_s': t_trace}"
     ),
-    "fxinit exact, 1 thread": (
+    "fxinit exact 1 thread": (
         "torch.set_num_threads(1)\nm = fxinit.trace_init(LlamaForCausalLM, cfg)\nfxinit.materialize(m)\nextra = None"
     ),
     "fxinit last layer": (

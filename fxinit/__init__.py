@@ -6,13 +6,15 @@
 """
 
 from fxinit.capture import DeferredTensor, clear_meta_init_cache, deferred_init, dry_run, is_meta_init, meta_init, recording, trace_init
-from fxinit.errors import DeferredInitError
+from fxinit.artifact import load_graph
+from fxinit.errors import ArtifactError, DeferredInitError
 from fxinit.graph import InitGraph
 from fxinit.materialize import init_graph, is_deferred, materialize, materialize_module, materialize_tensor
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArtifactError",
     "DeferredInitError",
     "DeferredTensor",
     "InitGraph",
@@ -22,6 +24,7 @@ __all__ = [
     "init_graph",
     "is_deferred",
     "is_meta_init",
+    "load_graph",
     "materialize",
     "materialize_module",
     "materialize_tensor",

@@ -1,14 +1,250 @@
-"""The ``fxinit`` command (trace | show | viz | materialize) — reserved; not built yet."""
+"""The ``fxinit`` command: trace a model to an init-graph file, show it, draw it, and
+materialize it to safetensors, in a process that needs nothing of the model's code.
+
+    fxinit trace my_pkg.models:build -o init.fxg --kwargs '{"layers": 4}'
+    fxinit trace transformers:AutoModelForCausalLM.from_config -o llama.fxg \\
+        --hf-config '{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2}'
+    fxinit show init.fxg [--only 'model.layers.0.*'] [--explain NAME]
+    fxinit viz init.fxg -o deps.svg [--only NAME] [--no-collapse]
+    fxinit materialize init.fxg -o weights.safetensors [--only PATTERN] [--device cpu]
+
+Exit codes: 0 success, 1 fxinit refused or failed (the message says why and what to do),
+2 bad command line.
+"""
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import importlib.util
+import json
 import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-def main(argv: list[str] | None = None) -> int:
-    print("fxinit: the command-line interface is not available yet; use the Python API "
-          "(python -m fxinit.demo shows it).", file=sys.stderr)
-    return 2
+class UsageError(Exception):
+    """A command line that names something that does not exist or cannot be used."""
+
+
+def resolve_target(spec: str) -> Callable[..., Any]:
+    """``pkg.module:attr.path`` or ``path/to/file.py:attr.path`` -> the callable."""
+    where, sep, attr = spec.rpartition(":")
+    if not sep or not where or not attr:
+        raise UsageError(f"TARGET must look like module:callable or file.py:callable, got {spec!r}")
+    if where.endswith(".py") or "/" in where:
+        path = Path(where)
+        if not path.is_file():
+            raise UsageError(f"no such file: {path}")
+        mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+        if mod_spec is None or mod_spec.loader is None:
+            raise UsageError(f"cannot import {path}")
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[path.stem] = module
+        sys.path.insert(0, str(path.resolve().parent))
+        mod_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as exc:
+            raise UsageError(f"cannot import module {where!r}: {exc}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"{where!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UsageError(f"{spec!r} is not callable")
+    return obj
+
+
+def _json(text: str | None, kind: type, what: str) -> Any:
+    if text is None:
+        return kind()
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{what} is not valid JSON: {exc}") from exc
+    if not isinstance(value, kind):
+        raise UsageError(f"{what} must be a JSON {kind.__name__}")
+    return value
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    import torch
+
+    import fxinit
+
+    fn = resolve_target(args.target)
+    call_args = list(_json(args.args, list, "--args"))
+    call_kwargs = _json(args.kwargs, dict, "--kwargs")
+    if args.hf_config is not None:
+        from transformers import AutoConfig
+
+        cfg = dict(_json(args.hf_config, dict, "--hf-config"))
+        model_type = cfg.pop("model_type", None)
+        if model_type is None:
+            raise UsageError('--hf-config needs a "model_type" (e.g. "llama")')
+        call_args.insert(0, AutoConfig.for_model(model_type, **cfg))
+    torch.manual_seed(args.seed)
+    saved = torch.get_default_dtype()
+    if args.dtype:
+        torch.set_default_dtype(getattr(torch, args.dtype))
+    try:
+        model = fxinit.trace_init(fn, *call_args, **call_kwargs)
+    finally:
+        torch.set_default_dtype(saved)
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"{args.target} returned {type(model).__name__}, not an nn.Module")
+    graph = fxinit.init_graph(model)
+    graph.save(args.output)
+    print(f"{args.output}: {graph}")
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    import fxinit
+    from fxinit.report import select, show_table
+
+    graph = fxinit.load_graph(args.graph)
+    if args.explain:
+        if args.explain not in graph.outputs:
+            raise UsageError(f"{args.explain!r} is not a tensor of this graph (see `fxinit show {args.graph}`)")
+        print(graph.explain(args.explain))
+        return EXIT_OK
+    names = select(graph, args.only)
+    if not names:
+        raise UsageError(f"--only {args.only!r} matches no tensor")
+    print(show_table(graph, names))
+    return EXIT_OK
+
+
+def cmd_viz(args: argparse.Namespace) -> int:
+    import fxinit
+    from fxinit.report import select
+    from fxinit.viz import draw
+
+    graph = fxinit.load_graph(args.graph)
+    names = select(graph, args.only) if args.only else None
+    if names is not None and not names:
+        raise UsageError(f"--only {args.only!r} matches no tensor")
+    out = draw(graph, Path(args.output), names=names, collapse=not args.no_collapse)
+    print(f"wrote {out}")
+    return EXIT_OK
+
+
+def cmd_materialize(args: argparse.Namespace) -> int:
+    import fxinit
+    from fxinit.report import select
+    from fxinit.tensors_io import save_safetensors
+
+    graph = fxinit.load_graph(args.graph)
+    names = select(graph, args.only)
+    if not names:
+        raise UsageError(f"--only {args.only!r} matches no tensor")
+    values = _materialize_with_progress(graph, names, args.device, args.rng, quiet=args.quiet)
+    save_safetensors(values, graph, Path(args.output))
+    print(f"wrote {len(values)} tensors to {args.output}")
+    return EXIT_OK
+
+
+def _materialize_with_progress(graph: Any, names: list[str], device: str | None, rng: str,
+                               quiet: bool) -> dict[str, Any]:
+    """Materialize in batches of about 256 MiB so a long run shows progress; each tie
+    group is computed once."""
+    tied_to = {n: g[0] for g in graph.ties for n in g}
+    first: dict[str, str] = {}
+    for n in names:
+        first.setdefault(tied_to.get(n, n), n)
+    batches: list[list[str]] = [[]]
+    size = 0
+    for n in first.values():
+        if size > 256 << 20:
+            batches.append([])
+            size = 0
+        batches[-1].append(n)
+        size += graph.spec(n).nbytes
+    total = sum(graph.spec(n).nbytes for n in first.values())
+    bar = None
+    if not quiet and len(batches) > 1:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, unit="B", unit_scale=True, desc="materialize", file=sys.stderr)
+        except ImportError:
+            bar = None
+    values: dict[str, Any] = {}
+    for batch in batches:
+        values.update(graph.materialize(batch, device=device, rng=rng))
+        if bar is not None:
+            bar.update(sum(graph.spec(n).nbytes for n in batch))
+    if bar is not None:
+        bar.close()
+    return {n: values[first[tied_to.get(n, n)]] for n in names}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fxinit", description=__doc__.split("\n\n")[0],
+                                     epilog="Run `fxinit COMMAND --help` for the options of a command.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("trace", help="trace a model constructor to an init-graph file",
+                       description="Call TARGET under fxinit.trace_init (nothing is allocated) and save its init graph.")
+    p.add_argument("target", metavar="TARGET", help="module:callable or path/to/file.py:callable returning an nn.Module")
+    p.add_argument("-o", "--output", required=True, help="the init-graph file to write")
+    p.add_argument("--args", help="JSON list of positional arguments")
+    p.add_argument("--kwargs", help="JSON object of keyword arguments")
+    p.add_argument("--hf-config", help='JSON of a transformers config, passed first: {"model_type": "llama", ...}')
+    p.add_argument("--seed", type=int, default=0, help="torch.manual_seed before tracing (default %(default)s)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"],
+                   help="torch's default dtype while tracing")
+    p.set_defaults(run=cmd_trace)
+
+    p = sub.add_parser("show", help="print the tensors of an init-graph file and how each is initialized")
+    p.add_argument("graph", metavar="GRAPH", help="an init-graph file")
+    p.add_argument("--only", metavar="PATTERN", help="glob over tensor names, or a module prefix")
+    p.add_argument("--explain", metavar="NAME", help="explain one tensor op by op")
+    p.set_defaults(run=cmd_show)
+
+    p = sub.add_parser("viz", help="draw the init dependencies with graphviz")
+    p.add_argument("graph", metavar="GRAPH", help="an init-graph file")
+    p.add_argument("-o", "--output", required=True, help="the drawing: .svg, .png, .pdf or .dot")
+    p.add_argument("--only", metavar="PATTERN", help="draw only the ancestry of the matching tensors")
+    p.add_argument("--no-collapse", action="store_true", help="draw every repeated layer instead of one with a count")
+    p.set_defaults(run=cmd_viz)
+
+    p = sub.add_parser("materialize", help="compute the tensors and write them to a safetensors file")
+    p.add_argument("graph", metavar="GRAPH", help="an init-graph file")
+    p.add_argument("-o", "--output", required=True, help="the .safetensors file to write")
+    p.add_argument("--only", metavar="PATTERN", help="glob over tensor names, or a module prefix")
+    p.add_argument("--device", help="compute where eager would, then move here (default: the recorded device)")
+    p.add_argument("--rng", default="exact", choices=["exact"], help="random-number mode (default %(default)s)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=cmd_materialize)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from fxinit.errors import DeferredInitError
+
+    try:
+        return args.run(args)
+    except UsageError as exc:
+        print(f"fxinit {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except DeferredInitError as exc:
+        what, *rest = str(exc).splitlines()
+        hint = next((r.strip().removeprefix("hint:").strip() for r in rest if r.strip().startswith("hint:")), None)
+        print(f"fxinit {args.command}: error: {what}", file=sys.stderr)
+        if hint:
+            print(f"  hint: {hint}", file=sys.stderr)
+        return EXIT_FAILED
+    except (OSError, ImportError) as exc:
+        print(f"fxinit {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ import torch
 import torch.nn as nn
 
 import fxinit
+from fxinit import viz
+from fxinit.report import show_table
 
 
 # ----------------------------------------------------------------------------- the model
@@ -61,115 +63,17 @@ class TinyLlama(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
 
-# ----------------------------------------------------------------------------- show
-def step(node: torch.fx.Node) -> str:
-    """``uniform_ [kaiming_uniform_]``: the node's op and the init function that issued it."""
-    if node.op == "get_attr":
-        op = "constant"
-    elif node.meta.get("opaque"):
-        op = node.meta["opaque"].rsplit(".", 1)[-1]
-    else:
-        op = getattr(getattr(node.target, "overloadpacket", node.target), "__name__", str(node.target))
-    fn = (node.meta["prov"].init_fn or "").rsplit(".", 1)[-1]
-    return f"{op} [{fn}]" if fn and fn != op else op
-
-
-def recipe(graph: fxinit.InitGraph, name: str) -> str:
-    """The ops the tensor's value needs, in program order; repeats shown as ``normal_ x3``,
-    writes that dead-init elimination drops shown as ``(uniform_ [kaiming_uniform_]: dead)``."""
-    steps: list[list] = []
-    dead = graph.dead_writes()
-    for node in graph.required_nodes([name], eliminate_dead=False):
-        label = f"({step(node)}: dead)" if node in dead else step(node)
-        if step(node) in ("detach", "alias"):
-            continue
-        if steps and steps[-1][0] == label:
-            steps[-1][1] += 1
-        else:
-            steps.append([label, 1])
-    return " -> ".join(s if n == 1 else f"{s} x{n}" for s, n in steps)
-
-
+# ----------------------------------------------------------------------------- show and draw
 def show(graph: fxinit.InitGraph) -> None:
-    tied = {n: g[0] for g in graph.ties for n in g[1:]}
-    rows = [("name", "shape", "dtype", "bytes", "init recipe: op [init function]")]
-    for name in graph.outputs:
-        spec = graph.spec(name)
-        rows.append((name, str(tuple(spec.shape)), str(spec.dtype).removeprefix("torch."), str(spec.nbytes),
-                     f"tied to {tied[name]}" if name in tied else recipe(graph, name)))
-    w = [max(len(r[i]) for r in rows) for i in range(4)]
-    for r in rows:
-        print(f"   {r[0]:{w[0]}}  {r[1]:{w[1]}}  {r[2]:{w[2]}}  {r[3]:>{w[3]}}  {r[4]}")
+    for line in show_table(graph).splitlines():
+        print(f"   {line}")
     print(f"   {graph}")
 
 
-# ----------------------------------------------------------------------------- draw
-RANDOM, CONSTANT, TENSOR = "#f4a582", "#92c5de", "#d9f0d3"
-
-
 def draw(graph: fxinit.InitGraph, out: Path) -> Path:
-    """One node per op and per output tensor, clustered by ``node.meta["module"]``; returns the file written."""
-    import graphviz
-
-    legend = ("fxinit init graph - orange: random op, blue: constant, green: parameter/buffer, "
-              "grey text: dead write (never run), dashed: next write")
-    font = {"fontname": "Helvetica", "fontsize": "10"}
-    dot = graphviz.Digraph("init_deps", graph_attr={"rankdir": "LR", "label": legend, "labelloc": "t", **font},
-                           node_attr={"shape": "box", "style": "rounded,filled", "fillcolor": "white", **font})
-    clusters: dict[str, list[tuple[str, dict[str, str]]]] = {}
-    last_write: dict[int, str] = {}
-    dead = graph.dead_writes()
-    for node in graph.nodes:
-        where = (node.meta["prov"].source or "<").split(": ")[0].rpartition("/")[2]  # "model.py:58"
-        attrs = {"label": step(node) + ("" if where.startswith("<") else f"\n{where}"),
-                 "fillcolor": RANDOM if node.meta.get("rng") else CONSTANT if node.op == "get_attr" else "white"}
-        if node in dead:
-            attrs.update(fontcolor="grey50", style="rounded,filled,dashed")
-        clusters.setdefault(node.meta.get("module") or "", []).append((node.name, attrs))
-        for inp in node.all_input_nodes:
-            dot.edge(inp.name, node.name)
-        for sid in node.meta.get("mutates", ()):
-            if sid in last_write and last_write[sid] not in {i.name for i in node.all_input_nodes}:
-                dot.edge(last_write[sid], node.name, style="dashed")
-            last_write[sid] = node.name
-    for group in graph.ties + [[n] for n in graph.outputs if not any(n in g for g in graph.ties)]:
-        spec, box = graph.spec(group[0]), "out_" + group[0]
-        label = "\n".join(group) + f"\n{tuple(spec.shape)} {str(spec.dtype).removeprefix('torch.')}"
-        clusters.setdefault(group[0].rpartition(".")[0], []).append((box, {"label": label, "fillcolor": TENSOR,
-                                                                          "shape": "note"}))
-        value, last = graph.outputs[group[0]].name, last_write.get(graph.output_storage[group[0]])
-        if last in (None, value):
-            dot.edge(value, box)
-        else:  # the arrow comes from the last write; an invisible edge keeps the box by its value
-            dot.edge(value, box, style="invis")
-            dot.edge(last, box, constraint="false")
-
-    tree: dict[str, list] = {}  # every ancestor path is a cluster too: layers > layers.0 > layers.0.attn
-    for path, items in clusters.items():
-        parts = path.split(".")
-        for i in range(1, len(parts)):
-            tree.setdefault(".".join(parts[:i]), [])
-        tree.setdefault(path, []).extend(items)
-
-    def add(parent: graphviz.Digraph, path: str) -> None:
-        for name, attrs in tree[path]:
-            parent.node(name, **attrs)
-        for child in [p for p in tree if p and p.rpartition(".")[0] == path]:
-            style = {"label": child, "style": "rounded", "color": "grey60"}
-            with parent.subgraph(name=f"cluster_{child}", graph_attr=style) as sub:
-                add(sub, child)
-
-    tree.setdefault("", [])
-    add(dot, "")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "init_deps.dot").write_text(dot.source)
-    try:
-        (out / "init_deps.svg").write_bytes(dot.pipe(format="svg"))
-        return out / "init_deps.svg"
-    except (graphviz.ExecutableNotFound, graphviz.CalledProcessError) as exc:
-        print(f"   graphviz's `dot` did not run ({type(exc).__name__}): wrote only the source; "
-              "`apt-get install graphviz` to get the SVG")
-        return out / "init_deps.dot"
+    """The graphviz source and, when graphviz's ``dot`` is installed, the SVG."""
+    viz.draw(graph, out / "init_deps.dot")
+    return viz.draw(graph, out / "init_deps.svg")
 
 
 # ----------------------------------------------------------------------------- main

@@ -36,3 +36,8 @@ class DeferredInitError(RuntimeError):
         if hint:
             parts.append(f"  hint:   {hint}")
         super().__init__("\n".join(parts))
+
+
+class ArtifactError(DeferredInitError):
+    """A saved init graph that fxinit refuses to load: damaged, from a newer schema,
+    naming an op outside the allowed set, or inconsistent with itself."""

@@ -17,12 +17,14 @@ value), ``reads``/``mutates`` (storage ids, for slicing with aliasing), ``rng``
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Iterable, NamedTuple
 
 import torch
 import torch.fx as fx
 
+from fxinit.errors import DeferredInitError
 from fxinit.rng import RngSnapshot
 
 
@@ -89,21 +91,46 @@ class InitGraph:
         dead = self.dead_writes() if eliminate_dead else frozenset()
         return required_nodes(self.nodes, [(self.outputs[n], self.output_storage[n]) for n in names], dead)
 
+    def explain(self, name: str) -> str:
+        """How the tensor ``name`` is initialized, in words: each op with the init function,
+        module and source line it came from, which ops are random, which are dead and why."""
+        from fxinit.report import explain
+
+        return explain(self, name)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write this graph to ``path`` (format: docs/artifact-format.md); ``fxinit.load_graph`` reads it."""
+        from fxinit.artifact import save_graph
+
+        save_graph(self, path)
+
     def materialize(
-        self, names: Iterable[str] | None = None, device: torch.device | str | None = None
+        self, names: Iterable[str] | None = None, device: torch.device | str | None = None,
+        rng: str = "exact", max_bytes: int | None = None,
     ) -> dict[str, torch.Tensor]:
         """Values of the named outputs (all if None), bit-for-bit equal to eager construction.
 
         Tensors are computed on the device eager construction would have used and then
         moved to ``device`` if one is given. Tied names map to the same tensor.
+        ``rng="exact"`` is the only random-number mode so far. A run that would allocate
+        more than ``max_bytes`` (default: the machine's physical memory) is refused.
         """
         from fxinit.backends.eager import run_parallel
 
+        if rng != "exact":
+            raise ValueError(f"rng={rng!r}: only rng='exact' is available")
         wanted = list(self.outputs) if names is None else list(names)
         unknown = [n for n in wanted if n not in self.outputs]
         if unknown:
             raise KeyError(f"not outputs of this init graph: {unknown[:5]}")
-        env = run_parallel(self.required_nodes(wanted), self.constants, self.rng, self.default_dtype,
+        nodes = self.required_nodes(wanted)
+        need = sum(n.meta["spec"].nbytes for n in nodes if _allocates(n))
+        limit = max_bytes if max_bytes is not None else _physical_memory()
+        if need > limit:
+            raise DeferredInitError(
+                f"materializing these {len(wanted)} tensors allocates {need / 2**30:.1f} GiB, more than "
+                f"{limit / 2**30:.1f} GiB", hint="ask for fewer names at a time, or pass max_bytes=")
+        env = run_parallel(nodes, self.constants, self.rng, self.default_dtype,
                            keep={self.outputs[n] for n in wanted})
         out: dict[str, torch.Tensor] = {}
         for n in wanted:
@@ -148,6 +175,13 @@ class InitGraph:
         s = self.stats()
         return (f"InitGraph({s['outputs']} outputs, {s['nodes_captured']} nodes ({s['dead_nodes']} dead), "
                 f"{s['random_ops']} random ops to run, {s['output_bytes'] / 2**20:.1f} MiB)")
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
 
 
 def _numel(n: fx.Node) -> int:

@@ -16,6 +16,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 import torch
 import torch.fx as fx
 
+from fxinit.errors import DeferredInitError
 from fxinit.passes.partition import independent_groups
 from fxinit.rng import RngSnapshot, private_generator, swapped_default_generators
 
@@ -77,11 +78,21 @@ def run_nodes(
                     kwargs["device"] = device_map[kwargs["device"]]
                 rng_keys = n.meta.get("rng")
                 node_dtype = n.meta.get("default_dtype", default_dtype)
-                with _default_dtype(node_dtype):
-                    if rng_keys:
-                        value = _with_rng(n.target, args, kwargs, rng_keys, rng, "generator")
-                    else:
-                        value = n.target(*args, **kwargs)
+                try:
+                    with _default_dtype(node_dtype):
+                        if rng_keys:
+                            value = _with_rng(n.target, args, kwargs, rng_keys, rng, "generator")
+                        else:
+                            value = n.target(*args, **kwargs)
+                except DeferredInitError:
+                    raise
+                except Exception as exc:
+                    raise DeferredInitError(
+                        f"replaying init-graph node {n.name} failed: {type(exc).__name__}: {exc}",
+                        op=str(n.target), module=n.meta.get("module"),
+                        source=getattr(n.meta.get("prov"), "source", None),
+                        hint="the graph asks for an op these arguments do not allow; if it was recorded by "
+                             "fxinit, please report it with the model") from exc
             else:
                 raise RuntimeError(f"fxinit cannot run init-graph node of kind {n.op!r}")
             env[n] = value

@@ -1,0 +1,429 @@
+"""The saved form of an InitGraph: versioned, checksummed, and safe to load.
+
+File layout (documented for users in docs/artifact-format.md)::
+
+    b"FXINIT-GRAPH\\n"                 magic
+    b"sha256:<64 hex digits>\\n"       checksum of everything after this line
+    <torch.save zip>                  a plain dict: str, int, float, bool, None, lists,
+                                      dicts and tensors only
+
+Loading never runs pickled code: the checksum is verified first, the payload is read
+with ``torch.load(weights_only=True)``, every field is type-checked, every op must be an
+allowed aten overload, ``operator.getitem`` or an allowed opaque init function, and the
+whole graph is re-run on the meta device to check that the shapes it declares are the
+shapes it computes. Anything else raises ``ArtifactError``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import io
+import operator
+import os
+import re
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+from fxinit.capture.provenance import Provenance
+from fxinit.errors import ArtifactError
+from fxinit.graph import InitGraph, OutputInfo, TensorSpec
+from fxinit.ops import OPAQUE_INIT_FUNCTIONS, call_init_function, resolve_init_function
+from fxinit.rng import RngSnapshot
+
+MAGIC = b"FXINIT-GRAPH\n"
+FORMAT = "fxinit-init-graph"
+SCHEMA_VERSION = 1
+MAX_NODES = 10_000_000
+
+# aten ops that touch anything but tensors (files) are never allowed in a saved graph.
+_DENIED_ATEN = {"from_file"}
+_ATEN_NAME = re.compile(r"aten\.([A-Za-z0-9_]+)\.([A-Za-z0-9_]+)$")
+_GETITEM = "operator.getitem"
+_OPAQUE = "fxinit.ops.call_init_function"
+_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+    torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16, torch.uint32, torch.uint64)}
+_LAYOUTS = {"strided": torch.strided, "sparse_coo": torch.sparse_coo}
+_MEMORY_FORMATS = {"contiguous_format": torch.contiguous_format, "preserve_format": torch.preserve_format,
+                   "channels_last": torch.channels_last, "channels_last_3d": torch.channels_last_3d}
+_CPU_STATE_BYTES = 5056
+
+
+# ---------------------------------------------------------------------------- save
+def save_graph(graph: InitGraph, path: str | os.PathLike) -> None:
+    """Write ``graph`` to ``path`` (see the module doc for the layout)."""
+    names = {n: n.name for n in graph.nodes}
+    payload = {
+        "format": FORMAT,
+        "schema_version": SCHEMA_VERSION,
+        "torch_version": str(torch.__version__),
+        "default_dtype": _dtype_name(graph.default_dtype),
+        "nodes": [_encode_node(n, names) for n in graph.nodes],
+        "outputs": {fqn: names[node] for fqn, node in graph.outputs.items()},
+        "output_storage": dict(graph.output_storage),
+        "info": {fqn: [i.requires_grad, i.is_parameter, i.persistent] for fqn, i in graph.info.items()},
+        "ties": [list(g) for g in graph.ties],
+        "constants": {k: v.detach().cpu().contiguous() if v.device.type != "cpu" else v.detach()
+                      for k, v in graph.constants.items()},
+        "rng": {k: {"device": s.device, "state": s.state.cpu()} for k, s in graph.rng.items()},
+    }
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    body = buf.getvalue()
+    digest = hashlib.sha256(body).hexdigest().encode()
+    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(MAGIC + b"sha256:" + digest + b"\n" + body)
+    os.replace(tmp, path)
+
+
+def _dtype_name(d: torch.dtype) -> str:
+    return str(d).removeprefix("torch.")
+
+
+def _target_name(n: fx.Node) -> str:
+    if n.op == "get_attr":
+        return str(n.target)
+    if n.target is operator.getitem:
+        return _GETITEM
+    if n.target is call_init_function:
+        return _OPAQUE
+    if isinstance(n.target, torch._ops.OpOverload) and n.target.namespace == "aten":
+        return f"aten.{n.target._opname}.{n.target._overloadname}"
+    raise ArtifactError(f"fxinit cannot save a graph with op {n.target!r}",
+                        hint="only aten ops, getitem and fxinit's opaque init functions are saved")
+
+
+def _encode(x: Any, names: dict[fx.Node, str]) -> Any:
+    if isinstance(x, fx.Node):
+        return {"node": names[x]}
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    if isinstance(x, (list, tuple)):
+        return {"list" if isinstance(x, list) else "tuple": [_encode(v, names) for v in x]}
+    if isinstance(x, complex):
+        return {"complex": [x.real, x.imag]}
+    if isinstance(x, torch.dtype):
+        return {"dtype": _dtype_name(x)}
+    if isinstance(x, torch.device):
+        return {"device": str(x)}
+    if isinstance(x, torch.layout):
+        return {"layout": str(x).removeprefix("torch.")}
+    if isinstance(x, torch.memory_format):
+        return {"memory_format": str(x).removeprefix("torch.")}
+    raise ArtifactError(f"fxinit cannot save an op argument of type {type(x).__name__}: {x!r}",
+                        hint="please report the model that records it")
+
+
+def _encode_node(n: fx.Node, names: dict[fx.Node, str]) -> dict[str, Any]:
+    m = n.meta
+    spec = m.get("spec")
+    prov = m.get("prov")
+    return {
+        "name": n.name,
+        "op": n.op,
+        "target": _target_name(n),
+        "args": _encode(tuple(n.args), names),
+        "kwargs": {k: _encode(v, names) for k, v in n.kwargs.items()},
+        "pos": int(m.get("pos", 0)),
+        "spec": None if spec is None else [list(spec.shape), list(spec.stride), spec.storage_offset,
+                                           _dtype_name(spec.dtype), str(spec.device)],
+        "reads": list(m.get("reads", ())),
+        "mutates": list(m.get("mutates", ())),
+        "overwrites": list(m.get("overwrites", ())),
+        "rng": dict(m["rng"]) if m.get("rng") else None,
+        "prov": None if prov is None else [prov.source, prov.init_fn, prov.module_class, prov.init_method],
+        "module": m.get("module"),
+        "opaque": m.get("opaque"),
+        "default_dtype": _dtype_name(m["default_dtype"]) if "default_dtype" in m else None,
+    }
+
+
+# ---------------------------------------------------------------------------- load
+def load_graph(path: str | os.PathLike) -> InitGraph:
+    """Read an InitGraph saved with ``InitGraph.save``; refuses anything it cannot trust."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ArtifactError(f"cannot read {path}: {exc}") from exc
+    return loads(data, source=str(path))
+
+
+def loads(data: bytes, source: str = "<bytes>") -> InitGraph:
+    """``load_graph`` from the bytes of a file."""
+    if not data.startswith(MAGIC):
+        raise ArtifactError(f"{source} is not an fxinit init graph (bad magic)",
+                            hint="init graphs are written by InitGraph.save / `fxinit trace`")
+    header_end = data.find(b"\n", len(MAGIC))
+    header = data[len(MAGIC):header_end] if header_end > 0 else b""
+    if not re.fullmatch(rb"sha256:[0-9a-f]{64}", header):
+        raise ArtifactError(f"{source}: damaged header", hint="the file is truncated or corrupted")
+    body = data[header_end + 1:]
+    if hashlib.sha256(body).hexdigest().encode() != header[7:]:
+        raise ArtifactError(f"{source}: checksum mismatch", hint="the file is truncated or corrupted; save it again")
+    try:
+        payload = torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
+    except Exception as exc:  # any unpickling or zip failure, including refused globals
+        raise ArtifactError(f"{source}: unreadable payload ({type(exc).__name__}: {_short(exc)})",
+                            hint="only plain data is accepted in an init graph file") from exc
+    try:
+        graph = _decode(payload)
+        _check_on_meta(graph)
+    except ArtifactError as exc:
+        raise ArtifactError(f"{source}: {exc}") from exc
+    except Exception as exc:  # a value of a wrong kind deep inside: refuse, never crash
+        raise ArtifactError(f"{source}: invalid init graph ({type(exc).__name__}: {_short(exc)})") from exc
+    return graph
+
+
+def _short(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    named = [ln for ln in lines if "error:" in ln.lower()]  # torch.load puts the cause on its own line
+    return (named or lines or [""])[0][:300]
+
+
+def _expect(cond: bool, what: str) -> None:
+    if not cond:
+        raise ArtifactError(f"invalid init graph: {what}")
+
+
+def _is_int_list(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
+
+
+def _decode(p: Any) -> InitGraph:
+    _expect(isinstance(p, dict), "payload is not a dict")
+    _expect(p.get("format") == FORMAT, "not an fxinit init graph payload")
+    version = p.get("schema_version")
+    _expect(isinstance(version, int), "no schema version")
+    if version > SCHEMA_VERSION:
+        raise ArtifactError(f"schema version {version} is newer than this fxinit reads ({SCHEMA_VERSION})",
+                            hint="upgrade fxinit to load it")
+    _expect(version == SCHEMA_VERSION, f"unknown schema version {version}")
+    _expect(p.get("default_dtype") in _DTYPES, "bad default dtype")
+    for key, kind in (("nodes", list), ("outputs", dict), ("output_storage", dict), ("info", dict),
+                      ("ties", list), ("constants", dict), ("rng", dict)):
+        _expect(isinstance(p.get(key), kind), f"field {key!r} missing or not a {kind.__name__}")
+    _expect(len(p["nodes"]) <= MAX_NODES, "too many nodes")
+    constants = p["constants"]
+    for k, v in constants.items():
+        _expect(isinstance(k, str) and isinstance(v, torch.Tensor), f"constant {k!r} is not a tensor")
+    rng: dict[str, RngSnapshot] = {}
+    for k, v in p["rng"].items():
+        _expect(isinstance(k, str) and isinstance(v, dict) and set(v) == {"device", "state"}, f"rng entry {k!r}")
+        state, device = v["state"], v["device"]
+        _expect(isinstance(state, torch.Tensor) and state.dtype == torch.uint8 and state.dim() == 1,
+                f"rng state {k!r} is not a byte tensor")
+        _expect(isinstance(device, str), f"rng device of {k!r}")
+        dev = torch.device(device)
+        _expect(dev.type in ("cpu", "cuda"), f"rng device {device!r}")
+        _expect(dev.type != "cpu" or state.numel() == _CPU_STATE_BYTES, f"rng state {k!r} has the wrong size")
+        rng[k] = RngSnapshot(device=device, state=state)
+
+    graph = fx.Graph()
+    env: dict[str, fx.Node] = {}
+    last_pos = -1
+    for i, rec in enumerate(p["nodes"]):
+        node = _decode_node(graph, rec, env, constants, rng, i)
+        _expect(node.meta["pos"] > last_pos, "node positions are not increasing")
+        last_pos = node.meta["pos"]
+    outputs: dict[str, fx.Node] = {}
+    for fqn, name in p["outputs"].items():
+        _expect(isinstance(fqn, str) and isinstance(name, str) and name in env, f"output {fqn!r}")
+        outputs[fqn] = env[name]
+        _expect(outputs[fqn].meta.get("spec") is not None, f"output {fqn!r} has no tensor spec")
+    graph.output({fqn: node for fqn, node in outputs.items()})
+    storage = p["output_storage"]
+    _expect(set(storage) == set(outputs) and all(isinstance(v, int) for v in storage.values()),
+            "output storage ids do not match the outputs")
+    info: dict[str, OutputInfo] = {}
+    for fqn, v in p["info"].items():
+        _expect(fqn in outputs and isinstance(v, list) and len(v) == 3 and all(isinstance(b, bool) for b in v),
+                f"output info of {fqn!r}")
+        info[fqn] = OutputInfo(requires_grad=v[0], is_parameter=v[1], persistent=v[2])
+    _expect(set(info) == set(outputs), "output info does not cover the outputs")
+    ties = p["ties"]
+    for g in ties:
+        _expect(isinstance(g, list) and len(g) > 1 and all(n in outputs for n in g), "tie group")
+    return InitGraph(graph=graph, outputs=outputs, output_storage=dict(storage), info=info,
+                     ties=[list(g) for g in ties], constants=dict(constants), rng=rng,
+                     default_dtype=_DTYPES[p["default_dtype"]])
+
+
+_NODE_KEYS = {"name", "op", "target", "args", "kwargs", "pos", "spec", "reads", "mutates", "overwrites", "rng",
+              "prov", "module", "opaque", "default_dtype"}
+
+
+def _decode_node(graph: fx.Graph, rec: Any, env: dict[str, fx.Node], constants: dict[str, torch.Tensor],
+                 rng: dict[str, RngSnapshot], i: int) -> fx.Node:
+    _expect(isinstance(rec, dict) and set(rec) == _NODE_KEYS, f"node {i} has unexpected fields")
+    name = rec["name"]
+    _expect(isinstance(name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) is not None
+            and name not in env, f"node {i} name")
+    op = rec["op"]
+    _expect(op in ("call_function", "get_attr"), f"node {name}: kind {op!r}")
+
+    def decode(x: Any) -> Any:
+        if x is None or isinstance(x, (bool, int, float, str)):
+            return x
+        _expect(isinstance(x, dict) and len(x) == 1, f"node {name}: argument {x!r}")
+        (kind, v), = x.items()
+        if kind == "node":
+            _expect(isinstance(v, str) and v in env, f"node {name}: refers to unknown or later node {v!r}")
+            return env[v]
+        if kind in ("list", "tuple"):
+            _expect(isinstance(v, list), f"node {name}: {kind}")
+            items = [decode(e) for e in v]
+            return items if kind == "list" else tuple(items)
+        if kind == "complex":
+            _expect(isinstance(v, list) and len(v) == 2 and all(isinstance(e, float) for e in v), f"node {name}")
+            return complex(*v)
+        table = {"dtype": _DTYPES, "layout": _LAYOUTS, "memory_format": _MEMORY_FORMATS}.get(kind)
+        if table is not None:
+            _expect(v in table, f"node {name}: {kind} {v!r}")
+            return table[v]
+        if kind == "device":
+            _expect(isinstance(v, str) and re.fullmatch(r"(cpu|cuda|meta)(:[0-9]+)?", v) is not None,
+                    f"node {name}: device {v!r}")
+            return torch.device(v)
+        raise ArtifactError(f"invalid init graph: node {name}: argument kind {kind!r}")
+
+    if op == "get_attr":
+        _expect(rec["target"] in constants, f"node {name}: unknown constant {rec['target']!r}")
+        node = graph.create_node("get_attr", rec["target"], name=name)
+    else:
+        target = _resolve_target(rec["target"], name)
+        args = decode(rec["args"])
+        _expect(isinstance(args, tuple), f"node {name}: args")
+        _expect(isinstance(rec["kwargs"], dict) and all(isinstance(k, str) for k in rec["kwargs"]),
+                f"node {name}: kwargs")
+        kwargs = {k: decode(v) for k, v in rec["kwargs"].items()}
+        if target is call_init_function:
+            _check_opaque_call(name, args, kwargs)
+        node = graph.create_node("call_function", target, args, kwargs, name=name)
+        _expect(node.name == name, f"node {name}: name clash")
+    _expect(isinstance(rec["pos"], int), f"node {name}: pos")
+    meta: dict[str, Any] = {"pos": rec["pos"]}
+    spec = rec["spec"]
+    if spec is not None:
+        _expect(isinstance(spec, list) and len(spec) == 5 and _is_int_list(spec[0]) and _is_int_list(spec[1])
+                and isinstance(spec[2], int) and spec[3] in _DTYPES and isinstance(spec[4], str)
+                and len(spec[0]) == len(spec[1]) and all(s >= 0 for s in spec[0]), f"node {name}: spec")
+        meta["spec"] = TensorSpec(tuple(spec[0]), tuple(spec[1]), spec[2], _DTYPES[spec[3]], torch.device(spec[4]))
+    else:
+        meta["spec"] = None
+    for key in ("reads", "mutates", "overwrites"):
+        _expect(_is_int_list(rec[key]), f"node {name}: {key}")
+        meta[key] = tuple(rec[key])
+    if rec["rng"] is not None:
+        keys = rec["rng"]
+        _expect(isinstance(keys, dict) and keys and all(
+            isinstance(k, str) and (k == "gen" or k.startswith("default:")) and v in rng for k, v in keys.items()),
+            f"node {name}: rng keys")
+        meta["rng"] = dict(keys)
+    elif op == "call_function" and _draws_random(node.target):
+        raise ArtifactError(f"invalid init graph: random op {name} has no generator snapshot")
+    prov = rec["prov"]
+    _expect(prov is None or (isinstance(prov, list) and len(prov) == 4
+                             and all(v is None or isinstance(v, str) for v in prov)), f"node {name}: provenance")
+    meta["prov"] = Provenance(*prov) if prov is not None else Provenance(None, None, None)
+    for key in ("module", "opaque"):
+        _expect(rec[key] is None or isinstance(rec[key], str), f"node {name}: {key}")
+        if rec[key] is not None:
+            meta[key] = rec[key]
+    if rec["default_dtype"] is not None:
+        _expect(rec["default_dtype"] in _DTYPES, f"node {name}: default dtype")
+        meta["default_dtype"] = _DTYPES[rec["default_dtype"]]
+    node.meta.update(meta)
+    env[name] = node
+    return node
+
+
+def _check_opaque_call(name: str, args: tuple, kwargs: dict[str, Any]) -> None:
+    """An opaque node must call an allowed init function with arguments it accepts."""
+    _expect(len(args) >= 2 and args[0] in OPAQUE_INIT_FUNCTIONS and isinstance(args[1], fx.Node),
+            f"node {name}: init function {args[:1]!r}")
+    _expect(kwargs.get("generator") is None, f"node {name}: generator argument")
+    numbers = [*args[2:], *(v for k, v in kwargs.items() if k != "generator")]
+    _expect(all(isinstance(v, (int, float)) for v in numbers), f"node {name}: init function arguments")
+    try:
+        inspect.signature(resolve_init_function(args[0])).bind(None, *args[2:], **kwargs)
+    except TypeError as exc:
+        raise ArtifactError(f"invalid init graph: node {name}: {args[0]} does not accept these arguments "
+                            f"({exc})") from exc
+
+
+def _resolve_target(name: Any, node: str) -> Callable[..., Any]:
+    _expect(isinstance(name, str), f"node {node}: target")
+    if name == _GETITEM:
+        return operator.getitem
+    if name == _OPAQUE:
+        return call_init_function
+    m = _ATEN_NAME.fullmatch(name)
+    if m is None or m.group(1) in _DENIED_ATEN:
+        raise ArtifactError(f"invalid init graph: node {node}: op {name!r} is not allowed",
+                            hint="saved graphs may only use aten ops, getitem and fxinit's opaque init functions")
+    try:
+        packet = getattr(torch.ops.aten, m.group(1))
+        overload = getattr(packet, m.group(2))
+    except (AttributeError, RuntimeError) as exc:
+        raise ArtifactError(f"invalid init graph: node {node}: unknown op {name!r} in torch {torch.__version__}",
+                            hint="the graph was saved by a torch that has ops this one lacks") from exc
+    return overload
+
+
+def _draws_random(target: Any) -> bool:
+    if target is call_init_function:
+        return True
+    if isinstance(target, torch._ops.OpOverload):
+        return torch.Tag.nondeterministic_seeded in target.tags or any(
+            "Generator" in str(a.type) for a in target._schema.arguments)
+    return False
+
+
+def _check_on_meta(graph: InitGraph) -> None:
+    """Run the graph on the meta device: every op must accept its arguments and produce
+    the shape, stride and dtype the file declares for it."""
+    env: dict[fx.Node, Any] = {}
+
+    def load(x: Any) -> Any:
+        return env[x] if isinstance(x, fx.Node) else x
+
+    meta = torch.device("meta")
+    for n in graph.nodes:
+        spec = n.meta.get("spec")
+        if n.op == "get_attr":
+            c = graph.constants[n.target]
+            value: Any = torch.empty_strided(c.size(), c.stride(), dtype=c.dtype, device=meta)
+        elif n.target is call_init_function:
+            value = load(n.args[1])
+        else:
+            args = fx.node.map_aggregate(n.args, load)
+            kwargs = dict(fx.node.map_aggregate(n.kwargs, load))
+            if "device" in kwargs:
+                kwargs["device"] = meta
+            kwargs.pop("generator", None)
+            dtype = n.meta.get("default_dtype", graph.default_dtype)
+            saved = torch.get_default_dtype()
+            try:
+                torch.set_default_dtype(dtype) if dtype.is_floating_point else None
+                value = n.target(*args, **kwargs)
+            except ArtifactError:
+                raise
+            except Exception as exc:
+                raise ArtifactError(f"invalid init graph: node {n.name} ({n.target}) fails on its own "
+                                    f"arguments: {type(exc).__name__}: {_short(exc)}") from exc
+            finally:
+                torch.set_default_dtype(saved)
+        if spec is not None:
+            _expect(isinstance(value, torch.Tensor) and tuple(value.shape) == spec.shape
+                    and tuple(value.stride()) == spec.stride and value.dtype == spec.dtype
+                    and value.storage_offset() == spec.storage_offset,
+                    f"node {n.name}: declares {spec.shape}/{spec.dtype}, computes "
+                    f"{getattr(value, 'shape', type(value).__name__)}/{getattr(value, 'dtype', '')}")
+        env[n] = value

@@ -1,0 +1,115 @@
+"""The fxinit command: trace -> show / explain / viz -> materialize to safetensors, with
+exit codes and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fxinit.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from tests.cli_models import Stack
+from tests.conftest import same_bits
+
+safetensors_torch = pytest.importorskip("safetensors.torch")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _trace(tmp_path: Path, layers: int = 2, seed: int = 0) -> Path:
+    out = tmp_path / f"stack{layers}.fxg"
+    assert main(["trace", "tests.cli_models:build", "-o", str(out), "--kwargs", json.dumps({"layers": layers}),
+                 "--seed", str(seed)]) == EXIT_OK
+    return out
+
+
+def test_trace_show_materialize_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    graph = _trace(tmp_path, seed=5)
+    assert main(["show", str(graph)]) == EXIT_OK
+    table = capsys.readouterr().out
+    assert "layers.1.fc.weight" in table and "(uniform_ [kaiming_uniform_]: dead) -> normal_" in table
+    assert "tied to embed.weight" in table and "tensors," in table
+
+    weights = tmp_path / "w.safetensors"
+    assert main(["materialize", str(graph), "-o", str(weights), "-q"]) == EXIT_OK
+    got = safetensors_torch.load_file(weights)
+    torch.manual_seed(5)
+    eager = Stack(layers=2)
+    ref = eager.state_dict()
+    assert "head.weight" not in got  # a tie is stored once...
+    from safetensors import safe_open
+
+    with safe_open(str(weights), "pt") as f:
+        assert json.loads(f.metadata()["fxinit.ties"]) == [["embed.weight", "head.weight"]]  # ...and recorded
+    for name, value in got.items():
+        assert same_bits(value, ref[name]), name
+    assert set(got) == set(ref) - {"head.weight"}
+
+
+def test_only_and_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    graph = _trace(tmp_path)
+    assert main(["show", str(graph), "--only", "layers.1"]) == EXIT_OK
+    table = capsys.readouterr().out
+    assert "layers.1.norm.bias" in table and "layers.0." not in table
+    assert main(["show", str(graph), "--explain", "layers.0.fc.weight"]) == EXIT_OK
+    text = capsys.readouterr().out
+    assert "DEAD: overwritten by step" in text and "torch.nn.init.kaiming_uniform_" in text
+    assert "test_cli" not in text and "cli_models.py" in text  # the user's source line
+    weights = tmp_path / "part.safetensors"
+    assert main(["materialize", str(graph), "-o", str(weights), "--only", "layers.0.*", "-q"]) == EXIT_OK
+    assert set(safetensors_torch.load_file(weights)) == {f"layers.0.{k}" for k in
+                                                          ("fc.weight", "fc.bias", "norm.weight", "norm.bias")}
+
+
+def test_trace_from_a_file_path(tmp_path: Path) -> None:
+    out = tmp_path / "f.fxg"
+    target = f"{ROOT / 'tests' / 'cli_models.py'}:Stack"
+    assert main(["trace", target, "-o", str(out), "--args", "[3]"]) == EXIT_OK
+    import fxinit
+
+    assert "layers.2.fc.weight" in fxinit.load_graph(out).outputs
+
+
+def test_viz_collapses_repeated_layers_and_focuses(tmp_path: Path) -> None:
+    graph = _trace(tmp_path, layers=5)
+    full = tmp_path / "full.dot"
+    assert main(["viz", str(graph), "-o", str(full)]) == EXIT_OK
+    text = full.read_text()
+    assert "x5: 5 numbered siblings share this recipe" in text
+    assert "layers.0.fc.weight" in text and "layers.3.fc.weight" not in text
+    flat = tmp_path / "flat.dot"
+    assert main(["viz", str(graph), "-o", str(flat), "--no-collapse"]) == EXIT_OK
+    assert "layers.3.fc.weight" in flat.read_text()
+    focus = tmp_path / "focus.dot"
+    assert main(["viz", str(graph), "-o", str(focus), "--only", "layers.2.fc.weight"]) == EXIT_OK
+    assert "layers.2.fc.weight" in focus.read_text() and "embed.weight" not in focus.read_text()
+    if shutil.which("dot"):
+        svg = tmp_path / "d.svg"
+        assert main(["viz", str(graph), "-o", str(svg)]) == EXIT_OK
+        assert svg.read_text().lstrip().startswith(("<?xml", "<svg"))
+
+
+def test_errors_are_one_line_with_meaningful_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["trace", "no_such_module:thing", "-o", str(tmp_path / "x.fxg")]) == EXIT_USAGE
+    assert main(["trace", "tests.cli_models:build", "-o", str(tmp_path / "x.fxg"), "--kwargs", "{bad"]) == EXIT_USAGE
+    broken = tmp_path / "broken.fxg"
+    broken.write_bytes(b"FXINIT-GRAPH\nsha256:" + b"0" * 64 + b"\nrest")
+    assert main(["show", str(broken)]) == EXIT_FAILED
+    graph = _trace(tmp_path)
+    assert main(["show", str(graph), "--only", "nothing.here"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "checksum mismatch" in err and "hint:" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as exc:
+        main(["materialize"])
+    assert exc.value.code == EXIT_USAGE
+
+
+@pytest.mark.parametrize("command", [[], ["trace"], ["show"], ["viz"], ["materialize"]])
+def test_help_everywhere(command: list[str]) -> None:
+    script = Path(sys.executable).parent / "fxinit"  # the console script pip installed
+    proc = subprocess.run([str(script), *command, "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "usage: fxinit" in proc.stdout

@@ -62,6 +62,7 @@ def save_graph(graph: InitGraph, path: str | os.PathLike) -> None:
         "schema_version": SCHEMA_VERSION,
         "torch_version": str(torch.__version__),
         "default_dtype": _dtype_name(graph.default_dtype),
+        "seed": graph.seed,
         "nodes": [_encode_node(n, names) for n in graph.nodes],
         "outputs": {fqn: names[node] for fqn, node in graph.outputs.items()},
         "output_storage": dict(graph.output_storage),
@@ -206,6 +207,7 @@ def _decode(p: Any) -> InitGraph:
                             hint="upgrade fxinit to load it")
     _expect(version == SCHEMA_VERSION, f"unknown schema version {version}")
     _expect(p.get("default_dtype") in _DTYPES, "bad default dtype")
+    _expect(p.get("seed") is None or (isinstance(p["seed"], int) and not isinstance(p["seed"], bool)), "bad seed")
     for key, kind in (("nodes", list), ("outputs", dict), ("output_storage", dict), ("info", dict),
                       ("ties", list), ("constants", dict), ("rng", dict)):
         _expect(isinstance(p.get(key), kind), f"field {key!r} missing or not a {kind.__name__}")
@@ -252,7 +254,7 @@ def _decode(p: Any) -> InitGraph:
         _expect(isinstance(g, list) and len(g) > 1 and all(n in outputs for n in g), "tie group")
     return InitGraph(graph=graph, outputs=outputs, output_storage=dict(storage), info=info,
                      ties=[list(g) for g in ties], constants=dict(constants), rng=rng,
-                     default_dtype=_DTYPES[p["default_dtype"]])
+                     default_dtype=_DTYPES[p["default_dtype"]], seed=p.get("seed"))
 
 
 _NODE_KEYS = {"name", "op", "target", "args", "kwargs", "pos", "spec", "reads", "mutates", "overwrites", "rng",

@@ -70,6 +70,15 @@ class InitGraph:
     constants: dict[str, torch.Tensor]
     rng: dict[str, RngSnapshot]
     default_dtype: torch.dtype = field(default_factory=torch.get_default_dtype)
+    seed: int | None = None  # torch.initial_seed() when capture started: portable mode's default
+
+    def storage_names(self) -> dict[int, str]:
+        """``{storage id: the smallest name of an output living in it}`` (portable keys)."""
+        names: dict[int, str] = {}
+        for fqn, sid in self.output_storage.items():
+            if sid not in names or fqn < names[sid]:
+                names[sid] = fqn
+        return names
 
     @property
     def nodes(self) -> list[fx.Node]:
@@ -106,19 +115,22 @@ class InitGraph:
 
     def materialize(
         self, names: Iterable[str] | None = None, device: torch.device | str | None = None,
-        rng: str = "exact", max_bytes: int | None = None,
+        rng: str = "exact", max_bytes: int | None = None, seed: int | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Values of the named outputs (all if None), bit-for-bit equal to eager construction.
+        """Values of the named outputs (all if None).
 
-        Tensors are computed on the device eager construction would have used and then
-        moved to ``device`` if one is given. Tied names map to the same tensor.
-        ``rng="exact"`` is the only random-number mode so far. A run that would allocate
-        more than ``max_bytes`` (default: the machine's physical memory) is refused.
+        ``rng="exact"``: bit-for-bit equal to eager construction; tensors are computed on the
+        device eager construction would have used and then moved to ``device`` if one is
+        given. ``rng="portable"``: random ops draw from the counter-based stream of
+        ``fxinit.rng.portable`` keyed by ``seed`` (default: the seed the trace saw), each
+        tensor's name and element index. Tied names map to the same tensor. A run that
+        would allocate more than ``max_bytes`` (default: physical memory) is refused.
         """
         from fxinit.backends.eager import run_parallel
+        from fxinit.backends.portable import streams_for
 
-        if rng != "exact":
-            raise ValueError(f"rng={rng!r}: only rng='exact' is available")
+        if rng not in ("exact", "portable"):
+            raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
         wanted = list(self.outputs) if names is None else list(names)
         unknown = [n for n in wanted if n not in self.outputs]
         if unknown:
@@ -130,8 +142,11 @@ class InitGraph:
             raise DeferredInitError(
                 f"materializing these {len(wanted)} tensors allocates {need / 2**30:.1f} GiB, more than "
                 f"{limit / 2**30:.1f} GiB", hint="ask for fewer names at a time, or pass max_bytes=")
+        streams = None
+        if rng == "portable":
+            streams = streams_for(self.nodes, self.storage_names(), _portable_seed(seed, self.seed))
         env = run_parallel(nodes, self.constants, self.rng, self.default_dtype,
-                           keep={self.outputs[n] for n in wanted})
+                           keep={self.outputs[n] for n in wanted}, streams=streams)
         out: dict[str, torch.Tensor] = {}
         for n in wanted:
             value = env[self.outputs[n]]
@@ -175,6 +190,14 @@ class InitGraph:
         s = self.stats()
         return (f"InitGraph({s['outputs']} outputs, {s['nodes_captured']} nodes ({s['dead_nodes']} dead), "
                 f"{s['random_ops']} random ops to run, {s['output_bytes'] / 2**20:.1f} MiB)")
+
+
+def _portable_seed(seed: int | None, traced: int | None) -> int:
+    if seed is not None:
+        return seed
+    if traced is None:
+        raise DeferredInitError("this graph does not know the seed its trace saw", hint="pass seed=")
+    return traced
 
 
 def _physical_memory() -> int:

@@ -18,6 +18,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.backends.eager import run_parallel
+from fxinit.backends.portable import streams_for
 from fxinit.capture.api import clear_meta_init_cache
 from fxinit.capture.deferred import STATE_ATTR, is_deferred_tensor, state_of
 from fxinit.capture.recorder import Recorder
@@ -26,6 +27,7 @@ from fxinit.errors import DeferredInitError
 from fxinit.graph import InitGraph, OutputInfo
 from fxinit.passes.slicing import required_nodes
 
+_TRACED_SEED = -(1 << 70)  # marker: the portable stream uses the seed each trace saw
 Location = tuple[torch.nn.Module, str, str]  # (module, attribute name, "_parameters" | "_buffers" | "__dict__")
 
 
@@ -104,13 +106,16 @@ def _device_map(nodes: list[fx.Node], target: torch.device | None) -> dict[torch
     return mapping
 
 
-def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.device | None = None
-             ) -> list[torch.Tensor]:
+def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.device | None = None,
+             seed: int | None = None) -> list[torch.Tensor]:
+    """Values of ``tensors``: exact replay, or the portable stream when ``seed`` is given."""
     recorder._check_live()
     targets = [(state_of(t).node, recorder.storage_id(t)) for t in tensors]
-    nodes = required_nodes(list(recorder.graph.nodes), targets, recorder.dead_writes())
+    all_nodes = list(recorder.graph.nodes)
+    nodes = required_nodes(all_nodes, targets, recorder.dead_writes())
+    streams = None if seed is None else streams_for(all_nodes, _storage_names(recorder), seed)
     env = run_parallel(nodes, recorder.constants, recorder.rng, recorder.default_dtype,
-                       keep={node for node, _ in targets}, device_map=_device_map(nodes, target))
+                       keep={node for node, _ in targets}, device_map=_device_map(nodes, target), streams=streams)
     values = []
     for t, (node, _) in zip(tensors, targets):
         v = env[node]
@@ -122,6 +127,20 @@ def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.devi
             )
         values.append(v)
     return values
+
+
+def _storage_names(recorder: Recorder) -> dict[int, str]:
+    """``{storage id: smallest fully qualified name in it}`` over the traced root module."""
+    names: dict[int, str] = {}
+    root = recorder.root
+    if root is None:
+        return names
+    for name, t in _named_tensors(root):
+        if is_deferred_tensor(t) and state_of(t).recorder is recorder:
+            sid = recorder.storage_id(t)
+            if sid not in names or name < names[sid]:
+                names[sid] = name
+    return names
 
 
 def _move(values: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
@@ -182,7 +201,8 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
 
 def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Location]],
                          device: torch.device | str | None, init: bool,
-                         loaded: Mapping[int, Callable[[], torch.Tensor]] | None = None) -> None:
+                         loaded: Mapping[int, Callable[[], torch.Tensor]] | None = None,
+                         seed: int | None = None) -> None:
     """Compute (or, with ``loaded``, read from a checkpoint) and swap in; ``loaded`` maps
     ``id(tensor)`` to a reader of its checkpoint value (called once, just before the copy,
     so that only one checkpoint tensor is held at a time)."""
@@ -204,7 +224,8 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
         direct_ids = {id(t) for t in direct}
         rest = [t for t in ts if id(t) not in direct_ids]
         if init:
-            values = _compute(rec, rest, target) if rest else []
+            stream_seed = None if seed is None else (rec.seed if seed is _TRACED_SEED else seed)
+            values = _compute(rec, rest, target, stream_seed) if rest else []
         else:
             values = [_empty_like(t, target) for t in rest]
         if target is not None:
@@ -305,7 +326,7 @@ M = TypeVar("M", torch.nn.Module, torch.Tensor)
 
 def materialize(obj: M, *, device: torch.device | str | None = None, init: bool = True,
                 keep_cache: bool = False, state_dict: CheckpointSource | None = None,
-                prefix: str = "", strict: bool = False) -> M:
+                prefix: str = "", strict: bool = False, rng: str = "exact", seed: int | None = None) -> M:
     """Fill the deferred tensors of ``obj`` in place and return ``obj``.
 
     ``obj`` is a module (all its parameters and buffers, recursively; any submodule,
@@ -322,7 +343,15 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     their init never runs; everything else initializes exactly, as if eager construction
     had been followed by ``load_state_dict``. ``strict=True`` refuses a checkpoint that
     lacks tensors of ``obj`` or has extra ones under ``prefix``.
+
+    ``rng="portable"`` draws every random op from the counter-based stream keyed by
+    ``seed`` (default: the seed the trace saw), the name of the tensor it writes and the
+    element index (see ``fxinit.rng.portable``): the same values in any order, for any
+    subset, shard or thread count, on any device; not eager's values.
     """
+    if rng not in ("exact", "portable"):
+        raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
+    stream_seed = None if rng == "exact" else (_TRACED_SEED if seed is None else seed)
     if isinstance(obj, torch.nn.Module):
         tensors, where = _deferred_in_module(obj)
     elif is_deferred_tensor(obj):
@@ -337,7 +366,7 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
             raise TypeError("state_dict= needs a module to name the tensors")
         loaded = _checkpoint_values(obj, tensors, state_dict, prefix, strict)
     from_meta_init = any(state_of(t).recorder.kind == "meta_init" for t in tensors)
-    _materialize_tensors(tensors, where, device, init, loaded)
+    _materialize_tensors(tensors, where, device, init, loaded, stream_seed)
     if from_meta_init and not keep_cache:
         clear_meta_init_cache()
     return obj
@@ -436,4 +465,5 @@ def init_graph(module: torch.nn.Module) -> InitGraph:
         constants={k: v for k, v in rec.constants.items() if k in used_consts},
         rng={k: v for k, v in rec.rng.items() if k in used_rng},
         default_dtype=rec.default_dtype,
+        seed=rec.seed,
     )

@@ -16,6 +16,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 import torch
 import torch.fx as fx
 
+from fxinit.backends.portable import call_portable
 from fxinit.errors import DeferredInitError
 from fxinit.passes.partition import independent_groups
 from fxinit.rng import RngSnapshot, private_generator, swapped_default_generators
@@ -53,11 +54,14 @@ def run_nodes(
     default_dtype: torch.dtype,
     keep: set[fx.Node] | None = None,
     device_map: Mapping[torch.device, torch.device] | None = None,
+    streams: Mapping[fx.Node, int] | None = None,
 ) -> dict[fx.Node, object]:
     """Execute ``nodes`` (a slice in program order); return the values of ``keep``.
 
     ``device_map`` replaces intended devices that are not available here; capture only
     allows that for graphs whose ops on those devices draw no random numbers.
+    ``streams`` (portable mode) gives each random node its portable stream instead of
+    its recorded generator snapshot.
     """
     keep = keep if keep is not None else set(nodes)
     env: dict[fx.Node, object] = {}
@@ -80,7 +84,9 @@ def run_nodes(
                 node_dtype = n.meta.get("default_dtype", default_dtype)
                 try:
                     with _default_dtype(node_dtype):
-                        if rng_keys:
+                        if rng_keys and streams is not None:
+                            value = call_portable(n, args, kwargs, streams[n])
+                        elif rng_keys:
                             value = _with_rng(n.target, args, kwargs, rng_keys, rng, "generator")
                         else:
                             value = n.target(*args, **kwargs)
@@ -110,6 +116,7 @@ def run_parallel(
     keep: set[fx.Node],
     device_map: Mapping[torch.device, torch.device] | None = None,
     workers: int | None = None,
+    streams: Mapping[fx.Node, int] | None = None,
 ) -> dict[fx.Node, object]:
     """``run_nodes``, with independent groups of nodes on ``workers`` threads.
 
@@ -121,11 +128,11 @@ def run_parallel(
     dtypes = {n.meta.get("default_dtype", default_dtype) for n in nodes}
     groups = independent_groups(nodes) if workers > 1 and len(dtypes) == 1 else []
     if len(groups) < 2:
-        return run_nodes(nodes, constants, rng, default_dtype, keep, device_map)
+        return run_nodes(nodes, constants, rng, default_dtype, keep, device_map, streams)
     (dtype,) = dtypes
     env: dict[fx.Node, object] = {}
     with _default_dtype(dtype), ThreadPoolExecutor(min(workers, len(groups)), "fxinit") as pool:
-        futures = [pool.submit(run_nodes, g, constants, rng, dtype, keep, device_map) for g in groups]
+        futures = [pool.submit(run_nodes, g, constants, rng, dtype, keep, device_map, streams) for g in groups]
         for f in futures:
             env.update(f.result())
     return env

@@ -125,6 +125,7 @@ class Recorder:
         self.rng: dict[str, RngSnapshot] = {}
         self._dead: tuple[int, set[fx.Node]] = (-1, set())
         self.random_ops = {"skipped": 0, "drawn": 0}  # how capture kept generators in step
+        self.seed = torch.initial_seed()  # the default for the portable stream
         self.default_dtype = torch.get_default_dtype()
         self.capturing = False
         self.cleared = False

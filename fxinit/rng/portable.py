@@ -1,0 +1,143 @@
+"""The portable random stream: values that are a function of (seed, key, element index) only.
+
+Each random op of an init graph gets a *key* (the fully qualified name of the tensor it
+writes and the op's ordinal among the random ops writing it, e.g.
+``"model.layers.0.mlp.up_proj.weight/1"``). Element ``i`` of what the op writes draws the
+64-bit word ``splitmix64(hash(seed, key) + (i + 1) * 0x9E3779B97F4A7C15)``, a counter-based
+generator: no state, no order, no dependence on which other tensors are materialized, on
+thread count, or on how a tensor is split into shards (a shard starting at element ``s``
+computes the words ``s, s+1, ...``). Integer arithmetic is exact on every device, so uniform
+values are bitwise equal across devices; normal values go through ``log``/``cos``, whose last
+bit may differ between devices.
+
+Distributions follow the eager init functions: ``uniform_(a, b)``, ``normal_(mean, std)``
+(Box-Muller from the two halves of one word), ``bernoulli_(p)``, ``exponential_``,
+``random_``, ``cauchy_``, ``log_normal_``, ``geometric_``, ``randperm`` (argsort of words).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+
+GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed 64-bit integer
+_M1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
+_M2 = -7723592293110705685  # 0x94D049BB133111EB
+CHUNK = 1 << 20
+
+
+def stream_key(seed: int, key: str) -> int:
+    """The 64-bit (signed) stream constant of ``key`` under ``seed``."""
+    digest = hashlib.blake2b(f"{seed}\x00{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def _srl(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 words seen as unsigned."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def words(stream: int, start: int, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``n`` 64-bit words (int64) of ``stream`` for elements ``start .. start+n-1``."""
+    z = (torch.arange(start + 1, start + n + 1, dtype=torch.int64, device=device) * GOLDEN) + stream
+    z = (z ^ _srl(z, 30)) * _M1
+    z = (z ^ _srl(z, 27)) * _M2
+    return z ^ _srl(z, 31)
+
+
+def _unit24(w: torch.Tensor, shift: int) -> torch.Tensor:
+    """A float32 in [0, 1) from 24 bits of each word."""
+    return (_srl(w, shift) & 0xFFFFFF).to(torch.float32) * (1.0 / (1 << 24))
+
+
+def _unit53(w: torch.Tensor) -> torch.Tensor:
+    return _srl(w, 11).to(torch.float64) * (1.0 / (1 << 53))
+
+
+def _uniform01(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return _unit53(w) if dtype == torch.float64 else _unit24(w, 40)
+
+
+def sample(kind: str, stream: int, start: int, n: int, dtype: torch.dtype, device: torch.device | str,
+           **params: float) -> torch.Tensor:
+    """``n`` values of distribution ``kind`` for elements ``start ..``, computed in float32
+    (float64 for float64 targets) and returned in ``dtype``."""
+    w = words(stream, start, n, device)
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    if kind == "uniform":
+        u = _uniform01(w, dtype)
+        out = u * (params["high"] - params["low"]) + params["low"]
+    elif kind == "normal":
+        if work == torch.float64:
+            u1 = _unit53(w)
+            u2 = _unit53(words(stream ^ 0x5DEECE66D, start, n, device))
+        else:
+            u1, u2 = _unit24(w, 40), _unit24(w, 8)
+        radius = torch.sqrt(-2.0 * torch.log1p(-u1))  # 1 - u1 is in (0, 1]: no log(0)
+        out = radius * torch.cos((2.0 * math.pi) * u2) * params["std"] + params["mean"]
+    elif kind == "bernoulli":
+        out = (_uniform01(w, dtype) < params["p"]).to(work)
+    elif kind == "exponential":
+        out = -torch.log1p(-_uniform01(w, dtype)) / params["lambd"]
+    elif kind == "cauchy":
+        out = params["median"] + params["sigma"] * torch.tan(math.pi * (_uniform01(w, dtype) - 0.5))
+    elif kind == "log_normal":
+        u1, u2 = _unit24(w, 40).to(work), _unit24(w, 8).to(work)
+        z = torch.sqrt(-2.0 * torch.log1p(-u1)) * torch.cos((2.0 * math.pi) * u2)
+        out = torch.exp(z * params["std"] + params["mean"])
+    elif kind == "geometric":
+        u = _uniform01(w, dtype).to(torch.float64)
+        out = torch.ceil(torch.log1p(-u) / math.log1p(-params["p"])).clamp_min(1)
+    elif kind == "random":
+        low, high = int(params["low"]), int(params["high"])
+        span = high - low
+        out = low + (_srl(w, 1) % span)  # span << 2^63: the modulo bias is negligible
+        return out.to(dtype)
+    else:
+        raise ValueError(f"no portable sampler for {kind!r}")
+    return out.to(dtype)
+
+
+def fill_(target: torch.Tensor, kind: str, stream: int, **params: float) -> torch.Tensor:
+    """Fill ``target`` (any layout) element by element in logical order, chunk by chunk."""
+    n = target.numel()
+    flat = target.view(-1) if target.is_contiguous() else None
+    for start in range(0, n, CHUNK):
+        size = min(CHUNK, n - start)
+        values = sample(kind, stream, start, size, target.dtype, target.device, **params)
+        if flat is not None:
+            flat[start:start + size].copy_(values)
+        else:
+            _strided_chunk(target, start, size).copy_(values)
+    return target
+
+
+def _strided_chunk(target: torch.Tensor, start: int, size: int) -> torch.Tensor:
+    """A writable view of logical elements ``start .. start+size`` of a non-contiguous tensor
+    (via an index map; used only for the rare strided random write)."""
+    idx = torch.arange(start, start + size, device=target.device)
+    coords = []
+    for dim in reversed(target.shape):
+        coords.append(idx % dim)
+        idx = idx // dim
+    offsets = sum(c * s for c, s in zip(reversed(coords), target.stride()))
+    base = torch.as_strided(target, (target.untyped_storage().nbytes() // target.element_size(),), (1,), 0)
+    return _IndexedView(base, offsets + target.storage_offset())
+
+
+class _IndexedView:
+    """``copy_`` into scattered storage positions."""
+
+    def __init__(self, base: torch.Tensor, offsets: torch.Tensor) -> None:
+        self.base, self.offsets = base, offsets
+
+    def copy_(self, values: torch.Tensor) -> None:
+        self.base.index_copy_(0, self.offsets, values.to(self.base.dtype))
+
+
+def randperm(stream: int, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A permutation of ``range(n)``: the argsort of the stream's words (ties cannot matter:
+    a stable sort orders equal words by index)."""
+    return torch.argsort(words(stream, 0, n, device), stable=True)

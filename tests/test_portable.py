@@ -1,0 +1,167 @@
+"""Portable mode: values are a function of (seed, tensor name, element index) only, and
+follow the distributions of the eager init functions (fixed statistical tolerances)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fxinit
+from fxinit.backends.eager import run_nodes, run_parallel
+from fxinit.backends.portable import streams_for
+from fxinit.rng import portable
+
+N = 1 << 20  # elements per statistical check
+
+
+def _tensors(m: nn.Module) -> dict[str, torch.Tensor]:
+    return dict(m.named_parameters(remove_duplicate=False)) | dict(m.named_buffers(remove_duplicate=False))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 16, padding_idx=0)
+        self.layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
+        self.q = nn.Linear(16, 16, bias=False)
+        nn.init.orthogonal_(self.q.weight)
+        self.t = nn.Linear(16, 8)
+        nn.init.trunc_normal_(self.t.weight, std=0.02)
+        self.register_buffer("noise", torch.rand(4, 4))
+
+
+def test_order_subset_threads_and_seed() -> None:
+    torch.manual_seed(7)
+    g = fxinit.init_graph(fxinit.trace_init(Net))
+    full = g.materialize(rng="portable")
+    assert g.seed == 7
+    one = g.materialize(["layers.2.weight"], rng="portable")
+    assert torch.equal(one["layers.2.weight"], full["layers.2.weight"])
+    nodes = g.required_nodes(list(g.outputs))
+    streams = streams_for(g.nodes, g.storage_names(), 7)
+    keep = set(g.outputs.values())
+    serial = run_nodes(nodes, g.constants, g.rng, g.default_dtype, keep, streams=streams)
+    threaded = run_parallel(nodes, g.constants, g.rng, g.default_dtype, keep, workers=4, streams=streams)
+    for node in keep:
+        assert torch.equal(serial[node], threaded[node])
+    other = g.materialize(rng="portable", seed=8)
+    assert not torch.equal(other["layers.0.weight"], full["layers.0.weight"])
+    assert torch.equal(full["emb.weight"][0], torch.zeros(16))  # padding row still zeroed after the draw
+
+    torch.manual_seed(123)  # a different global state: portable values do not care
+    m = fxinit.trace_init(Net)
+    fxinit.materialize(m.layers[1], rng="portable", seed=7)
+    for layer in reversed(m.layers):
+        fxinit.materialize(layer, rng="portable", seed=7)
+    fxinit.materialize(m, rng="portable", seed=7)
+    for k, v in _tensors(m).items():
+        assert torch.equal(v, full[k]), k
+
+
+class Neighbours(nn.Module):
+    def __init__(self, extra: bool) -> None:
+        super().__init__()
+        if extra:
+            self.first = nn.Linear(32, 32).double()  # a neighbour added, in another dtype
+        self.fc = nn.Linear(16, 16)
+
+
+def test_values_do_not_depend_on_neighbours() -> None:
+    torch.manual_seed(0)
+    a = fxinit.init_graph(fxinit.trace_init(Neighbours, False)).materialize(rng="portable", seed=1)
+    b = fxinit.init_graph(fxinit.trace_init(Neighbours, True)).materialize(rng="portable", seed=1)
+    assert torch.equal(a["fc.weight"], b["fc.weight"]) and torch.equal(a["fc.bias"], b["fc.bias"])
+
+
+def test_shards_compute_the_same_elements() -> None:
+    s = portable.stream_key(3, "w")
+    for kind, params in (("uniform", dict(low=-1.0, high=1.0)), ("normal", dict(mean=0.0, std=1.0))):
+        whole = portable.sample(kind, s, 0, 1000, torch.float32, "cpu", **params)
+        part = portable.sample(kind, s, 600, 400, torch.float32, "cpu", **params)
+        assert torch.equal(whole[600:], part)
+
+
+def test_artifact_round_trip_keeps_portable_values(tmp_path: Path) -> None:
+    torch.manual_seed(2)
+    g = fxinit.init_graph(fxinit.trace_init(Net))
+    g.save(tmp_path / "n.fxg")
+    h = fxinit.load_graph(tmp_path / "n.fxg")
+    a, b = g.materialize(rng="portable"), h.materialize(rng="portable")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _fill(init, shape=(N,), dtype=torch.float32) -> torch.Tensor:
+    class One(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.empty(shape, dtype=dtype))
+            init(self.w)
+
+    torch.manual_seed(0)
+    return fxinit.init_graph(fxinit.trace_init(One)).materialize(rng="portable")["w"].detach().double()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_uniform_and_normal_statistics(dtype: torch.dtype) -> None:
+    u = _fill(lambda w: nn.init.uniform_(w, -2.0, 3.0), dtype=dtype)
+    assert u.min() >= -2.0 and u.max() <= 3.0
+    assert abs(u.mean() - 0.5) < 0.01 and abs(u.var() / (25 / 12) - 1) < 0.01
+    x = _fill(lambda w: nn.init.normal_(w, 1.0, 0.5), dtype=dtype)
+    assert abs(x.mean() - 1.0) < 0.003 and abs(x.std() / 0.5 - 1) < 0.01
+    assert abs(((x - 1) / 0.5).pow(4).mean() - 3) < 0.05  # normal kurtosis, not just two moments
+
+
+def test_kaiming_trunc_normal_orthogonal_sparse() -> None:
+    k = _fill(lambda w: nn.init.kaiming_uniform_(w, a=math.sqrt(5)), shape=(1024, 1024))
+    bound = 1 / math.sqrt(1024)
+    assert k.abs().max() <= bound and abs(k.std() / (bound / math.sqrt(3)) - 1) < 0.01
+
+    t = _fill(lambda w: nn.init.trunc_normal_(w, std=0.02, a=-0.03, b=0.03))
+    assert t.min() >= -0.03 and t.max() <= 0.03
+    alpha = 1.5  # truncated at 1.5 sigma: variance factor 1 - 2*alpha*phi(alpha)/(2*Phi(alpha)-1)
+    phi = math.exp(-alpha * alpha / 2) / math.sqrt(2 * math.pi)
+    z = math.erf(alpha / math.sqrt(2))
+    assert abs(t.std() / (0.02 * math.sqrt(1 - 2 * alpha * phi / z)) - 1) < 0.01
+
+    q = _fill(lambda w: nn.init.orthogonal_(w, gain=2.0), shape=(64, 256))
+    assert torch.allclose(q @ q.T, 4 * torch.eye(64, dtype=torch.float64), atol=1e-4)
+
+    s = _fill(lambda w: nn.init.sparse_(w, sparsity=0.3), shape=(100, 40))
+    assert ((s == 0).sum(0) == math.ceil(0.3 * 100)).all()
+    assert abs(s[s != 0].std() / 0.01 - 1) < 0.05
+
+
+def test_other_samplers() -> None:
+    b = _fill(lambda w: w.data.bernoulli_(0.3))
+    assert set(b.unique().tolist()) == {0.0, 1.0} and abs(b.mean() - 0.3) < 0.003
+    e = _fill(lambda w: w.data.exponential_(2.0))
+    assert e.min() >= 0 and abs(e.mean() / 0.5 - 1) < 0.01
+    r = _fill(lambda w: w.data.random_(0, 10))
+    counts = torch.bincount(r.long(), minlength=10).double() / N
+    assert r.min() == 0 and r.max() == 9 and (counts - 0.1).abs().max() < 0.002
+
+    class Perm(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("p", torch.randperm(1000))
+
+    torch.manual_seed(0)
+    p = fxinit.init_graph(fxinit.trace_init(Perm)).materialize(rng="portable")["p"]
+    assert torch.equal(p.sort().values, torch.arange(1000)) and not torch.equal(p, torch.arange(1000))
+
+
+def test_unsupported_random_ops_fail_clearly() -> None:
+    class TensorP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("m", torch.empty(8).bernoulli_(torch.full((8,), 0.5)))
+
+    torch.manual_seed(0)
+    g = fxinit.init_graph(fxinit.trace_init(TensorP))
+    with pytest.raises(fxinit.DeferredInitError, match="no portable implementation"):
+        g.materialize(rng="portable")
+    g.materialize()  # exact mode still works

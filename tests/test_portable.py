@@ -85,6 +85,24 @@ def test_shards_compute_the_same_elements() -> None:
         assert torch.equal(whole[600:], part)
 
 
+def test_c_kernel_and_torch_ops_give_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fxinit.rng import native
+
+    s = portable.stream_key(5, "x")
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        for kind, params in (("uniform", dict(low=-1.0, high=2.0)), ("normal", dict(mean=0.5, std=2.0)),
+                             ("exponential", dict(lambd=3.0))):
+            native.portable_library.cache_clear()
+            fast = portable.fill_(torch.empty(3 * portable.CHUNK + 5, dtype=dtype), kind, s, **params)
+            monkeypatch.setenv("FXINIT_NO_NATIVE", "1")
+            native.portable_library.cache_clear()
+            slow = portable.fill_(torch.empty(3 * portable.CHUNK + 5, dtype=dtype), kind, s, **params)
+            monkeypatch.delenv("FXINIT_NO_NATIVE")
+            assert torch.equal(fast, slow), (dtype, kind)
+    native.portable_library.cache_clear()
+    assert native.portable_library() is not None
+
+
 def test_artifact_round_trip_keeps_portable_values(tmp_path: Path) -> None:
     torch.manual_seed(2)
     g = fxinit.init_graph(fxinit.trace_init(Net))

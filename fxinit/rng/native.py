@@ -1,4 +1,5 @@
-"""The compiled MT19937 skip kernel, built on first use with the system C compiler.
+"""Compiled kernels (MT19937 skipping, portable-stream samplers), built on first use with
+the system C compiler.
 
 A plain shared library loaded with ctypes: no Python headers are needed, only ``cc``.
 It is cached under ``$FXINIT_CACHE_DIR`` (default ``~/.cache/fxinit``) by source hash.
@@ -19,6 +20,8 @@ from functools import lru_cache
 from pathlib import Path
 
 _SOURCE = Path(__file__).with_name("mt19937.c")
+_PORTABLE_SOURCE = Path(__file__).with_name("portable.c")
+_FLAGS = ("-O3", "-shared", "-fPIC")
 
 
 def cache_dir() -> Path:
@@ -28,13 +31,9 @@ def cache_dir() -> Path:
 
 @lru_cache(maxsize=None)
 def library() -> ctypes.CDLL | None:
-    """The loaded kernel, or None where it cannot be built here."""
-    if os.environ.get("FXINIT_NO_NATIVE") == "1":
-        return None
-    try:
-        path = _build()
-        lib = ctypes.CDLL(str(path))
-    except (OSError, subprocess.SubprocessError):
+    """The loaded MT19937 kernel, or None where it cannot be built here."""
+    lib = _load(_SOURCE)
+    if lib is None:
         return None
     lib.fxinit_mt_twist.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
     lib.fxinit_mt_twist.restype = None
@@ -45,10 +44,33 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def _build() -> Path:
-    source = _SOURCE.read_bytes()
-    tag = hashlib.sha256(source + sys.platform.encode()).hexdigest()[:16]
-    target = cache_dir() / f"mt19937-{tag}.so"
+@lru_cache(maxsize=None)
+def portable_library() -> ctypes.CDLL | None:
+    """The loaded portable-stream samplers, or None where they cannot be built here."""
+    lib = _load(_PORTABLE_SOURCE)
+    if lib is None:
+        return None
+    lib.fxinit_portable_unit24.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64,
+                                           ctypes.c_int]
+    lib.fxinit_portable_unit24.restype = None
+    lib.fxinit_portable_unit53.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64]
+    lib.fxinit_portable_unit53.restype = None
+    return lib
+
+
+def _load(source: Path) -> ctypes.CDLL | None:
+    if os.environ.get("FXINIT_NO_NATIVE") == "1":
+        return None
+    try:
+        return ctypes.CDLL(str(_build(source)))
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _build(source_path: Path) -> Path:
+    source = source_path.read_bytes()
+    tag = hashlib.sha256(source + sys.platform.encode() + " ".join(_FLAGS).encode()).hexdigest()[:16]
+    target = cache_dir() / f"{source_path.stem}-{tag}.so"
     if target.exists():
         return target
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -57,7 +79,7 @@ def _build() -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        subprocess.run([compiler, "-O3", "-shared", "-fPIC", str(_SOURCE), "-o", str(out)],
+        subprocess.run([compiler, *_FLAGS, str(source_path), "-o", str(out), "-lm"],
                        check=True, capture_output=True, timeout=120)
         os.replace(out, target)  # atomic: concurrent builders agree on the result
     return target

@@ -7,8 +7,9 @@ writes and the op's ordinal among the random ops writing it, e.g.
 generator: no state, no order, no dependence on which other tensors are materialized, on
 thread count, or on how a tensor is split into shards (a shard starting at element ``s``
 computes the words ``s, s+1, ...``). Integer arithmetic is exact on every device, so uniform
-values are bitwise equal across devices; normal values go through ``log``/``cos``, whose last
-bit may differ between devices.
+values are bitwise equal across devices; normal values go through ``log1p``/``cos``, whose
+last bit may differ between devices. On CPU the words come from fxinit's C kernel
+(``portable.c``) when a compiler is available, else from torch ops: the same bits.
 
 Distributions follow the eager init functions: ``uniform_(a, b)``, ``normal_(mean, std)``
 (Box-Muller from the two halves of one word), ``bernoulli_(p)``, ``exponential_``,
@@ -19,8 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
+
+from fxinit.rng.native import portable_library
 
 GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed 64-bit integer
 _M1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -47,53 +51,77 @@ def words(stream: int, start: int, n: int, device: torch.device | str = "cpu") -
     return z ^ _srl(z, 31)
 
 
-def _unit24(w: torch.Tensor, shift: int) -> torch.Tensor:
-    """A float32 in [0, 1) from 24 bits of each word."""
-    return (_srl(w, shift) & 0xFFFFFF).to(torch.float32) * (1.0 / (1 << 24))
+class _Words:
+    """The words of elements ``start .. start+n`` of a stream, and unit floats made from them:
+    by fxinit's C kernel on CPU when it is available, else by torch ops (same bits)."""
+
+    def __init__(self, stream: int, start: int, n: int, device: torch.device | str) -> None:
+        self.stream, self.start, self.n, self.device = stream, start, n, torch.device(device)
+        self.lib = portable_library() if self.device.type == "cpu" else None
+        self._w: torch.Tensor | None = None
+
+    @property
+    def w(self) -> torch.Tensor:
+        if self._w is None:
+            self._w = words(self.stream, self.start, self.n, self.device)
+        return self._w
+
+    def unit24(self, shift: int) -> torch.Tensor:
+        """A float32 in [0, 1) from 24 bits of each word, from bit ``shift`` up."""
+        if self.lib is not None:
+            out = torch.empty(self.n, dtype=torch.float32)
+            self.lib.fxinit_portable_unit24(out.data_ptr(), self.n, self.start, self.stream & _U64, shift)
+            return out
+        return (_srl(self.w, shift) & 0xFFFFFF).to(torch.float32) * (1.0 / (1 << 24))
+
+    def unit53(self) -> torch.Tensor:
+        if self.lib is not None:
+            out = torch.empty(self.n, dtype=torch.float64)
+            self.lib.fxinit_portable_unit53(out.data_ptr(), self.n, self.start, self.stream & _U64)
+            return out
+        return _srl(self.w, 11).to(torch.float64) * (1.0 / (1 << 53))
+
+    def uniform01(self, dtype: torch.dtype) -> torch.Tensor:
+        return self.unit53() if dtype == torch.float64 else self.unit24(40)
 
 
-def _unit53(w: torch.Tensor) -> torch.Tensor:
-    return _srl(w, 11).to(torch.float64) * (1.0 / (1 << 53))
-
-
-def _uniform01(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return _unit53(w) if dtype == torch.float64 else _unit24(w, 40)
+_U64 = (1 << 64) - 1
 
 
 def sample(kind: str, stream: int, start: int, n: int, dtype: torch.dtype, device: torch.device | str,
            **params: float) -> torch.Tensor:
     """``n`` values of distribution ``kind`` for elements ``start ..``, computed in float32
     (float64 for float64 targets) and returned in ``dtype``."""
-    w = words(stream, start, n, device)
+    w = _Words(stream, start, n, device)
     work = torch.float64 if dtype == torch.float64 else torch.float32
     if kind == "uniform":
-        u = _uniform01(w, dtype)
+        u = w.uniform01(dtype)
         out = u * (params["high"] - params["low"]) + params["low"]
     elif kind == "normal":
         if work == torch.float64:
-            u1 = _unit53(w)
-            u2 = _unit53(words(stream ^ 0x5DEECE66D, start, n, device))
+            u1 = w.unit53()
+            u2 = _Words(stream ^ 0x5DEECE66D, start, n, device).unit53()
         else:
-            u1, u2 = _unit24(w, 40), _unit24(w, 8)
+            u1, u2 = w.unit24(40), w.unit24(8)
         radius = torch.sqrt(-2.0 * torch.log1p(-u1))  # 1 - u1 is in (0, 1]: no log(0)
         out = radius * torch.cos((2.0 * math.pi) * u2) * params["std"] + params["mean"]
     elif kind == "bernoulli":
-        out = (_uniform01(w, dtype) < params["p"]).to(work)
+        out = (w.uniform01(dtype) < params["p"]).to(work)
     elif kind == "exponential":
-        out = -torch.log1p(-_uniform01(w, dtype)) / params["lambd"]
+        out = -torch.log1p(-w.uniform01(dtype)) / params["lambd"]
     elif kind == "cauchy":
-        out = params["median"] + params["sigma"] * torch.tan(math.pi * (_uniform01(w, dtype) - 0.5))
+        out = params["median"] + params["sigma"] * torch.tan(math.pi * (w.uniform01(dtype) - 0.5))
     elif kind == "log_normal":
-        u1, u2 = _unit24(w, 40).to(work), _unit24(w, 8).to(work)
+        u1, u2 = w.unit24(40).to(work), w.unit24(8).to(work)
         z = torch.sqrt(-2.0 * torch.log1p(-u1)) * torch.cos((2.0 * math.pi) * u2)
         out = torch.exp(z * params["std"] + params["mean"])
     elif kind == "geometric":
-        u = _uniform01(w, dtype).to(torch.float64)
+        u = w.uniform01(dtype).to(torch.float64)
         out = torch.ceil(torch.log1p(-u) / math.log1p(-params["p"])).clamp_min(1)
     elif kind == "random":
         low, high = int(params["low"]), int(params["high"])
         span = high - low
-        out = low + (_srl(w, 1) % span)  # span << 2^63: the modulo bias is negligible
+        out = low + (_srl(w.w, 1) % span)  # span << 2^63: the modulo bias is negligible
         return out.to(dtype)
     else:
         raise ValueError(f"no portable sampler for {kind!r}")
@@ -104,13 +132,23 @@ def fill_(target: torch.Tensor, kind: str, stream: int, **params: float) -> torc
     """Fill ``target`` (any layout) element by element in logical order, chunk by chunk."""
     n = target.numel()
     flat = target.view(-1) if target.is_contiguous() else None
-    for start in range(0, n, CHUNK):
+
+    def run(start: int) -> None:
         size = min(CHUNK, n - start)
         values = sample(kind, stream, start, size, target.dtype, target.device, **params)
         if flat is not None:
             flat[start:start + size].copy_(values)
         else:
             _strided_chunk(target, start, size).copy_(values)
+
+    starts = range(0, n, CHUNK)
+    workers = min(torch.get_num_threads(), len(starts)) if flat is not None else 1
+    if workers <= 1:
+        for s in starts:
+            run(s)
+    else:  # chunks are independent: the split and the thread count cannot change a value
+        with ThreadPoolExecutor(workers, "fxinit-portable") as pool:
+            list(pool.map(run, starts))
     return target
 
 

@@ -63,6 +63,7 @@ def save_graph(graph: InitGraph, path: str | os.PathLike) -> None:
         "torch_version": str(torch.__version__),
         "default_dtype": _dtype_name(graph.default_dtype),
         "seed": graph.seed,
+        "stream_names": {int(k): v for k, v in graph.stream_names.items()},
         "nodes": [_encode_node(n, names) for n in graph.nodes],
         "outputs": {fqn: names[node] for fqn, node in graph.outputs.items()},
         "output_storage": dict(graph.output_storage),
@@ -208,6 +209,9 @@ def _decode(p: Any) -> InitGraph:
     _expect(version == SCHEMA_VERSION, f"unknown schema version {version}")
     _expect(p.get("default_dtype") in _DTYPES, "bad default dtype")
     _expect(p.get("seed") is None or (isinstance(p["seed"], int) and not isinstance(p["seed"], bool)), "bad seed")
+    names = p.get("stream_names")
+    _expect(isinstance(names, dict) and all(isinstance(k, int) and isinstance(v, str) for k, v in names.items()),
+            "bad stream names")
     for key, kind in (("nodes", list), ("outputs", dict), ("output_storage", dict), ("info", dict),
                       ("ties", list), ("constants", dict), ("rng", dict)):
         _expect(isinstance(p.get(key), kind), f"field {key!r} missing or not a {kind.__name__}")
@@ -254,7 +258,7 @@ def _decode(p: Any) -> InitGraph:
         _expect(isinstance(g, list) and len(g) > 1 and all(n in outputs for n in g), "tie group")
     return InitGraph(graph=graph, outputs=outputs, output_storage=dict(storage), info=info,
                      ties=[list(g) for g in ties], constants=dict(constants), rng=rng,
-                     default_dtype=_DTYPES[p["default_dtype"]], seed=p.get("seed"))
+                     default_dtype=_DTYPES[p["default_dtype"]], seed=p.get("seed"), stream_names=dict(names))
 
 
 _NODE_KEYS = {"name", "op", "target", "args", "kwargs", "pos", "spec", "reads", "mutates", "overwrites", "rng",

@@ -71,13 +71,16 @@ class InitGraph:
     rng: dict[str, RngSnapshot]
     default_dtype: torch.dtype = field(default_factory=torch.get_default_dtype)
     seed: int | None = None  # torch.initial_seed() when capture started: portable mode's default
+    stream_names: dict[int, str] = field(default_factory=dict)  # storage id -> name for portable keys
 
     def storage_names(self) -> dict[int, str]:
-        """``{storage id: the smallest name of an output living in it}`` (portable keys)."""
+        """``{storage id: name}`` for portable stream keys: the names the storages had when
+        the trace ended, else the smallest output name living in them."""
         names: dict[int, str] = {}
         for fqn, sid in self.output_storage.items():
             if sid not in names or fqn < names[sid]:
                 names[sid] = fqn
+        names.update(self.stream_names)
         return names
 
     @property

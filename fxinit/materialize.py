@@ -23,6 +23,7 @@ from fxinit.capture.api import clear_meta_init_cache
 from fxinit.capture.deferred import STATE_ATTR, is_deferred_tensor, state_of
 from fxinit.capture.recorder import Recorder
 from fxinit.checkpoint import Checkpoint, CheckpointSource
+from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materialize_dtensors
 from fxinit.errors import DeferredInitError
 from fxinit.graph import InitGraph, OutputInfo
 from fxinit.passes.slicing import required_nodes
@@ -84,8 +85,8 @@ def _with_companions(tensors: list[torch.Tensor], where: dict[int, list[Location
 def is_deferred(obj: torch.nn.Module | torch.Tensor) -> bool:
     """True if ``obj`` (a module, recursively, or a tensor) still has deferred tensors."""
     if isinstance(obj, torch.nn.Module):
-        return bool(_deferred_in_module(obj)[0])
-    return is_deferred_tensor(obj)
+        return bool(_deferred_in_module(obj)[0]) or bool(deferred_dtensors(obj))
+    return is_deferred_tensor(obj) or is_deferred_dtensor(obj)
 
 
 def _device_map(nodes: list[fx.Node], target: torch.device | None) -> dict[torch.device, torch.device]:
@@ -113,7 +114,7 @@ def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.devi
     targets = [(state_of(t).node, recorder.storage_id(t)) for t in tensors]
     all_nodes = list(recorder.graph.nodes)
     nodes = required_nodes(all_nodes, targets, recorder.dead_writes())
-    streams = None if seed is None else streams_for(all_nodes, _storage_names(recorder), seed)
+    streams = None if seed is None else streams_for(all_nodes, recorder.storage_names(), seed)
     env = run_parallel(nodes, recorder.constants, recorder.rng, recorder.default_dtype,
                        keep={node for node, _ in targets}, device_map=_device_map(nodes, target), streams=streams)
     values = []
@@ -127,20 +128,6 @@ def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.devi
             )
         values.append(v)
     return values
-
-
-def _storage_names(recorder: Recorder) -> dict[int, str]:
-    """``{storage id: smallest fully qualified name in it}`` over the traced root module."""
-    names: dict[int, str] = {}
-    root = recorder.root
-    if root is None:
-        return names
-    for name, t in _named_tensors(root):
-        if is_deferred_tensor(t) and state_of(t).recorder is recorder:
-            sid = recorder.storage_id(t)
-            if sid not in names or name < names[sid]:
-                names[sid] = name
-    return names
 
 
 def _move(values: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
@@ -360,12 +347,22 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
         return obj
     else:
         raise TypeError(f"materialize expects an nn.Module or a tensor, got {type(obj).__name__}")
+    sharded = deferred_dtensors(obj) if isinstance(obj, torch.nn.Module) else {}
     loaded = None
     if state_dict is not None:
         if not isinstance(obj, torch.nn.Module):
             raise TypeError("state_dict= needs a module to name the tensors")
+        if sharded:
+            raise DeferredInitError("state_dict= with sharded (DTensor) parameters is not supported yet",
+                                    hint="load the checkpoint with torch.distributed.checkpoint after materializing")
         loaded = _checkpoint_values(obj, tensors, state_dict, prefix, strict)
     from_meta_init = any(state_of(t).recorder.kind == "meta_init" for t in tensors)
+    if sharded:
+        def compute(rec: Recorder, locals_: list[torch.Tensor], target: torch.device | None) -> list[torch.Tensor]:
+            traced = None if stream_seed is None else (rec.seed if stream_seed is _TRACED_SEED else stream_seed)
+            return _compute(rec, locals_, None, traced)
+
+        materialize_dtensors(sharded, device, init, compute)
     _materialize_tensors(tensors, where, device, init, loaded, stream_seed)
     if from_meta_init and not keep_cache:
         clear_meta_init_cache()
@@ -454,6 +451,7 @@ def init_graph(module: torch.nn.Module) -> InitGraph:
     for g in ties:
         for fqn in g:
             storage.setdefault(fqn, targets[g[0]][1])
+    used_storages = {sid for n in nodes for sid in (*n.meta.get("reads", ()), *n.meta.get("mutates", ()))}
     used_consts = {n.target for n in nodes if n.op == "get_attr"}
     used_rng = {k for n in nodes for k in (n.meta.get("rng") or {}).values()}
     return InitGraph(
@@ -466,4 +464,5 @@ def init_graph(module: torch.nn.Module) -> InitGraph:
         rng={k: v for k, v in rec.rng.items() if k in used_rng},
         default_dtype=rec.default_dtype,
         seed=rec.seed,
+        stream_names={sid: name for sid, name in rec.storage_names().items() if sid in used_storages},
     )

@@ -153,6 +153,31 @@ class Recorder:
     def set_root(self, module: torch.nn.Module) -> None:
         self._root = weakref.ref(module)
         self._paths = {}
+        self._trace_names = self._current_names()
+
+    def _current_names(self) -> dict[int, str]:
+        """``{storage id: smallest fully qualified name of a deferred tensor in it}`` now."""
+        names: dict[int, str] = {}
+        root = self.root
+        if root is None:
+            return names
+        for mod_name, mod in root.named_modules(remove_duplicate=False):
+            prefix = f"{mod_name}." if mod_name else ""
+            for kind in ("_parameters", "_buffers"):
+                for name, t in getattr(mod, kind).items():
+                    if t is not None and is_deferred_tensor(t) and state_of(t).recorder is self:
+                        sid = self.storage_id(t)
+                        if sid not in names or prefix + name < names[sid]:
+                            names[sid] = prefix + name
+        return names
+
+    def storage_names(self) -> dict[int, str]:
+        """Names of storages for portable stream keys: as they were when the trace ended
+        (so that later wrapping, e.g. FSDP's sharding, does not rename them), plus the
+        current names of storages created after it."""
+        names = self._current_names()
+        names.update(getattr(self, "_trace_names", {}))
+        return names
 
     @property
     def root(self) -> torch.nn.Module | None:

@@ -1,0 +1,83 @@
+"""Materializing sharded parameters: DTensors (FSDP2's ``fully_shard``, ``distribute_tensor``)
+whose local shard is still deferred.
+
+``fully_shard`` on a traced model works on the deferred tensors like any other code: the
+chunking and padding it does are recorded, and each parameter becomes a DTensor whose local
+tensor is deferred. Materializing computes each rank's local shard from the init graph
+(exact: equal to the matching slice of eager construction; portable: the stream values of
+the full tensor's elements) and installs a new DTensor parameter the way ``to_empty``
+does, so FSDP2's lazy init re-reads it (``FSDPParam.reset_sharded_param``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Callable
+
+import torch
+
+from fxinit.capture.deferred import STATE_ATTR, is_deferred_tensor, state_of
+
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch built without distributed
+    DTensor = None  # type: ignore[assignment,misc]
+
+Location = tuple[torch.nn.Module, str]  # (module, "_parameters" | "_buffers", name) without the name
+DTensorPlace = tuple[torch.nn.Module, str, str]
+
+
+def is_deferred_dtensor(t: Any) -> bool:
+    return DTensor is not None and isinstance(t, DTensor) and is_deferred_tensor(t._local_tensor)
+
+
+def deferred_dtensors(module: torch.nn.Module) -> dict[int, tuple[Any, list[DTensorPlace]]]:
+    """``{id(dtensor): (dtensor, [(module, kind, name), ...])}`` for deferred DTensors under ``module``."""
+    found: dict[int, tuple[Any, list[DTensorPlace]]] = {}
+    for mod in module.modules():
+        for kind in ("_parameters", "_buffers"):
+            for name, t in getattr(mod, kind).items():
+                if is_deferred_dtensor(t):
+                    found.setdefault(id(t), (t, []))[1].append((mod, kind, name))
+    return found
+
+
+def materialize_dtensors(entries: dict[int, tuple[Any, list[DTensorPlace]]], device: torch.device | str | None,
+                         init: bool, compute: Callable[[Any, list[torch.Tensor], torch.device | None],
+                                                       list[torch.Tensor]]) -> None:
+    """Compute every entry's local shard (``compute(recorder, locals, target)``), then install
+    new DTensors; nothing is installed if any computation fails."""
+    by_recorder: dict[int, tuple[Any, list[Any]]] = defaultdict(lambda: (None, []))
+    for dt, places in entries.values():
+        rec = state_of(dt._local_tensor).recorder
+        by_recorder.setdefault(id(rec), (rec, []))[1].append((dt, places))
+    plan = []
+    for rec, items in by_recorder.values():
+        locals_ = [dt._local_tensor for dt, _ in items]
+        target = torch.device(device) if device is not None else None
+        if init:
+            values = compute(rec, locals_, target)
+        else:
+            values = [torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=target or state_of(t).device)
+                      for t in locals_]
+        for (dt, places), value in zip(items, values):
+            mesh_device = _mesh_device(dt)
+            plan.append((dt, places, value.to(device if device is not None else mesh_device)))
+    for dt, places, value in plan:
+        new = DTensor.from_local(value, dt.device_mesh, dt.placements, run_check=False, shape=dt.shape,
+                                 stride=dt.stride())
+        if isinstance(dt, torch.nn.Parameter):
+            new = torch.nn.Parameter(new, requires_grad=dt.requires_grad)
+        for k, v in dt.__dict__.items():
+            if k != STATE_ATTR and k not in new.__dict__:
+                new.__dict__[k] = v
+        for mod, kind, name in places:
+            getattr(mod, kind)[name] = new
+
+
+def _mesh_device(dt: Any) -> torch.device:
+    kind = dt.device_mesh.device_type
+    if kind == "cpu":
+        return torch.device("cpu")
+    module = getattr(torch, kind)
+    return torch.device(kind, module.current_device())

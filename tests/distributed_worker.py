@@ -1,0 +1,158 @@
+"""Worker processes for tests/test_distributed.py (gloo, CPU): each scenario returns a list
+of failures, empty when every rank's tensors match eager construction bit for bit."""
+
+from __future__ import annotations
+
+import io
+import os
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import fxinit
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(37, 16, padding_idx=0)
+        self.layers = nn.Sequential(*[nn.Linear(16, 16) for _ in range(3)])
+        self.norm = nn.LayerNorm(16)
+        self.head = nn.Linear(16, 7)
+        nn.init.trunc_normal_(self.head.weight, std=0.02)
+        self.register_buffer("scale", torch.arange(16).float() / 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.layers(self.emb(x)) * self.scale))
+
+
+def llama() -> nn.Module:
+    import transformers
+
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=61)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def _full(model: nn.Module) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        out[name] = t.full_tensor() if hasattr(t, "full_tensor") else t
+    return {k: v.detach().clone() for k, v in out.items()}
+
+
+def _compare(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], what: str) -> list[str]:
+    errors = [f"{what}: names differ {sorted(set(got) ^ set(want))[:4]}"] if got.keys() != want.keys() else []
+    errors += [f"{what}: {k} differs" for k in want if k in got and not torch.equal(got[k], want[k])]
+    return errors
+
+
+def _fsdp2(model: nn.Module, blocks: Callable[[nn.Module], list[nn.Module]]) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    for b in blocks(model):
+        fully_shard(b)
+    fully_shard(model)
+    return model
+
+
+def _step(model: nn.Module, vocab: int) -> None:
+    torch.manual_seed(1234)
+    x = torch.randint(1, vocab, (3, 5))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = model(x)
+    loss = (out.logits if hasattr(out, "logits") else out).float().pow(2).mean()
+    loss.backward()
+    opt.step()
+
+
+def fsdp2_exact(factory: Callable[[], nn.Module], blocks, vocab: int) -> list[str]:
+    torch.manual_seed(0)
+    eager = _fsdp2(factory(), blocks)
+    torch.manual_seed(0)
+    model = fxinit.trace_init(factory)
+    _fsdp2(model, blocks)
+    errors = [] if fxinit.is_deferred(model) else ["not deferred after fully_shard"]
+    fxinit.materialize(model)
+    errors += [] if not fxinit.is_deferred(model) else ["still deferred after materialize"]
+    errors += _compare(_full(model), _full(eager), "fsdp2 exact")
+    _step(eager, vocab)
+    _step(model, vocab)
+    errors += _compare(_full(model), _full(eager), "fsdp2 exact after a training step")
+    return errors
+
+
+def fsdp2_portable(factory: Callable[[], nn.Module], blocks) -> tuple[list[str], dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = fxinit.trace_init(factory)
+    _fsdp2(model, blocks)
+    fxinit.materialize(model, rng="portable")
+    return [], _full(model)
+
+
+def fsdp1(auto_wrap: bool, init_fn: bool) -> list[str]:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    policy = ModuleWrapPolicy({nn.Linear}) if auto_wrap else None
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    eager = FSDP(Net(), auto_wrap_policy=policy, device_id=cpu)
+    torch.manual_seed(0)
+    model = fxinit.trace_init(Net)
+    if init_fn:
+        wrapped = FSDP(model, auto_wrap_policy=policy, device_id=cpu, param_init_fn=fxinit.materialize_module)
+    else:  # materialize first, then wrap: the plain way
+        wrapped = FSDP(fxinit.materialize(model), auto_wrap_policy=policy, device_id=cpu)
+    errors = []
+    with FSDP.summon_full_params(wrapped), FSDP.summon_full_params(eager):
+        errors += _compare(dict(wrapped.named_parameters()), dict(eager.named_parameters()), f"fsdp1 {auto_wrap} {init_fn}")
+    _step(eager, 37)
+    _step(wrapped, 37)
+    with FSDP.summon_full_params(wrapped), FSDP.summon_full_params(eager):
+        errors += _compare({k: v.clone() for k, v in wrapped.named_parameters()},
+                           {k: v.clone() for k, v in eager.named_parameters()}, "fsdp1 after a step")
+    return errors
+
+
+def pipeline_stage(rank: int, world: int) -> list[str]:
+    torch.manual_seed(0)
+    eager = _full(Net())
+    torch.manual_seed(0)
+    model = fxinit.trace_init(Net)
+    stage = model.layers[rank % len(model.layers)]
+    fxinit.materialize(stage)
+    errors = [] if fxinit.is_deferred(model) else ["the other stages were materialized too"]
+    prefix = f"layers.{rank % len(model.layers)}."
+    got = {prefix + k: v for k, v in stage.state_dict().items()}
+    errors += _compare(got, {k: v for k, v in eager.items() if k.startswith(prefix)}, "pipeline stage")
+    return errors
+
+
+def run(rank: int, world: int, port: int, scenarios: list[str], queue: Any) -> None:
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results: dict[str, Any] = {}
+    llama_blocks = lambda m: list(m.model.layers)  # noqa: E731
+    net_blocks = lambda m: list(m.layers)  # noqa: E731
+    try:
+        for name in scenarios:
+            if name == "fsdp2_exact":
+                results[name] = fsdp2_exact(Net, net_blocks, 37) + fsdp2_exact(llama, llama_blocks, 61)
+            elif name == "fsdp2_portable":
+                results[name] = {"net": fsdp2_portable(Net, net_blocks)[1], "llama": fsdp2_portable(llama, llama_blocks)[1]}
+            elif name == "fsdp1":
+                results[name] = [e for aw in (True, False) for fn in (True, False) for e in fsdp1(aw, fn)]
+            elif name == "pipeline":
+                results[name] = pipeline_stage(rank, world)
+    except Exception:
+        results["crash"] = traceback.format_exc()
+    finally:
+        dist.destroy_process_group()
+    buf = io.BytesIO()  # plain bytes: tensors shared through the queue would die with this process
+    torch.save(results, buf)
+    queue.put((rank, buf.getvalue()))

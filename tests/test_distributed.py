@@ -1,0 +1,66 @@
+"""fxinit under torch.distributed (gloo, CPU, 2 and 4 processes): FSDP2, FSDP1 and pipeline
+stages, compared with eager construction bit for bit."""
+
+from __future__ import annotations
+
+import io
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import fxinit
+from tests import distributed_worker as worker
+
+pytest.importorskip("transformers")
+if not torch.distributed.is_available():
+    pytest.skip("torch without distributed", allow_module_level=True)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(world: int, scenarios: list[str]) -> dict[int, dict]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = _port()
+    procs = [ctx.Process(target=worker.run, args=(r, world, port, scenarios, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = {rank: torch.load(io.BytesIO(blob), weights_only=True) for rank, blob in (queue.get() for _ in procs)}
+    for p in procs:
+        p.join(timeout=60)
+    for rank, res in results.items():
+        assert "crash" not in res, f"rank {rank}:\n{res['crash']}"
+    return results
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> dict[int, dict]:
+    return _launch(2, ["fsdp2_exact", "fsdp2_portable", "fsdp1", "pipeline"])
+
+
+@pytest.mark.parametrize("scenario", ["fsdp2_exact", "fsdp1", "pipeline"])
+def test_each_rank_matches_eager(two_ranks: dict[int, dict], scenario: str) -> None:
+    for rank, res in two_ranks.items():
+        assert res[scenario] == [], f"rank {rank}: {res[scenario][:5]}"
+
+
+def _unsharded_portable(factory) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    return fxinit.init_graph(fxinit.trace_init(factory)).materialize(rng="portable")
+
+
+def test_portable_values_do_not_depend_on_world_size(two_ranks: dict[int, dict]) -> None:
+    four = _launch(4, ["fsdp2_portable"])
+    for model, factory in (("net", worker.Net), ("llama", worker.llama)):
+        alone = _unsharded_portable(factory)
+        for results in (two_ranks, four):
+            for rank, res in results.items():
+                got = res["fsdp2_portable"][model]
+                for name, value in got.items():
+                    assert torch.equal(value, alone[name]), (model, rank, name)

@@ -144,13 +144,13 @@ def cmd_materialize(args: argparse.Namespace) -> int:
     names = select(graph, args.only)
     if not names:
         raise UsageError(f"--only {args.only!r} matches no tensor")
-    values = _materialize_with_progress(graph, names, args.device, args.rng, quiet=args.quiet)
+    values = _materialize_with_progress(graph, names, args.device, args.rng, args.seed, quiet=args.quiet)
     save_safetensors(values, graph, Path(args.output))
     print(f"wrote {len(values)} tensors to {args.output}")
     return EXIT_OK
 
 
-def _materialize_with_progress(graph: Any, names: list[str], device: str | None, rng: str,
+def _materialize_with_progress(graph: Any, names: list[str], device: str | None, rng: str, seed: int | None,
                                quiet: bool) -> dict[str, Any]:
     """Materialize in batches of about 256 MiB so a long run shows progress; each tie
     group is computed once."""
@@ -177,7 +177,7 @@ def _materialize_with_progress(graph: Any, names: list[str], device: str | None,
             bar = None
     values: dict[str, Any] = {}
     for batch in batches:
-        values.update(graph.materialize(batch, device=device, rng=rng))
+        values.update(graph.materialize(batch, device=device, rng=rng, seed=seed))
         if bar is not None:
             bar.update(sum(graph.spec(n).nbytes for n in batch))
     if bar is not None:
@@ -220,7 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="the .safetensors file to write")
     p.add_argument("--only", metavar="PATTERN", help="glob over tensor names, or a module prefix")
     p.add_argument("--device", help="compute where eager would, then move here (default: the recorded device)")
-    p.add_argument("--rng", default="exact", choices=["exact"], help="random-number mode (default %(default)s)")
+    p.add_argument("--rng", default="exact", choices=["exact", "portable"],
+                   help="exact: eager's values; portable: the counter-based stream (default %(default)s)")
+    p.add_argument("--seed", type=int, help="portable mode's seed (default: the seed the trace saw)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=cmd_materialize)
     return parser

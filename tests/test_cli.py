@@ -50,6 +50,15 @@ def test_trace_show_materialize_round_trip(tmp_path: Path, capsys: pytest.Captur
     assert set(got) == set(ref) - {"head.weight"}
 
 
+def test_portable_materialize_from_the_command_line(tmp_path: Path) -> None:
+    graph = _trace(tmp_path)
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    assert main(["materialize", str(graph), "-o", str(a), "--rng", "portable", "-q"]) == EXIT_OK
+    assert main(["materialize", str(graph), "-o", str(b), "--rng", "portable", "--only", "layers.1.*", "-q"]) == EXIT_OK
+    whole, part = safetensors_torch.load_file(a), safetensors_torch.load_file(b)
+    assert part and all(torch.equal(v, whole[k]) for k, v in part.items())
+
+
 def test_only_and_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     graph = _trace(tmp_path)
     assert main(["show", str(graph), "--only", "layers.1"]) == EXIT_OK

@@ -13,6 +13,7 @@ Rows:
   meta+to_empty+init    meta construction, to_empty(cpu), model.init_weights() (not exact)
   fxinit exact          trace_init + materialize (bitwise equal to eager)
   fxinit exact 1 thread   the same without concurrent tensor generation
+  fxinit portable       trace_init + materialize(rng="portable"): counter-based stream, not eager's values
   fxinit last layer     trace_init + materialize(model.model.layers[-1]) only
 """
 
@@ -70,6 +71,9 @@ ROWS = {
     ),
     "fxinit exact 1 thread": (
         "torch.set_num_threads(1)\nm = fxinit.trace_init(LlamaForCausalLM, cfg)\nfxinit.materialize(m)\nextra = None"
+    ),
+    "fxinit portable": (
+        "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nfxinit.materialize(m, rng='portable')\nextra = None"
     ),
     "fxinit last layer": (
         "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nfxinit.materialize(m.model.layers[-1])\nextra = None"

@@ -55,6 +55,9 @@ def portable_library() -> ctypes.CDLL | None:
     lib.fxinit_portable_unit24.restype = None
     lib.fxinit_portable_unit53.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64]
     lib.fxinit_portable_unit53.restype = None
+    lib.fxinit_portable_unit24x2.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                             ctypes.c_uint64]
+    lib.fxinit_portable_unit24x2.restype = None
     return lib
 
 

@@ -25,3 +25,12 @@ void fxinit_portable_unit53(double *out, int64_t n, int64_t start, uint64_t stre
   for (int64_t k = 0; k < n; k++)
     out[k] = (double)(word(stream, (uint64_t)(start + k)) >> 11) * (1.0 / 9007199254740992.0);
 }
+
+/* Both 24-bit halves used by the float32 normal sampler, from one hash per element. */
+void fxinit_portable_unit24x2(float *hi, float *lo, int64_t n, int64_t start, uint64_t stream) {
+  for (int64_t k = 0; k < n; k++) {
+    uint64_t w = word(stream, (uint64_t)(start + k));
+    hi[k] = (float)((w >> 40) & 0xFFFFFFULL) * (1.0f / 16777216.0f);
+    lo[k] = (float)((w >> 8) & 0xFFFFFFULL) * (1.0f / 16777216.0f);
+  }
+}

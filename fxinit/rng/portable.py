@@ -81,6 +81,19 @@ class _Words:
             return out
         return _srl(self.w, 11).to(torch.float64) * (1.0 / (1 << 53))
 
+    def unit24_pair(self, hi: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(unit24(40), unit24(8))``, the first written into ``hi`` if given."""
+        if self.lib is not None:
+            hi = torch.empty(self.n, dtype=torch.float32) if hi is None else hi
+            lo = torch.empty(self.n, dtype=torch.float32)
+            self.lib.fxinit_portable_unit24x2(hi.data_ptr(), lo.data_ptr(), self.n, self.start, self.stream & _U64)
+            return hi, lo
+        first, second = self.unit24(40), self.unit24(8)
+        if hi is not None:
+            hi.copy_(first)
+            first = hi
+        return first, second
+
     def uniform01(self, dtype: torch.dtype) -> torch.Tensor:
         return self.unit53() if dtype == torch.float64 else self.unit24(40)
 
@@ -88,12 +101,33 @@ class _Words:
 _U64 = (1 << 64) - 1
 
 
+def _sample_into(out: torch.Tensor, kind: str, w: "_Words", params: dict[str, float]) -> bool:
+    """uniform/normal computed in place in ``out`` (contiguous float32): the same float
+    operations, in the same order, as ``sample``, without its temporaries."""
+    if kind == "uniform":
+        if w.lib is not None:
+            w.lib.fxinit_portable_unit24(out.data_ptr(), w.n, w.start, w.stream & _U64, 40)
+        else:
+            out.copy_(w.unit24(40))
+        out.mul_(params["high"] - params["low"]).add_(params["low"])
+        return True
+    if kind == "normal":
+        u1, u2 = w.unit24_pair(out)
+        u1.neg_().log1p_().mul_(-2.0).sqrt_()
+        u1.mul_(u2.mul_(2.0 * math.pi).cos_()).mul_(params["std"]).add_(params["mean"])
+        return True
+    return False
+
+
 def sample(kind: str, stream: int, start: int, n: int, dtype: torch.dtype, device: torch.device | str,
-           **params: float) -> torch.Tensor:
+           out: torch.Tensor | None = None, **params: float) -> torch.Tensor:
     """``n`` values of distribution ``kind`` for elements ``start ..``, computed in float32
-    (float64 for float64 targets) and returned in ``dtype``."""
+    (float64 for float64 targets) and returned in ``dtype`` (in ``out`` if it is given and
+    a contiguous float32 tensor of ``n`` elements)."""
     w = _Words(stream, start, n, device)
     work = torch.float64 if dtype == torch.float64 else torch.float32
+    if out is not None and out.dtype == torch.float32 and out.is_contiguous() and _sample_into(out, kind, w, params):
+        return out
     if kind == "uniform":
         u = w.uniform01(dtype)
         out = u * (params["high"] - params["low"]) + params["low"]
@@ -135,6 +169,12 @@ def fill_(target: torch.Tensor, kind: str, stream: int, **params: float) -> torc
 
     def run(start: int) -> None:
         size = min(CHUNK, n - start)
+        if flat is not None and flat.dtype == torch.float32:
+            piece = flat[start:start + size]
+            values = sample(kind, stream, start, size, target.dtype, target.device, out=piece, **params)
+            if values is not piece:  # kinds without an in-place sampler
+                piece.copy_(values)
+            return
         values = sample(kind, stream, start, size, target.dtype, target.device, **params)
         if flat is not None:
             flat[start:start + size].copy_(values)

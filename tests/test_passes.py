@@ -134,3 +134,42 @@ def test_parallel_run_equals_serial_run() -> None:
     for node in keep:
         assert torch.equal(serial[node], parallel[node])
     assert_same_as_eager(Independent)
+
+
+class ReadsAPiece(nn.Module):
+    """Keeps only slices of big random tensors, as a rank keeps its shard."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for i, (n, lo, hi) in enumerate(PIECES):
+            full = torch.empty(n)
+            nn.init.normal_(full, std=0.5) if i != 2 else nn.init.uniform_(full, -1, 1)
+            self.register_buffer(f"piece{i}", full[lo:hi].clone())
+        wide = torch.empty(64, 96, dtype=torch.float64)
+        nn.init.normal_(wide)
+        self.register_buffer("rows", wide[16:40].clone())
+
+
+PIECES = ((4099, 512, 800), (4103, 1024, 4103), (3000, 7, 1500))
+
+
+def test_only_the_read_range_of_a_random_fill_is_computed() -> None:
+    from fxinit.backends.portable import stream_keys
+    from fxinit.passes.ranges import partial_fills
+    from fxinit.rng import portable
+
+    torch.manual_seed(0)
+    g = fxinit.init_graph(fxinit.trace_init(ReadsAPiece))
+    nodes = g.required_nodes(list(g.outputs))
+    found = partial_fills(nodes, set(g.outputs.values()))
+    by_shape = {n.args[0].meta["spec"].shape: v for n, v in found.items()}
+    assert by_shape == {(4099,): (512, 800), (4103,): (1024, 4103), (3000,): (7, 1500), (64, 96): (16 * 96, 40 * 96)}
+    assert_same_as_eager(ReadsAPiece)  # exact pieces: the same bits as the whole fill
+
+    keys = stream_keys(g.nodes, g.storage_names())
+    got = g.materialize(rng="portable")
+    for node, key in keys.items():
+        shape = node.args[0].meta["spec"].shape
+        if shape == (4103,):  # the portable piece equals the same elements of the whole stream
+            whole = portable.fill_(torch.empty(4103), "normal", portable.stream_key(0, key), mean=0.0, std=0.5)
+            assert torch.equal(got["piece1"], whole[1024:])

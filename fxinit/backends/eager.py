@@ -16,9 +16,11 @@ from typing import Callable, Iterator, Mapping, Sequence
 import torch
 import torch.fx as fx
 
-from fxinit.backends.portable import call_portable
+from fxinit.backends.partial import fill_piece_exact
+from fxinit.backends.portable import call_portable, fill_piece_portable
 from fxinit.errors import DeferredInitError
 from fxinit.passes.partition import independent_groups
+from fxinit.passes.ranges import partial_fills
 from fxinit.rng import RngSnapshot, private_generator, swapped_default_generators
 
 
@@ -36,8 +38,9 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def _last_uses(nodes: Sequence[fx.Node]) -> dict[fx.Node, list[fx.Node]]:
-    """For each node, the values that can be dropped once it ran."""
-    last: dict[fx.Node, fx.Node] = {}
+    """For each node, the values that can be dropped once it ran (a value nothing uses,
+    such as an in-place op's result, right after its own node)."""
+    last: dict[fx.Node, fx.Node] = {n: n for n in nodes}
     for n in nodes:
         for inp in n.all_input_nodes:
             last[inp] = n
@@ -66,6 +69,7 @@ def run_nodes(
     keep = keep if keep is not None else set(nodes)
     env: dict[fx.Node, object] = {}
     drops = _last_uses(nodes)
+    pieces = partial_fills(nodes, keep)  # random fills of which only a range is read
 
     def load(a: object) -> object:
         return env[a] if isinstance(a, fx.Node) else a
@@ -84,7 +88,9 @@ def run_nodes(
                 node_dtype = n.meta.get("default_dtype", default_dtype)
                 try:
                     with _default_dtype(node_dtype):
-                        if rng_keys and streams is not None:
+                        if n in pieces and _fill_piece(n, args, kwargs, rng, streams, *pieces[n]):
+                            value = args[0]
+                        elif rng_keys and streams is not None:
                             value = call_portable(n, args, kwargs, streams[n])
                         elif rng_keys:
                             value = _with_rng(n.target, args, kwargs, rng_keys, rng, "generator")
@@ -106,6 +112,14 @@ def run_nodes(
                 if dead not in keep:
                     env.pop(dead, None)
     return {n: env[n] for n in keep if n in env}
+
+
+def _fill_piece(n: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str, RngSnapshot],
+                streams: Mapping[fx.Node, int] | None, lo: int, hi: int) -> bool:
+    """Fill only elements ``lo .. hi`` of random node ``n``'s target; False if it must run whole."""
+    if streams is not None:
+        return fill_piece_portable(n, args, kwargs, streams[n], lo, hi)
+    return fill_piece_exact(n, args, kwargs, rng, lo, hi)
 
 
 def run_parallel(

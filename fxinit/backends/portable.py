@@ -69,6 +69,21 @@ def call_portable(node: fx.Node, args: tuple, kwargs: dict, stream: int) -> Any:
     raise _unsupported(node, str(node.target))
 
 
+def fill_piece_portable(node: fx.Node, args: tuple, kwargs: dict, stream: int, lo: int, hi: int) -> bool:
+    """Fill elements ``lo .. hi`` of in-place random ``node``'s contiguous target with the
+    stream's elements ``lo .. hi``; False when the op is not a plain in-place sampler."""
+    target = args[0]
+    packet = getattr(node.target, "overloadpacket", None)
+    if packet not in _INPLACE or not isinstance(target, torch.Tensor) or not target.is_contiguous():
+        return False
+    kind, names = _INPLACE[packet]
+    params = _bind(node, args, {k: v for k, v in kwargs.items() if k != "generator"}, names)
+    if packet is aten.random_:
+        params = _random_range(node, target, params)
+    fill_(target.view(-1)[lo:hi], kind, stream, first=lo, **params)
+    return True
+
+
 def _unsupported(node: fx.Node, what: str) -> DeferredInitError:
     return DeferredInitError(f"no portable implementation of {what}",
                              op=str(node.target), module=node.meta.get("module"),

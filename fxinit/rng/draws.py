@@ -32,8 +32,13 @@ def cpu_draws(func: Any, args: tuple, kwargs: dict, target: torch.Tensor) -> int
 
     ``target`` is the tensor the op fills (its in-place argument or its output).
     """
-    n = target.numel()
-    if n < MIN_ELEMENTS or not target.is_contiguous():
+    model = draw_model(func, args, kwargs, target)
+    return None if model is None else _predict(model, target.numel())
+
+
+def draw_model(func: Any, args: tuple, kwargs: dict, target: torch.Tensor) -> _Model | None:
+    """The calibrated ``(a, r, b, t)`` of this kind of call, or None (see the module doc)."""
+    if target.numel() < MIN_ELEMENTS or not target.is_contiguous():
         return None
     made = _probe_maker(func, args, kwargs, target)
     if made is None:
@@ -41,10 +46,7 @@ def cpu_draws(func: Any, args: tuple, kwargs: dict, target: torch.Tensor) -> int
     key, probe = made
     if key not in _models:
         _models[key] = _calibrate(probe)
-    model = _models[key]
-    if model is None:
-        return None
-    return _predict(model, n)
+    return _models[key]
 
 
 def _predict(model: _Model, n: int) -> int:

@@ -162,8 +162,9 @@ def sample(kind: str, stream: int, start: int, n: int, dtype: torch.dtype, devic
     return out.to(dtype)
 
 
-def fill_(target: torch.Tensor, kind: str, stream: int, **params: float) -> torch.Tensor:
-    """Fill ``target`` (any layout) element by element in logical order, chunk by chunk."""
+def fill_(target: torch.Tensor, kind: str, stream: int, first: int = 0, **params: float) -> torch.Tensor:
+    """Fill ``target`` (any layout) element by element in logical order, chunk by chunk;
+    its element ``k`` gets the stream's element ``first + k`` (a piece of a larger tensor)."""
     n = target.numel()
     flat = target.view(-1) if target.is_contiguous() else None
 
@@ -171,11 +172,11 @@ def fill_(target: torch.Tensor, kind: str, stream: int, **params: float) -> torc
         size = min(CHUNK, n - start)
         if flat is not None and flat.dtype == torch.float32:
             piece = flat[start:start + size]
-            values = sample(kind, stream, start, size, target.dtype, target.device, out=piece, **params)
+            values = sample(kind, stream, first + start, size, target.dtype, target.device, out=piece, **params)
             if values is not piece:  # kinds without an in-place sampler
                 piece.copy_(values)
             return
-        values = sample(kind, stream, start, size, target.dtype, target.device, **params)
+        values = sample(kind, stream, first + start, size, target.dtype, target.device, **params)
         if flat is not None:
             flat[start:start + size].copy_(values)
         else:

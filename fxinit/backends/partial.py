@@ -1,0 +1,95 @@
+"""Filling only part of a random tensor, with the values the whole fill would give there.
+
+Used for the ranges found by ``passes.ranges`` (a rank reading its shard of a full
+tensor). Portable mode: the stream is indexed by element, so a piece is just the stream's
+elements ``lo .. hi``. Exact mode: the piece starts from the generator state advanced past
+the words the elements before it consume; this is trusted only for op kinds whose
+per-element draw model is known and for which a probe on the installed torch shows that
+the piece equals the same elements of a whole fill.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+import torch.fx as fx
+
+from fxinit.rng import RngSnapshot, mt19937, private_generator
+from fxinit.rng.draws import MIN_ELEMENTS, draw_model
+
+_PROBE_N = 1000 + 7
+_verified: dict[Any, bool] = {}
+
+
+def fill_piece_exact(node: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str, RngSnapshot],
+                     lo: int, hi: int) -> bool:
+    """Fill elements ``lo .. hi`` (widened as the sampler needs) of ``args[0]`` as the whole
+    op would; False (nothing done) when that cannot be done exactly."""
+    target = args[0]
+    keys = node.meta.get("rng") or {}
+    if set(keys) != {"gen"} or not isinstance(target, torch.Tensor) or target.device.type != "cpu":
+        return False
+    if not target.is_contiguous() or target.storage_offset() != 0:
+        return False
+    model = draw_model(node.target, (target, *args[1:]), kwargs, target)
+    if model is None:
+        return False
+    a, r, b, t = model
+    if r != 1 or b != 0 or t not in (0, 16 * a):
+        return False
+    n = target.numel()
+    lo, hi = _widen(lo, hi, n, t)
+    if hi - lo < MIN_ELEMENTS or (lo, hi) == (0, n):
+        return False
+    if not _piecewise_ok(node.target, target.dtype, args[1:], kwargs):
+        return False
+    start = mt19937.advance(rng[keys["gen"]].state, a * lo)
+    gen = private_generator(RngSnapshot(device="cpu", state=start))
+    node.target(target.view(-1)[lo:hi], *args[1:], **{**kwargs, "generator": gen})
+    return True
+
+
+def _widen(lo: int, hi: int, n: int, tail: int) -> tuple[int, int]:
+    """Samplers that work in blocks of 16 (normal_) need block-aligned pieces, and a piece
+    reaching into the last, recomputed block must run to the end."""
+    if not tail:
+        return lo, hi
+    lo -= lo % 16
+    hi = min(n, -(-hi // 16) * 16)
+    if n % 16 and hi > n - n % 16 - 16:
+        hi = n
+    return lo, hi
+
+
+def _piecewise_ok(func: Any, dtype: torch.dtype, rest: tuple, kwargs: dict) -> bool:
+    """Probe once per kind of call: pieces of a fill equal the same elements of a whole fill."""
+    key = (func, dtype, repr(rest), repr(sorted((k, v) for k, v in kwargs.items() if k != "generator")))
+    if key not in _verified:
+        _verified[key] = _probe(func, dtype, rest, kwargs)
+    return _verified[key]
+
+
+def _probe(func: Any, dtype: torch.dtype, rest: tuple, kwargs: dict) -> bool:
+    try:
+        gen = torch.Generator()
+        gen.manual_seed(2024)
+        state = gen.get_state()
+        whole = torch.empty(_PROBE_N, dtype=dtype)
+        func(whole, *rest, **{**kwargs, "generator": gen})
+        probe_target = torch.empty(_PROBE_N, dtype=dtype, device="meta")
+        model = draw_model(func, (probe_target, *rest), kwargs, probe_target)
+        if model is None:
+            return False
+        a, _, _, t = model
+        for lo, hi in ((512, 800), (512, _PROBE_N), (0, 96), (64, 1000)):
+            lo, hi = _widen(lo, hi, _PROBE_N, t)
+            piece = torch.empty(hi - lo, dtype=dtype)
+            g = private_generator(RngSnapshot(device="cpu", state=mt19937.advance(state, a * lo)))
+            func(piece, *rest, **{**kwargs, "generator": g})
+            if not torch.equal(piece.view(torch.uint8 if dtype.itemsize == 1 else piece.dtype),
+                               whole[lo:hi].view(torch.uint8 if dtype.itemsize == 1 else whole.dtype)):
+                return False
+        return True
+    except Exception:
+        return False

@@ -1,0 +1,123 @@
+"""Per-rank memory and time of sharded materialization (FSDP2 on CPU, gloo).
+
+Each rank traces a Llama (~1B parameters by default), applies ``fully_shard`` to every
+decoder layer and to the root, and materializes; it reports the bytes of its own shards,
+how much its peak RSS grew during ``materialize`` and how long that took, in exact and in
+portable mode (one fresh set of processes per mode).
+
+    python tools/bench_distributed.py                 # 4 ranks, ~1B Llama
+    python tools/bench_distributed.py --layers 2 --world 2    # a quick look
+
+The bar (issue "Sharded and staged materialization"): growth <= 1.2 x shard + 200 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import resource
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _worker(rank: int, world: int, port: int, layers: int, rng: str, queue) -> None:
+    sys.path.insert(0, str(ROOT))
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import fxinit
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers, num_attention_heads=16,
+                      num_key_value_heads=4, vocab_size=32000)
+    torch.manual_seed(0)
+    model = fxinit.trace_init(LlamaForCausalLM, cfg)
+    for block in model.model.layers:
+        fully_shard(block)
+    fully_shard(model)
+    dist.barrier()
+    before = _rss()
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    t0 = time.perf_counter()
+    fxinit.materialize(model, rng=rng)
+    seconds = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if os.environ.get("FXINIT_BENCH_DEBUG"):
+        import gc
+        seen = {}
+        for o in gc.get_objects():
+            if isinstance(o, torch.Tensor) and not o.is_meta and o.device.type == "cpu":
+                try:
+                    st = o.untyped_storage()
+                    seen[st.data_ptr()] = (st.nbytes(), type(o).__name__, tuple(o.shape))
+                except Exception:
+                    pass
+        big = sorted(seen.values(), reverse=True)[:6]
+        print(rank, "live after", (_rss() - before) / 2**20, "tensor bytes", sum(v[0] for v in seen.values()) / 2**20, big)
+    shard = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
+    shard += sum(b.numel() * b.element_size() for b in model.buffers())
+    total = sum(p.numel() for p in model.parameters())
+    buf = io.BytesIO()
+    torch.save({"rank": rank, "shard": shard, "growth": max(peak, peak_before) - before, "seconds": seconds,
+                "params": total}, buf)
+    queue.put(buf.getvalue())
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(world: int, layers: int, rng: str) -> list[dict]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = _port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, layers, rng, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    rows = [torch.load(io.BytesIO(queue.get()), weights_only=True) for _ in procs]
+    for p in procs:
+        p.join()
+    return sorted(rows, key=lambda r: r["rank"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=20, help="decoder layers (20: ~1.0B parameters)")
+    args = ap.parse_args(argv)
+    ok = True
+    for rng in ("exact", "portable"):
+        rows = run(args.world, args.layers, rng)
+        print(f"\n{rng} mode, {args.world} ranks, {rows[0]['params'] / 1e9:.2f}B parameters")
+        print(f"{'rank':>4} {'shard MiB':>10} {'RSS growth MiB':>15} {'growth/shard':>13} {'bar MiB':>9} {'time s':>7}")
+        for r in rows:
+            bar = 1.2 * r["shard"] + 200 * 2**20
+            ok &= r["growth"] <= bar
+            print(f"{r['rank']:>4} {r['shard'] / 2**20:>10.0f} {r['growth'] / 2**20:>15.0f} "
+                  f"{r['growth'] / r['shard']:>13.2f} {bar / 2**20:>9.0f} {r['seconds']:>7.2f}")
+    print("\nwithin the bar on every rank" if ok else "\nABOVE the bar on some rank")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -58,18 +58,6 @@ def _worker(rank: int, world: int, port: int, layers: int, rng: str, queue) -> N
     fxinit.materialize(model, rng=rng)
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    if os.environ.get("FXINIT_BENCH_DEBUG"):
-        import gc
-        seen = {}
-        for o in gc.get_objects():
-            if isinstance(o, torch.Tensor) and not o.is_meta and o.device.type == "cpu":
-                try:
-                    st = o.untyped_storage()
-                    seen[st.data_ptr()] = (st.nbytes(), type(o).__name__, tuple(o.shape))
-                except Exception:
-                    pass
-        big = sorted(seen.values(), reverse=True)[:6]
-        print(rank, "live after", (_rss() - before) / 2**20, "tensor bytes", sum(v[0] for v in seen.values()) / 2**20, big)
     shard = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
     shard += sum(b.numel() * b.element_size() for b in model.buffers())
     total = sum(p.numel() for p in model.parameters())

@@ -29,12 +29,26 @@ class Net(nn.Module):
         return self.head(self.norm(self.layers(self.emb(x)) * self.scale))
 
 
-def llama() -> nn.Module:
+def llama(tied: bool = False) -> nn.Module:
     import transformers
 
     cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=61)
+                                   num_key_value_heads=2, vocab_size=61, tie_word_embeddings=tied)
     return transformers.LlamaForCausalLM(cfg)
+
+
+def tied_llama() -> nn.Module:
+    return llama(tied=True)
+
+
+class Simple(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(37, 8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.emb(x))
 
 
 def _full(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -42,6 +56,14 @@ def _full(model: nn.Module) -> dict[str, torch.Tensor]:
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         out[name] = t.full_tensor() if hasattr(t, "full_tensor") else t
     return {k: v.detach().clone() for k, v in out.items()}
+
+
+def _ties(model: nn.Module) -> list[str]:
+    """Names of parameters that are one object under several names."""
+    seen: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        seen.setdefault(id(p), []).append(name)
+    return sorted("=".join(v) for v in seen.values() if len(v) > 1)
 
 
 def _compare(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], what: str) -> list[str]:
@@ -78,6 +100,7 @@ def fsdp2_exact(factory: Callable[[], nn.Module], blocks, vocab: int) -> list[st
     errors = [] if fxinit.is_deferred(model) else ["not deferred after fully_shard"]
     fxinit.materialize(model)
     errors += [] if not fxinit.is_deferred(model) else ["still deferred after materialize"]
+    errors += [] if _ties(model) == _ties(eager) else [f"ties differ: {_ties(model)} vs {_ties(eager)}"]
     errors += _compare(_full(model), _full(eager), "fsdp2 exact")
     _step(eager, vocab)
     _step(model, vocab)
@@ -93,28 +116,32 @@ def fsdp2_portable(factory: Callable[[], nn.Module], blocks) -> tuple[list[str],
     return [], _full(model)
 
 
-def fsdp1(auto_wrap: bool, init_fn: bool) -> list[str]:
+def fsdp1(factory: Callable[[], nn.Module], auto_wrap: bool, init_fn: bool, mixed: bool) -> list[str]:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import MixedPrecision
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    policy = ModuleWrapPolicy({nn.Linear}) if auto_wrap else None
-    cpu = torch.device("cpu")
+    options = dict(auto_wrap_policy=ModuleWrapPolicy({nn.Linear}) if auto_wrap else None,
+                   device_id=torch.device("cpu"),
+                   mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+                   if mixed else None)
     torch.manual_seed(0)
-    eager = FSDP(Net(), auto_wrap_policy=policy, device_id=cpu)
+    eager = FSDP(factory(), **options)
     torch.manual_seed(0)
-    model = fxinit.trace_init(Net)
+    model = fxinit.trace_init(factory)
     if init_fn:
-        wrapped = FSDP(model, auto_wrap_policy=policy, device_id=cpu, param_init_fn=fxinit.materialize_module)
+        wrapped = FSDP(model, param_init_fn=fxinit.materialize_module, **options)
     else:  # materialize first, then wrap: the plain way
-        wrapped = FSDP(fxinit.materialize(model), auto_wrap_policy=policy, device_id=cpu)
+        wrapped = FSDP(fxinit.materialize(model), **options)
+    what = f"fsdp1 {factory.__name__} auto_wrap={auto_wrap} param_init_fn={init_fn} mixed={mixed}"
     errors = []
     with FSDP.summon_full_params(wrapped), FSDP.summon_full_params(eager):
-        errors += _compare(dict(wrapped.named_parameters()), dict(eager.named_parameters()), f"fsdp1 {auto_wrap} {init_fn}")
+        errors += _compare(dict(wrapped.named_parameters()), dict(eager.named_parameters()), what)
     _step(eager, 37)
     _step(wrapped, 37)
     with FSDP.summon_full_params(wrapped), FSDP.summon_full_params(eager):
         errors += _compare({k: v.clone() for k, v in wrapped.named_parameters()},
-                           {k: v.clone() for k, v in eager.named_parameters()}, "fsdp1 after a step")
+                           {k: v.clone() for k, v in eager.named_parameters()}, what + " after a step")
     return errors
 
 
@@ -142,11 +169,14 @@ def run(rank: int, world: int, port: int, scenarios: list[str], queue: Any) -> N
     try:
         for name in scenarios:
             if name == "fsdp2_exact":
-                results[name] = fsdp2_exact(Net, net_blocks, 37) + fsdp2_exact(llama, llama_blocks, 61)
+                results[name] = (fsdp2_exact(Net, net_blocks, 37) + fsdp2_exact(llama, llama_blocks, 61)
+                                 + fsdp2_exact(tied_llama, llama_blocks, 61))
             elif name == "fsdp2_portable":
                 results[name] = {"net": fsdp2_portable(Net, net_blocks)[1], "llama": fsdp2_portable(llama, llama_blocks)[1]}
             elif name == "fsdp1":
-                results[name] = [e for aw in (True, False) for fn in (True, False) for e in fsdp1(aw, fn)]
+                results[name] = [e for f in (Simple, Net) for aw in (True, False) for fn in (True, False)
+                                 for e in fsdp1(f, aw, fn, mixed=False)]
+                results[name] += [e for fn in (True, False) for e in fsdp1(Simple, True, fn, mixed=True)]  # CPU layer_norm has no bf16 mixed mode
             elif name == "pipeline":
                 results[name] = pipeline_stage(rank, world)
     except Exception:

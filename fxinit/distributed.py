@@ -11,7 +11,6 @@ does, so FSDP2's lazy init re-reads it (``FSDPParam.reset_sharded_param``).
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any, Callable
 
 import torch
@@ -23,8 +22,7 @@ try:
 except ImportError:  # torch built without distributed
     DTensor = None  # type: ignore[assignment,misc]
 
-Location = tuple[torch.nn.Module, str]  # (module, "_parameters" | "_buffers", name) without the name
-DTensorPlace = tuple[torch.nn.Module, str, str]
+DTensorPlace = tuple[torch.nn.Module, str, str]  # (module, "_parameters" | "_buffers", name)
 
 
 def is_deferred_dtensor(t: Any) -> bool:
@@ -47,7 +45,7 @@ def materialize_dtensors(entries: dict[int, tuple[Any, list[DTensorPlace]]], dev
                                                        list[torch.Tensor]]) -> None:
     """Compute every entry's local shard (``compute(recorder, locals, target)``), then install
     new DTensors; nothing is installed if any computation fails."""
-    by_recorder: dict[int, tuple[Any, list[Any]]] = defaultdict(lambda: (None, []))
+    by_recorder: dict[int, tuple[Any, list[Any]]] = {}
     for dt, places in entries.values():
         rec = state_of(dt._local_tensor).recorder
         by_recorder.setdefault(id(rec), (rec, []))[1].append((dt, places))

@@ -114,7 +114,10 @@ def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.devi
     targets = [(state_of(t).node, recorder.storage_id(t)) for t in tensors]
     all_nodes = list(recorder.graph.nodes)
     nodes = required_nodes(all_nodes, targets, recorder.dead_writes())
-    streams = None if seed is None else streams_for(all_nodes, recorder.storage_names(), seed)
+    streams = None
+    if seed is not None:
+        recorder.stamp_module_paths()
+        streams = streams_for(all_nodes, recorder.storage_names(), seed)
     env = run_parallel(nodes, recorder.constants, recorder.rng, recorder.default_dtype,
                        keep={node for node, _ in targets}, device_map=_device_map(nodes, target), streams=streams)
     values = []
@@ -427,7 +430,7 @@ def init_graph(module: torch.nn.Module) -> InitGraph:
         new = graph.node_copy(n, lambda x: remap[x])
         ref = new.meta.pop("module_ref", None)
         mod = ref() if ref is not None else None
-        if mod is not None and id(mod) in paths:
+        if "module" not in new.meta and mod is not None and id(mod) in paths:
             new.meta["module"] = paths[id(mod)]
         remap[n] = new
     outputs = {fqn: remap[node] for fqn, (node, _) in targets.items()}

@@ -183,3 +183,29 @@ def test_unsupported_random_ops_fail_clearly() -> None:
     with pytest.raises(fxinit.DeferredInitError, match="no portable implementation"):
         g.materialize(rng="portable")
     g.materialize()  # exact mode still works
+
+
+class Mixer(nn.Module):
+    """mamba's dt_proj.bias pattern: a parameter computed from a random temporary."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 8)
+        with torch.no_grad():
+            dt = torch.exp(torch.rand(8) * 3 - 4)
+            self.proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+
+class RandomTemporary(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Mixer()
+
+
+def test_random_temporaries_get_the_same_key_live_and_from_the_graph() -> None:
+    torch.manual_seed(0)
+    graph_values = fxinit.init_graph(fxinit.trace_init(RandomTemporary)).materialize(rng="portable")
+    torch.manual_seed(0)
+    m = fxinit.trace_init(RandomTemporary)
+    fxinit.materialize(m.inner, rng="portable")
+    assert torch.equal(m.inner.proj.bias, graph_values["inner.proj.bias"])

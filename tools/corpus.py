@@ -155,7 +155,7 @@ def check_model(model_type: str, seed: int = 0, dtype: str = "float32", variant:
 def check_model_portable(model_type: str, seed: int = 0, dtype: str = "float32", variant: str = "tiny",
                          orders: tuple[str, ...] = ("whole", "reverse")) -> dict[str, Any]:
     """Portable mode: materializing the module (whole, or leaf by leaf in reverse) gives the
-    values its init graph gives for all tensors at once, all finite; "unsupported: ..." when a
+    values its init graph gives for all tensors at once; "unsupported: ..." when a
     random op has no portable sampler."""
     import torch
     from transformers import AutoModel
@@ -182,8 +182,6 @@ def check_model_portable(model_type: str, seed: int = 0, dtype: str = "float32",
                 got = _tensors(m)
                 problems = [f"{k}: missing" for k in ref if k not in got]
                 problems += [f"{k}: values" for k in ref if k in got and not torch.equal(_bits(ref[k]), _bits(got[k]))]
-                problems += [f"{k}: not finite" for k, v in got.items()
-                             if v.is_floating_point() and not torch.isfinite(v.detach()).all()]
                 result[order] = "ok" if not problems else "mismatch: " + "; ".join(problems[:4])
             except fxinit.DeferredInitError as exc:
                 msg = " | ".join(str(exc).splitlines()[:2])

@@ -154,6 +154,16 @@ class Recorder:
         self._root = weakref.ref(module)
         self._paths = {}
         self._trace_names = self._current_names()
+        self.stamp_module_paths()
+
+    def stamp_module_paths(self) -> None:
+        """Give every node recorded so far ``meta["module"]``, its module's path now (at the
+        end of the trace for the traced ops), so that later wrapping does not rename it."""
+        paths = self.module_paths()
+        for n in self.graph.nodes:
+            ref = n.meta.get("module_ref")
+            if "module" not in n.meta and ref is not None and ref() is not None and id(ref()) in paths:
+                n.meta["module"] = paths[id(ref())]
 
     def _current_names(self) -> dict[int, str]:
         """``{storage id: smallest fully qualified name of a deferred tensor in it}`` now."""

@@ -144,14 +144,17 @@ def cmd_materialize(args: argparse.Namespace) -> int:
     names = select(graph, args.only)
     if not names:
         raise UsageError(f"--only {args.only!r} matches no tensor")
-    values = _materialize_with_progress(graph, names, args.device, args.rng, args.seed, quiet=args.quiet)
+    import torch
+
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    values = _materialize_with_progress(graph, names, args.device, args.rng, args.seed, quiet=args.quiet, dtype=dtype)
     save_safetensors(values, graph, Path(args.output))
     print(f"wrote {len(values)} tensors to {args.output}")
     return EXIT_OK
 
 
 def _materialize_with_progress(graph: Any, names: list[str], device: str | None, rng: str, seed: int | None,
-                               quiet: bool) -> dict[str, Any]:
+                               quiet: bool, dtype: Any = None) -> dict[str, Any]:
     """Materialize in batches of about 256 MiB so a long run shows progress; each tie
     group is computed once."""
     tied_to = {n: g[0] for g in graph.ties for n in g}
@@ -177,7 +180,7 @@ def _materialize_with_progress(graph: Any, names: list[str], device: str | None,
             bar = None
     values: dict[str, Any] = {}
     for batch in batches:
-        values.update(graph.materialize(batch, device=device, rng=rng, seed=seed))
+        values.update(graph.materialize(batch, device=device, rng=rng, seed=seed, dtype=dtype))
         if bar is not None:
             bar.update(sum(graph.spec(n).nbytes for n in batch))
     if bar is not None:
@@ -223,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rng", default="exact", choices=["exact", "portable"],
                    help="exact: eager's values; portable: the counter-based stream (default %(default)s)")
     p.add_argument("--seed", type=int, help="portable mode's seed (default: the seed the trace saw)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"],
+                   help="cast floating-point tensors to this dtype as Module.to does, without the "
+                        "full-precision model in memory")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=cmd_materialize)
     return parser

@@ -119,6 +119,7 @@ class InitGraph:
     def materialize(
         self, names: Iterable[str] | None = None, device: torch.device | str | None = None,
         rng: str = "exact", max_bytes: int | None = None, seed: int | None = None,
+        dtype: torch.dtype | None = None,
     ) -> dict[str, torch.Tensor]:
         """Values of the named outputs (all if None).
 
@@ -128,12 +129,16 @@ class InitGraph:
         ``fxinit.rng.portable`` keyed by ``seed`` (default: the seed the trace saw), each
         tensor's name and element index. Tied names map to the same tensor. A run that
         would allocate more than ``max_bytes`` (default: physical memory) is refused.
+        ``dtype`` casts the floating-point outputs as ``Module.to(dtype)`` would, each as
+        soon as it is final (random fills read only through the cast run in chunks).
         """
         from fxinit.backends.eager import run_parallel
         from fxinit.backends.portable import streams_for
 
         if rng not in ("exact", "portable"):
             raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
+        if dtype is not None and not dtype.is_floating_point:
+            raise ValueError(f"dtype={dtype}: only floating-point outputs are cast, as Module.to does")
         wanted = list(self.outputs) if names is None else list(names)
         unknown = [n for n in wanted if n not in self.outputs]
         if unknown:
@@ -149,7 +154,7 @@ class InitGraph:
         if rng == "portable":
             streams = streams_for(self.nodes, self.storage_names(), _portable_seed(seed, self.seed))
         env = run_parallel(nodes, self.constants, self.rng, self.default_dtype,
-                           keep={self.outputs[n] for n in wanted}, streams=streams)
+                           keep={self.outputs[n] for n in wanted}, streams=streams, output_dtype=dtype)
         out: dict[str, torch.Tensor] = {}
         for n in wanted:
             value = env[self.outputs[n]]
@@ -158,17 +163,27 @@ class InitGraph:
             out[n] = value
         return out
 
-    def stats(self, names: Iterable[str] | None = None) -> dict[str, int]:
+    def stats(self, names: Iterable[str] | None = None, dtype: torch.dtype | None = None) -> dict[str, int]:
         """Sizes of the graph, and of what materializing ``names`` (all if None) runs.
 
         ``*_captured`` counts everything capture recorded for those outputs; the plain
         counts are what runs after slicing and dead-init elimination. ``random_elements``
-        counts the elements random ops fill (their draws, up to a per-dtype factor);
-        ``bytes_allocated`` what the run allocates (outputs and temporaries).
+        counts the elements random ops fill (their draws, up to a per-dtype factor).
+        ``cse_reused`` nodes take an earlier node's value instead of computing it,
+        ``in_place`` nodes run in place on a dying temporary, ``fused_casts`` fills run in
+        chunks cast as they go (with ``dtype``, the output dtype asked of ``materialize``).
+        ``bytes_allocated`` is what an exact run allocates after all of these (outputs
+        and temporaries); ``bytes_allocated_captured`` what replaying the capture would.
         """
+        from fxinit.backends.fused import runnable
+        from fxinit.passes.cast_fusion import fused_casts
+        from fxinit.passes.cse import common_subexpressions
+        from fxinit.passes.inplace import in_place_chains
+
         wanted = list(self.outputs) if names is None else list(names)
         captured = self.required_nodes(wanted, eliminate_dead=False)
         run = self.required_nodes(wanted)
+        out_nodes = {self.outputs[n] for n in wanted}
         out = {"outputs": len(self.outputs), "constants": len(self.constants),
                "output_bytes": sum(self.spec(g[0]).nbytes for g in self._tie_representatives()),
                "dead_nodes": len(set(captured) - set(run))}
@@ -178,6 +193,24 @@ class InitGraph:
             out["random_ops" + suffix] = len(random)
             out["random_elements" + suffix] = sum(_numel(n) for n in random)
             out["bytes_allocated" + suffix] = sum(n.meta["spec"].nbytes for n in nodes if _allocates(n))
+        shared = common_subexpressions(run, out_nodes)
+        in_place = in_place_chains(run, out_nodes, shared)
+        fused = runnable(fused_casts(run, out_nodes, dtype), self.rng, None)
+        saved = sum(n.meta["spec"].nbytes for n in in_place)
+        saved += sum(n.meta["spec"].nbytes for n, (_, copy) in shared.items() if not copy and _allocates(n))
+        in_dtype = {r for p in fused.values() for r in p.results}
+        for plan in fused.values():
+            saved += sum(m.meta["spec"].nbytes for m in plan.members if _allocates(m))
+            saved -= _numel(plan.alloc) * plan.dtype.itemsize
+        if dtype is not None:  # unfused floating outputs are cast after they are final
+            saved -= sum(_numel(n) * dtype.itemsize for n in out_nodes - in_dtype
+                         if n.meta["spec"].dtype.is_floating_point and n.meta["spec"].dtype != dtype)
+        out.update(cse_reused=len(shared), in_place=len(in_place), fused_casts=len(fused))
+        out["bytes_allocated"] -= saved
+        out["output_bytes_in_dtype"] = sum(
+            _numel(self.outputs[g[0]]) * (dtype.itemsize if dtype is not None and self.spec(g[0]).dtype.is_floating_point
+                                          else self.spec(g[0]).dtype.itemsize)
+            for g in self._tie_representatives())
         return out
 
     def _tie_representatives(self) -> list[list[str]]:

@@ -108,8 +108,9 @@ def _device_map(nodes: list[fx.Node], target: torch.device | None) -> dict[torch
 
 
 def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.device | None = None,
-             seed: int | None = None) -> list[torch.Tensor]:
-    """Values of ``tensors``: exact replay, or the portable stream when ``seed`` is given."""
+             seed: int | None = None, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    """Values of ``tensors``: exact replay, or the portable stream when ``seed`` is given;
+    floating-point ones cast to ``dtype`` if given."""
     recorder._check_live()
     targets = [(state_of(t).node, recorder.storage_id(t)) for t in tensors]
     all_nodes = list(recorder.graph.nodes)
@@ -119,11 +120,12 @@ def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.devi
         recorder.stamp_module_paths()
         streams = streams_for(all_nodes, recorder.storage_names(), seed)
     env = run_parallel(nodes, recorder.constants, recorder.rng, recorder.default_dtype,
-                       keep={node for node, _ in targets}, device_map=_device_map(nodes, target), streams=streams)
+                       keep={node for node, _ in targets}, device_map=_device_map(nodes, target), streams=streams,
+                       output_dtype=dtype)
     values = []
     for t, (node, _) in zip(tensors, targets):
         v = env[node]
-        if not isinstance(v, torch.Tensor) or v.shape != t.shape or v.dtype != t.dtype:
+        if not isinstance(v, torch.Tensor) or v.shape != t.shape or v.dtype != _dtype_for(t, dtype):
             raise DeferredInitError(
                 f"fxinit internal error: replay produced {type(v).__name__} "
                 f"{getattr(v, 'shape', '')} {getattr(v, 'dtype', '')} for a tensor of {tuple(t.shape)} {t.dtype}",
@@ -192,7 +194,7 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
 def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Location]],
                          device: torch.device | str | None, init: bool,
                          loaded: Mapping[int, Callable[[], torch.Tensor]] | None = None,
-                         seed: int | None = None) -> None:
+                         seed: int | None = None, dtype: torch.dtype | None = None) -> None:
     """Compute (or, with ``loaded``, read from a checkpoint) and swap in; ``loaded`` maps
     ``id(tensor)`` to a reader of its checkpoint value (called once, just before the copy,
     so that only one checkpoint tensor is held at a time)."""
@@ -215,16 +217,16 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
         rest = [t for t in ts if id(t) not in direct_ids]
         if init:
             stream_seed = None if seed is None else (rec.seed if seed is _TRACED_SEED else seed)
-            values = _compute(rec, rest, target, stream_seed) if rest else []
+            values = _compute(rec, rest, target, stream_seed, dtype) if rest else []
         else:
-            values = [_empty_like(t, target) for t in rest]
+            values = [_empty_like(t, target, dtype) for t in rest]
         if target is not None:
             values = _move(values, target)
         with torch.no_grad():
             for t, v in zip(rest, values):
                 if id(t) in loaded:
                     v.copy_(loaded[id(t)]())
-            values += [_empty_like(t, target).copy_(loaded[id(t)]()) for t in direct]
+            values += [_empty_like(t, target, dtype).copy_(loaded[id(t)]()) for t in direct]
         plan.append((rest + direct, values))
     holders = _weakref_holders(where, tensors)
     for mod in holders:
@@ -237,8 +239,13 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
             mod._init_flat_weights()
 
 
-def _empty_like(t: torch.Tensor, target: torch.device | None) -> torch.Tensor:
-    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=target or state_of(t).device)
+def _empty_like(t: torch.Tensor, target: torch.device | None, dtype: torch.dtype | None = None) -> torch.Tensor:
+    return torch.empty_strided(t.size(), t.stride(), dtype=_dtype_for(t, dtype), device=target or state_of(t).device)
+
+
+def _dtype_for(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype ``t`` gets when floating-point tensors are asked for in ``dtype`` (``Module.to``'s rule)."""
+    return dtype if dtype is not None and t.is_floating_point() else t.dtype
 
 
 def _checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], state_dict: CheckpointSource,
@@ -316,7 +323,8 @@ M = TypeVar("M", torch.nn.Module, torch.Tensor)
 
 def materialize(obj: M, *, device: torch.device | str | None = None, init: bool = True,
                 keep_cache: bool = False, state_dict: CheckpointSource | None = None,
-                prefix: str = "", strict: bool = False, rng: str = "exact", seed: int | None = None) -> M:
+                prefix: str = "", strict: bool = False, rng: str = "exact", seed: int | None = None,
+                dtype: torch.dtype | None = None) -> M:
     """Fill the deferred tensors of ``obj`` in place and return ``obj``.
 
     ``obj`` is a module (all its parameters and buffers, recursively; any submodule,
@@ -338,9 +346,16 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     ``seed`` (default: the seed the trace saw), the name of the tensor it writes and the
     element index (see ``fxinit.rng.portable``): the same values in any order, for any
     subset, shard or thread count, on any device; not eager's values.
+
+    ``dtype`` (floating point) gives the floating-point parameters and buffers that dtype,
+    bit for bit as eager construction followed by ``module.to(dtype)``, without the
+    full-precision model ever existing whole: each tensor is cast as soon as it is final,
+    and a random fill read only through the cast is generated in chunks cast as they go.
     """
     if rng not in ("exact", "portable"):
         raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
+    if dtype is not None and not dtype.is_floating_point:
+        raise ValueError(f"dtype={dtype}: materialize casts floating-point tensors only, as Module.to does")
     stream_seed = None if rng == "exact" else (_TRACED_SEED if seed is None else seed)
     if isinstance(obj, torch.nn.Module):
         tensors, where = _deferred_in_module(obj)
@@ -365,8 +380,11 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
             traced = None if stream_seed is None else (rec.seed if stream_seed is _TRACED_SEED else stream_seed)
             return _compute(rec, locals_, None, traced)
 
+        if dtype is not None:
+            raise DeferredInitError("dtype= with sharded (DTensor) parameters is not supported yet",
+                                    hint="materialize, then cast, or use FSDP's MixedPrecisionPolicy")
         materialize_dtensors(sharded, device, init, compute)
-    _materialize_tensors(tensors, where, device, init, loaded, stream_seed)
+    _materialize_tensors(tensors, where, device, init, loaded, stream_seed, dtype)
     if from_meta_init and not keep_cache:
         clear_meta_init_cache()
     return obj

@@ -59,6 +59,16 @@ def test_portable_materialize_from_the_command_line(tmp_path: Path) -> None:
     assert part and all(torch.equal(v, whole[k]) for k, v in part.items())
 
 
+def test_materialize_in_another_dtype(tmp_path: Path) -> None:
+    graph = _trace(tmp_path, seed=3)
+    out = tmp_path / "bf16.safetensors"
+    assert main(["materialize", str(graph), "-o", str(out), "--dtype", "bfloat16", "-q"]) == EXIT_OK
+    got = safetensors_torch.load_file(out)
+    torch.manual_seed(3)
+    ref = Stack(layers=2).to(torch.bfloat16).state_dict()
+    assert got and all(v.dtype == torch.bfloat16 and same_bits(v, ref[k]) for k, v in got.items())
+
+
 def test_only_and_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     graph = _trace(tmp_path)
     assert main(["show", str(graph), "--only", "layers.1"]) == EXIT_OK

@@ -15,6 +15,9 @@ Rows:
   fxinit exact 1 thread   the same without concurrent tensor generation
   fxinit portable       trace_init + materialize(rng="portable"): counter-based stream, not eager's values
   fxinit last layer     trace_init + materialize(model.model.layers[-1]) only
+  eager + to(bf16)      eager construction, then model.to(torch.bfloat16)
+  fxinit exact bf16     trace_init + materialize(dtype=torch.bfloat16): the same bits, the
+                        float32 model never whole (fills run in chunks cast as they go)
 """
 
 from __future__ import annotations
@@ -77,6 +80,10 @@ ROWS = {
     "fxinit last layer": (
         "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nfxinit.materialize(m.model.layers[-1])\nextra = None"
     ),
+    "eager + to(bf16)": "m = LlamaForCausalLM(cfg).to(torch.bfloat16)\nextra = None",
+    "fxinit exact bf16": (
+        "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nfxinit.materialize(m, dtype=torch.bfloat16)\nextra = None"
+    ),
 }
 
 TRACE_ROWS = {
@@ -88,7 +95,10 @@ TRACE_ROWS = {
 }
 
 
-STATS_ROW = "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nextra = fxinit.init_graph(m).stats()"
+STATS_ROW = (
+    "m = fxinit.trace_init(LlamaForCausalLM, cfg)\ng = fxinit.init_graph(m)\n"
+    "extra = {'float32': g.stats(), 'bfloat16': g.stats(dtype=torch.bfloat16)}"
+)
 
 
 def run_child(cfg: dict, body: str) -> dict:
@@ -144,9 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     results = measure(MODELS[args.model], rows, args.repeat)
     print(table(results, "eager"))
     stats = run_child(MODELS[args.model], STATS_ROW)["extra"]
-    print("\ninit graph, as captured -> as run (slicing + dead-init elimination):")
+    plain, bf16 = stats["float32"], stats["bfloat16"]
+    print("\ninit graph, as captured -> as run (slicing, dead-init elimination, CSE, in-place chains):")
     for key in ("nodes", "random_ops", "random_elements", "bytes_allocated"):
-        print(f"  {key:<16}{stats[key + '_captured']:>16,} -> {stats[key]:>16,}")
+        print(f"  {key:<16}{plain[key + '_captured']:>16,} -> {plain[key]:>16,}")
+    print(f"  CSE reused {plain['cse_reused']} nodes, {plain['in_place']} ran in place; output bytes "
+          f"{plain['output_bytes']:,}")
+    print(f"  with dtype=bfloat16: {bf16['fused_casts']} fills fused with their cast, bytes allocated "
+          f"{bf16['bytes_allocated']:,} for {bf16['output_bytes_in_dtype']:,} output bytes")
     raw = {"model": args.model, "rows": results, "graph_stats": stats}
     if args.trace_405b:
         big = measure(MODELS["405b"], TRACE_ROWS, args.repeat)

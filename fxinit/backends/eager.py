@@ -16,9 +16,13 @@ from typing import Callable, Iterator, Mapping, Sequence
 import torch
 import torch.fx as fx
 
-from fxinit.backends.partial import fill_piece_exact
+from fxinit.backends.fused import run_fused, runnable
+from fxinit.backends.partial import fill_piece_exact, fill_whole_in_chunks
 from fxinit.backends.portable import call_portable, fill_piece_portable
 from fxinit.errors import DeferredInitError
+from fxinit.passes.cast_fusion import cast_points, fused_casts
+from fxinit.passes.cse import common_subexpressions
+from fxinit.passes.inplace import in_place_chains
 from fxinit.passes.partition import independent_groups
 from fxinit.passes.ranges import partial_fills
 from fxinit.rng import RngSnapshot, private_generator, swapped_default_generators
@@ -37,13 +41,16 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(saved)
 
 
-def _last_uses(nodes: Sequence[fx.Node]) -> dict[fx.Node, list[fx.Node]]:
+def _last_uses(nodes: Sequence[fx.Node], shared: Mapping[fx.Node, tuple[fx.Node, bool]]) -> dict[fx.Node, list[fx.Node]]:
     """For each node, the values that can be dropped once it ran (a value nothing uses,
-    such as an in-place op's result, right after its own node)."""
+    such as an in-place op's result, right after its own node); a value reused by CSE
+    (``shared``) lives until its last reuse."""
     last: dict[fx.Node, fx.Node] = {n: n for n in nodes}
     for n in nodes:
         for inp in n.all_input_nodes:
             last[inp] = n
+        if n in shared:
+            last[shared[n][0]] = n
     drops: dict[fx.Node, list[fx.Node]] = {}
     for value, user in last.items():
         drops.setdefault(user, []).append(value)
@@ -58,27 +65,42 @@ def run_nodes(
     keep: set[fx.Node] | None = None,
     device_map: Mapping[torch.device, torch.device] | None = None,
     streams: Mapping[fx.Node, int] | None = None,
+    output_dtype: torch.dtype | None = None,
 ) -> dict[fx.Node, object]:
     """Execute ``nodes`` (a slice in program order); return the values of ``keep``.
 
     ``device_map`` replaces intended devices that are not available here; capture only
     allows that for graphs whose ops on those devices draw no random numbers.
     ``streams`` (portable mode) gives each random node its portable stream instead of
-    its recorded generator snapshot.
+    its recorded generator snapshot. ``output_dtype`` casts the floating-point values of
+    ``keep`` (as ``Module.to(dtype)`` would), each as soon as nothing reads it any more.
     """
     keep = keep if keep is not None else set(nodes)
     env: dict[fx.Node, object] = {}
-    drops = _last_uses(nodes)
+    shared = common_subexpressions(nodes, keep)  # duplicate -> (first, needs a copy)
+    in_place = in_place_chains(nodes, keep, shared)  # element-wise ops on dying temporaries
+    drops = _last_uses(nodes, shared)
     pieces = partial_fills(nodes, keep)  # random fills of which only a range is read
+    fused = runnable(fused_casts(nodes, keep, output_dtype), rng, streams)  # fill-then-cast, in chunks
+    skipped = {m for plan in fused.values() for m in plan.members} - set(fused)
+    done_in_dtype = {r for plan in fused.values() for r in plan.results}
+    casts = cast_points(nodes, set(keep) - done_in_dtype, shared) if output_dtype is not None else {}
 
     def load(a: object) -> object:
         return env[a] if isinstance(a, fx.Node) else a
 
     with torch.no_grad(), _default_dtype(default_dtype):
         for n in nodes:
-            if n.op == "get_attr":
-                c = constants[n.target]
-                value: object = torch.empty_strided(c.size(), c.stride(), dtype=c.dtype, device=c.device).copy_(c)
+            if n in skipped:
+                pass
+            elif n in fused:
+                out = run_fused(fused[n], rng, streams)
+                env.update((r, out) for r in fused[n].results)
+            elif n in shared:
+                first, copy = shared[n]
+                value = _copy(env[first]) if copy else env[first]
+            elif n.op == "get_attr":
+                value = _copy(constants[n.target])
             elif n.op == "call_function":
                 args = fx.node.map_aggregate(n.args, load)
                 kwargs = dict(fx.node.map_aggregate(n.kwargs, load))
@@ -92,10 +114,12 @@ def run_nodes(
                             value = args[0]
                         elif rng_keys and streams is not None:
                             value = call_portable(n, args, kwargs, streams[n])
+                        elif rng_keys and fill_whole_in_chunks(n, args, kwargs, rng):
+                            value = args[0]
                         elif rng_keys:
                             value = _with_rng(n.target, args, kwargs, rng_keys, rng, "generator")
                         else:
-                            value = n.target(*args, **kwargs)
+                            value = in_place.get(n, n.target)(*args, **kwargs)
                 except DeferredInitError:
                     raise
                 except Exception as exc:
@@ -107,11 +131,27 @@ def run_nodes(
                              "fxinit, please report it with the model") from exc
             else:
                 raise RuntimeError(f"fxinit cannot run init-graph node of kind {n.op!r}")
-            env[n] = value
+            if n not in skipped and n not in fused:
+                env[n] = value
+            for k in casts.get(n, ()):
+                env[k] = _cast(env[k], output_dtype)
             for dead in drops.get(n, ()):
                 if dead not in keep:
                     env.pop(dead, None)
     return {n: env[n] for n in keep if n in env}
+
+
+def _copy(value: object) -> object:
+    """A copy of a tensor with the same strides, in a storage of its own."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=value.device).copy_(value)
+
+
+def _cast(value: object, dtype: torch.dtype) -> object:
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
+        return value.to(dtype)
+    return value
 
 
 def _fill_piece(n: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str, RngSnapshot],
@@ -131,6 +171,7 @@ def run_parallel(
     device_map: Mapping[torch.device, torch.device] | None = None,
     workers: int | None = None,
     streams: Mapping[fx.Node, int] | None = None,
+    output_dtype: torch.dtype | None = None,
 ) -> dict[fx.Node, object]:
     """``run_nodes``, with independent groups of nodes on ``workers`` threads.
 
@@ -140,13 +181,17 @@ def run_parallel(
     """
     workers = workers or torch.get_num_threads()
     dtypes = {n.meta.get("default_dtype", default_dtype) for n in nodes}
-    groups = independent_groups(nodes) if workers > 1 and len(dtypes) == 1 else []
+    groups = []
+    if workers > 1 and len(dtypes) == 1:  # a CSE duplicate runs in the group of the value it reuses
+        shared = common_subexpressions(nodes, keep)
+        groups = independent_groups(nodes, [(dup, first) for dup, (first, _) in shared.items()])
     if len(groups) < 2:
-        return run_nodes(nodes, constants, rng, default_dtype, keep, device_map, streams)
+        return run_nodes(nodes, constants, rng, default_dtype, keep, device_map, streams, output_dtype)
     (dtype,) = dtypes
     env: dict[fx.Node, object] = {}
     with _default_dtype(dtype), ThreadPoolExecutor(min(workers, len(groups)), "fxinit") as pool:
-        futures = [pool.submit(run_nodes, g, constants, rng, dtype, keep, device_map, streams) for g in groups]
+        futures = [pool.submit(run_nodes, g, constants, rng, dtype, keep, device_map, streams, output_dtype)
+                   for g in groups]
         for f in futures:
             env.update(f.result())
     return env

@@ -10,7 +10,7 @@ the piece equals the same elements of a whole fill.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.fx as fx
@@ -20,6 +20,8 @@ from fxinit.rng.draws import MIN_ELEMENTS, draw_model
 
 _PROBE_N = 1000 + 7
 _verified: dict[Any, bool] = {}
+
+CHUNK = 1 << 16  # elements per piece of a chunked fill: a multiple of 16, cache-sized
 
 
 def fill_piece_exact(node: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str, RngSnapshot],
@@ -48,6 +50,69 @@ def fill_piece_exact(node: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str,
     gen = private_generator(RngSnapshot(device="cpu", state=start))
     node.target(target.view(-1)[lo:hi], *args[1:], **{**kwargs, "generator": gen})
     return True
+
+
+def fill_in_chunks_exact(node: fx.Node, rest: tuple, kwargs: dict, rng: Mapping[str, RngSnapshot],
+                         dtype: torch.dtype, n: int,
+                         sink: Callable[[int, int, torch.Tensor], None] | None = None,
+                         out: torch.Tensor | None = None) -> bool:
+    """Run in-place random ``node`` on a flat ``dtype`` tensor of ``n`` elements piece by
+    piece; False when the sampler cannot be split exactly. Each piece is filled in a
+    scratch buffer and handed to ``sink(lo, hi, piece)``, or filled in place in ``out``
+    (flat, contiguous); with neither, only answers whether it can be done.
+
+    One private generator runs on from piece to piece: every piece but the last is a
+    multiple of 16 elements long, so each leaves the generator exactly ``a * len`` words
+    further (the calibrated draw model with no fixed prefix), which is where the next
+    piece of a whole fill starts (the probe of ``_piecewise_ok``). Pieces that fit in
+    the cache also make two-pass samplers (``normal_``: uniforms, then Box-Muller) read
+    their second pass from cache instead of memory.
+    """
+    keys = node.meta.get("rng") or {}
+    if set(keys) != {"gen"}:
+        return False
+    meta = torch.empty(n, dtype=dtype, device="meta")
+    model = draw_model(node.target, (meta, *rest), kwargs, meta)
+    if model is None:
+        return False
+    a, r, b, t = model
+    if r != 1 or b != 0 or t not in (0, 16 * a) or not _piecewise_ok(node.target, dtype, rest, kwargs):
+        return False
+    if sink is None and out is None:
+        return True
+    gen = private_generator(rng[keys["gen"]])
+    scratch = torch.empty(CHUNK + 32, dtype=dtype) if out is None else None
+    for lo, hi in chunk_bounds(n, bool(t)):
+        piece = out[lo:hi] if scratch is None else scratch[:hi - lo]
+        node.target(piece, *rest, **{**kwargs, "generator": gen})
+        if sink is not None:
+            sink(lo, hi, piece)
+    return True
+
+
+def fill_whole_in_chunks(node: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str, RngSnapshot]) -> bool:
+    """Run in-place random ``node`` on its whole (large, contiguous, CPU) target in
+    cache-sized pieces, with the bits of one whole call; False (nothing done) otherwise."""
+    target = args[0] if args else None
+    if not isinstance(target, torch.Tensor) or target.device.type != "cpu" or not target.is_contiguous():
+        return False
+    n = target.numel()
+    if n < 2 * CHUNK or any(isinstance(a, torch.Tensor) for a in (*args[1:], *kwargs.values())):
+        return False
+    return fill_in_chunks_exact(node, args[1:], kwargs, rng, target.dtype, n, out=target.view(-1))
+
+
+def chunk_bounds(n: int, blocks: bool) -> list[tuple[int, int]]:
+    """Pieces of ``CHUNK`` elements covering ``0 .. n``; with ``blocks`` (a sampler working
+    in blocks of 16 that recomputes the last one), the last piece takes the tail block."""
+    bounds, lo = [], 0
+    while lo < n:
+        hi = min(n, lo + CHUNK)
+        if blocks and n % 16 and hi > n - n % 16 - 16:
+            hi = n
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
 
 
 def _widen(lo: int, hi: int, n: int, tail: int) -> tuple[int, int]:

@@ -15,6 +15,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.errors import DeferredInitError
+from fxinit.backends.partial import CHUNK
 from fxinit.ops import call_init_function
 from fxinit.rng import portable
 from fxinit.rng.portable import fill_, randperm, sample, stream_key
@@ -81,6 +82,27 @@ def fill_piece_portable(node: fx.Node, args: tuple, kwargs: dict, stream: int, l
     if packet is aten.random_:
         params = _random_range(node, target, params)
     fill_(target.view(-1)[lo:hi], kind, stream, first=lo, **params)
+    return True
+
+
+def fill_in_chunks_portable(node: fx.Node, rest: tuple, kwargs: dict, stream: int, dtype: torch.dtype, n: int,
+                            sink: Callable[[int, int, torch.Tensor], None] | None = None) -> bool:
+    """``backends.partial.fill_in_chunks_exact`` on the portable stream: elements ``lo .. hi``
+    of the fill are the stream's elements ``lo .. hi``, so any split is exact."""
+    packet = getattr(node.target, "overloadpacket", None)
+    if packet not in _INPLACE:
+        return False
+    if sink is None:
+        return True
+    kind, names = _INPLACE[packet]
+    scratch = torch.empty(CHUNK, dtype=dtype)
+    params = _bind(node, (scratch, *rest), {k: v for k, v in kwargs.items() if k != "generator"}, names)
+    if packet is aten.random_:
+        params = _random_range(node, scratch, params)
+    for lo in range(0, n, CHUNK):
+        piece = scratch[:min(CHUNK, n - lo)]
+        fill_(piece, kind, stream, first=lo, **params)
+        sink(lo, lo + piece.numel(), piece)
     return True
 
 

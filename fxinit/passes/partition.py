@@ -7,14 +7,16 @@ any interleaving.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch.fx as fx
 
 
-def independent_groups(nodes: Sequence[fx.Node]) -> list[list[fx.Node]]:
+def independent_groups(nodes: Sequence[fx.Node],
+                       links: Iterable[tuple[fx.Node, fx.Node]] = ()) -> list[list[fx.Node]]:
     """Partition ``nodes`` (program order) into independent groups, each in program order,
-    largest first (a thread pool then finishes the long ones early)."""
+    largest first (a thread pool then finishes the long ones early). ``links`` are extra
+    pairs that must share a group (a CSE duplicate and the node whose value it reuses)."""
     parent: dict[object, object] = {}
 
     def find(x: object) -> object:
@@ -38,6 +40,8 @@ def independent_groups(nodes: Sequence[fx.Node]) -> list[list[fx.Node]]:
                 union(n, inp)
         for sid in (*n.meta.get("reads", ()), *n.meta.get("mutates", ())):
             union(n, ("storage", sid))
+    for a, b in links:
+        union(a, b)
     groups: dict[object, list[fx.Node]] = {}
     for n in nodes:
         groups.setdefault(find(n), []).append(n)

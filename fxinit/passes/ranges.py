@@ -37,7 +37,7 @@ def _reads_no_data(n: fx.Node) -> bool:
     return getattr(n.target, "overloadpacket", None) in _METADATA_ONLY
 
 
-def _is_view(n: fx.Node) -> bool:
+def is_view(n: fx.Node) -> bool:
     if n.target is operator.getitem:
         return True
     packet = getattr(n.target, "overloadpacket", None)
@@ -76,12 +76,12 @@ def partial_fills(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node]) -> dict[
             numel *= s
         # every node whose value aliases the target's storage: its root and view descendants
         root = target
-        while _is_view(root) and root.args and isinstance(root.args[0], fx.Node):
+        while is_view(root) and root.args and isinstance(root.args[0], fx.Node):
             root = root.args[0]
         aliases, stack = {root}, [root]
         while stack:
             for u in users[stack.pop()]:
-                if u in members and _is_view(u) and u not in aliases:
+                if u in members and is_view(u) and u not in aliases:
                     aliases.add(u)
                     stack.append(u)
         if aliases & keep:
@@ -89,7 +89,7 @@ def partial_fills(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node]) -> dict[
         lo, hi, ok = numel, 0, True
         for a in aliases:
             for u in users[a]:
-                if u is r or _is_view(u) or _reads_no_data(u) or pos.get(u, -1) < pos[r]:
+                if u is r or is_view(u) or _reads_no_data(u) or pos.get(u, -1) < pos[r]:
                     continue
                 ext = _extent(a.meta.get("spec"))
                 if ext is None:

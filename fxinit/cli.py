@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exact: eager's values; portable: the counter-based stream (default %(default)s)")
     p.add_argument("--seed", type=int, help="portable mode's seed (default: the seed the trace saw)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"],
-                   help="cast floating-point tensors to this dtype as Module.to does, without the "
+                   help="cast floating-point (and complex) tensors to this dtype as Module.to does, without the "
                         "full-precision model in memory")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=cmd_materialize)

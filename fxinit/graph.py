@@ -129,7 +129,7 @@ class InitGraph:
         ``fxinit.rng.portable`` keyed by ``seed`` (default: the seed the trace saw), each
         tensor's name and element index. Tied names map to the same tensor. A run that
         would allocate more than ``max_bytes`` (default: physical memory) is refused.
-        ``dtype`` casts the floating-point outputs as ``Module.to(dtype)`` would, each as
+        ``dtype`` casts the floating-point and complex outputs as ``Module.to(dtype)`` would, each as
         soon as it is final (random fills read only through the cast run in chunks).
         """
         from fxinit.backends.eager import run_parallel
@@ -137,8 +137,8 @@ class InitGraph:
 
         if rng not in ("exact", "portable"):
             raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
-        if dtype is not None and not dtype.is_floating_point:
-            raise ValueError(f"dtype={dtype}: only floating-point outputs are cast, as Module.to does")
+        if dtype is not None and not _cast_by_to(dtype):
+            raise ValueError(f"dtype={dtype}: like Module.to, materialize takes a floating-point or complex dtype")
         wanted = list(self.outputs) if names is None else list(names)
         unknown = [n for n in wanted if n not in self.outputs]
         if unknown:
@@ -204,11 +204,11 @@ class InitGraph:
             saved -= _numel(plan.alloc) * plan.dtype.itemsize
         if dtype is not None:  # unfused floating outputs are cast after they are final
             saved -= sum(_numel(n) * dtype.itemsize for n in out_nodes - in_dtype
-                         if n.meta["spec"].dtype.is_floating_point and n.meta["spec"].dtype != dtype)
+                         if _cast_by_to(n.meta["spec"].dtype) and n.meta["spec"].dtype != dtype)
         out.update(cse_reused=len(shared), in_place=len(in_place), fused_casts=len(fused))
         out["bytes_allocated"] -= saved
         out["output_bytes_in_dtype"] = sum(
-            _numel(self.outputs[g[0]]) * (dtype.itemsize if dtype is not None and self.spec(g[0]).dtype.is_floating_point
+            _numel(self.outputs[g[0]]) * (dtype.itemsize if dtype is not None and _cast_by_to(self.spec(g[0]).dtype)
                                           else self.spec(g[0]).dtype.itemsize)
             for g in self._tie_representatives())
         return out
@@ -241,6 +241,11 @@ def _physical_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 1 << 62
+
+
+def _cast_by_to(dtype: torch.dtype) -> bool:
+    """Whether ``Module.to(another dtype)`` casts tensors of ``dtype``."""
+    return dtype.is_floating_point or dtype.is_complex
 
 
 def _numel(n: fx.Node) -> int:

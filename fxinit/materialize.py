@@ -244,8 +244,9 @@ def _empty_like(t: torch.Tensor, target: torch.device | None, dtype: torch.dtype
 
 
 def _dtype_for(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
-    """The dtype ``t`` gets when floating-point tensors are asked for in ``dtype`` (``Module.to``'s rule)."""
-    return dtype if dtype is not None and t.is_floating_point() else t.dtype
+    """The dtype ``t`` gets when ``dtype`` is asked for: ``Module.to``'s rule, which casts
+    floating-point and complex tensors."""
+    return dtype if dtype is not None and (t.is_floating_point() or t.is_complex()) else t.dtype
 
 
 def _checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], state_dict: CheckpointSource,
@@ -347,15 +348,16 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     element index (see ``fxinit.rng.portable``): the same values in any order, for any
     subset, shard or thread count, on any device; not eager's values.
 
-    ``dtype`` (floating point) gives the floating-point parameters and buffers that dtype,
+    ``dtype`` (floating point or complex) gives the floating-point and complex parameters
+    and buffers that dtype,
     bit for bit as eager construction followed by ``module.to(dtype)``, without the
     full-precision model ever existing whole: each tensor is cast as soon as it is final,
     and a random fill read only through the cast is generated in chunks cast as they go.
     """
     if rng not in ("exact", "portable"):
         raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
-    if dtype is not None and not dtype.is_floating_point:
-        raise ValueError(f"dtype={dtype}: materialize casts floating-point tensors only, as Module.to does")
+    if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
+        raise ValueError(f"dtype={dtype}: like Module.to, materialize takes a floating-point or complex dtype")
     stream_seed = None if rng == "exact" else (_TRACED_SEED if seed is None else seed)
     if isinstance(obj, torch.nn.Module):
         tensors, where = _deferred_in_module(obj)

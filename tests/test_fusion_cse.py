@@ -143,15 +143,18 @@ class ReadAfterFinal(nn.Module):
         self.w = nn.Parameter(torch.randn(64, 64) / 3)
         self.register_buffer("scaled", self.w.detach() * 1.0001)
         self.register_buffer("steps", torch.arange(10))  # integer: never cast
+        self.register_buffer("freqs", torch.polar(torch.ones(8), torch.arange(8.0)))  # complex: cast, as Module.to does
 
 
-def test_requested_dtype_waits_for_the_last_reader_and_skips_integers() -> None:
+@pytest.mark.filterwarnings("ignore:Casting complex values to real")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.complex128])
+def test_requested_dtype_waits_for_the_last_reader_and_follows_module_to(dtype: torch.dtype) -> None:
     torch.manual_seed(0)
-    ref = ReadAfterFinal().to(torch.bfloat16)
+    ref = ReadAfterFinal().to(dtype)
     torch.manual_seed(0)
-    m = fxinit.materialize(fxinit.trace_init(ReadAfterFinal), dtype=torch.bfloat16)
+    m = fxinit.materialize(fxinit.trace_init(ReadAfterFinal), dtype=dtype)
     _assert_state_dicts_equal(ref, m)
-    assert m.steps.dtype == torch.int64
+    assert m.steps.dtype == torch.int64 and m.freqs.dtype == dtype
 
 
 def test_graph_and_artifact_materialize_with_dtype(tmp_path) -> None:
@@ -164,9 +167,9 @@ def test_graph_and_artifact_materialize_with_dtype(tmp_path) -> None:
         out = graph.materialize(dtype=torch.float16)
         for name, value in ref.state_dict().items():
             assert torch.equal(_bits(out[name]), _bits(value)), name
-    with pytest.raises(ValueError, match="floating-point"):
+    with pytest.raises(ValueError, match="floating-point or complex"):
         g.materialize(dtype=torch.int32)
-    with pytest.raises(ValueError, match="floating-point"):
+    with pytest.raises(ValueError, match="floating-point or complex"):
         fxinit.materialize(fxinit.trace_init(CastInInit), dtype=torch.int8)
 
 

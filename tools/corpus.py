@@ -94,8 +94,11 @@ def build_config(model_type: str, variant: str) -> Any:
 
 
 def check_model(model_type: str, seed: int = 0, dtype: str = "float32", variant: str = "tiny",
-                orders: tuple[str, ...] = ("whole", "reverse")) -> dict[str, Any]:
-    """Check one architecture; returns {order: "ok" | "mismatch: ..." | "cannot defer: ..." | "crash: ..."}."""
+                orders: tuple[str, ...] = ("whole", "reverse"), cast: str | None = None) -> dict[str, Any]:
+    """Check one architecture; returns {order: "ok" | "mismatch: ..." | "cannot defer: ..." | "crash: ..."}.
+
+    ``cast``: materialize with ``dtype=cast`` and compare with eager construction followed
+    by ``Module.to(cast)``."""
     import torch
     from transformers import AutoModel
 
@@ -111,6 +114,9 @@ def check_model(model_type: str, seed: int = 0, dtype: str = "float32", variant:
         ref = AutoModel.from_config(cfg)
         result["eager_s"] = time.perf_counter() - t0
         rng_after_eager = torch.get_rng_state()
+        to = {} if cast is None else {"dtype": getattr(torch, cast)}
+        if cast is not None:
+            ref = ref.to(getattr(torch, cast))
         for order in orders:
             try:
                 torch.manual_seed(seed)
@@ -124,12 +130,12 @@ def check_model(model_type: str, seed: int = 0, dtype: str = "float32", variant:
                 before = torch.get_rng_state()
                 t0 = time.perf_counter()
                 if order == "whole":
-                    fxinit.materialize(m)
+                    fxinit.materialize(m, **to)
                 else:
                     for mod in reversed(list(m.modules())):
                         if any(True for _ in mod.parameters(recurse=False)) or any(True for _ in mod.buffers(recurse=False)):
-                            fxinit.materialize(mod)
-                    fxinit.materialize(m)
+                            fxinit.materialize(mod, **to)
+                    fxinit.materialize(m, **to)
                 result[f"materialize_s_{order}"] = time.perf_counter() - t0
                 if not torch.equal(before, torch.get_rng_state()):
                     problems.append("materialize changed the global RNG")
@@ -199,11 +205,12 @@ def check_model_portable(model_type: str, seed: int = 0, dtype: str = "float32",
 
 
 def check_model_settings(model_type: str, settings: list[tuple[int, str]], variant: str,
-                         orders: tuple[str, ...], rng: str = "exact") -> list[dict[str, Any]]:
+                         orders: tuple[str, ...], rng: str = "exact", cast: str | None = None) -> list[dict[str, Any]]:
     """``check_model`` (or ``check_model_portable``) for several (seed, dtype) settings in
     one process (one import of the model)."""
-    check = check_model if rng == "exact" else check_model_portable
-    return [check(model_type, seed, dtype, variant, orders) for seed, dtype in settings]
+    if rng == "exact":
+        return [check_model(model_type, seed, dtype, variant, orders, cast) for seed, dtype in settings]
+    return [check_model_portable(model_type, seed, dtype, variant, orders) for seed, dtype in settings]
 
 
 # ----------------------------------------------------------------------------- the list
@@ -345,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write per-check results here")
     ap.add_argument("--rng", choices=["exact", "portable"], default="exact",
                     help="portable: check order independence of the portable stream instead of eager equality")
+    ap.add_argument("--cast", choices=["bfloat16", "float16", "float32", "float64"],
+                    help="materialize with dtype=CAST and compare with eager followed by Module.to(CAST)")
     ap.add_argument("--refresh-list", action="store_true", help="re-probe which architectures build")
     ap.add_argument("--reprobe-failed", action="store_true", help="re-probe only those that did not build")
     args = ap.parse_args(argv)
@@ -369,7 +378,9 @@ def main(argv: list[str] | None = None) -> int:
         names = [n for n in names if n in buildable]
     orders = tuple(args.orders.split(","))
     settings = _settings(args.seeds, args.dtypes, args.pair)
-    jobs = [(n, settings, buildable[n]["variant"], orders, args.rng) for n in names]
+    if args.cast and args.rng != "exact":
+        raise SystemExit("--cast checks exact mode against eager + Module.to")
+    jobs = [(n, settings, buildable[n]["variant"], orders, args.rng, args.cast) for n in names]
     print(f"{len(names)} architectures x {len(settings)} (seed, dtype) x {len(orders)} orders; "
           f"{len(listing) - len(buildable)} of {len(listing)} model types do not build tiny")
     results: list[dict[str, Any]] = []
@@ -396,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
             refused = sum(r[o].startswith(("cannot defer", "unsupported")) for r in rs)
             wrong += sum(r[o].startswith(("mismatch", "crash")) for r in rs)
             what = "bitwise-equal" if args.rng == "exact" else "portable, order-independent"
+            if args.cast:
+                what += f" to eager + .to({args.cast})"
             print(f"seed={s} dtype={d:8s} order={o:7s}: {ok}/{len(rs)} {what}"
                   + (f", {refused} refused with DeferredInitError" if refused else ""))
     kinds: dict[str, list[str]] = defaultdict(list)

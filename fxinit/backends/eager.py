@@ -149,7 +149,7 @@ def _copy(value: object) -> object:
 
 
 def _cast(value: object, dtype: torch.dtype) -> object:
-    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
+    if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex()) and value.dtype != dtype:
         return value.to(dtype)
     return value
 

@@ -140,22 +140,68 @@ int fxinit_mt_xpow(uint64_t m, uint64_t *out) {
 /* The window s (624 consecutive words, first one first) moved m words ahead, where q =
  * x^m mod charpoly (from fxinit_mt_xpow). Only the low 31 bits of the first word of the
  * result may differ from the true words: the recurrence never reads them, so the next
- * twist of the result is exact. */
+ * twist of the result is exact.
+ *
+ * Horner's rule over q(T) s, WIN coefficients at a time (the sliding-window method of
+ * Haramoto et al., 2008): a table of the 2^WIN states g(T) s for every g of degree < WIN
+ * turns about DEG/2 XORs of a whole state into DEG/WIN of them plus 2^WIN to build it. */
+#define WIN 6
+
 void fxinit_mt_jump(uint32_t *s, const uint64_t *q) {
+  uint32_t (*table)[N] = malloc(sizeof(uint32_t[N]) << WIN);
   uint32_t acc[N];
+  if (!table) { /* plain Horner, one coefficient at a time */
+    memset(acc, 0, sizeof acc);
+    int idx = 0, i1 = 1, im = M;
+    for (long j = DEG - 1; j >= 0; j--) {
+      acc[idx] = acc[im] ^ mix(acc[idx], acc[i1]);
+      idx = i1;
+      i1 = i1 + 1 == N ? 0 : i1 + 1;
+      im = im + 1 == N ? 0 : im + 1;
+      if (getbit(q, j)) {
+        int head = N - idx;
+        for (int i = 0; i < head; i++) acc[idx + i] ^= s[i];
+        for (int i = head; i < N; i++) acc[i - head] ^= s[i];
+      }
+    }
+    for (int i = 0; i < N; i++) s[i] = acc[(idx + i) % N];
+    return;
+  }
+  /* powers[b] = T^b s, the window moved b words ahead, first word first */
+  uint32_t powers[WIN][N];
+  memcpy(powers[0], s, sizeof powers[0]);
+  for (int b = 1; b < WIN; b++) {
+    memcpy(powers[b], powers[b - 1] + 1, sizeof(uint32_t) * (N - 1));
+    powers[b][N - 1] = powers[b - 1][M] ^ mix(powers[b - 1][0], powers[b - 1][1]);
+  }
+  memset(table[0], 0, sizeof table[0]);
+  for (int v = 1; v < (1 << WIN); v++) {
+    int top = 31 - __builtin_clz((unsigned)v);
+    const uint32_t *a = table[v ^ (1 << top)], *b = powers[top];
+    for (int i = 0; i < N; i++) table[v][i] = a[i] ^ b[i];
+  }
   memset(acc, 0, sizeof acc);
-  int idx = 0, i1 = 1, im = M; /* acc's first word, and the two the step reads */
-  for (long j = DEG - 1; j >= 0; j--) {
-    /* acc = T acc: append the next word, drop the first */
-    acc[idx] = acc[im] ^ mix(acc[idx], acc[i1]);
-    idx = i1;
-    i1 = i1 + 1 == N ? 0 : i1 + 1;
-    im = im + 1 == N ? 0 : im + 1;
-    if (getbit(q, j)) {
+  int idx = 0, i1 = 1, im = M;
+  const long chunks = (DEG + WIN - 1) / WIN;
+  for (long k = chunks - 1; k >= 0; k--) {
+    for (int step = 0; step < WIN; step++) { /* acc = T^WIN acc */
+      acc[idx] = acc[im] ^ mix(acc[idx], acc[i1]);
+      idx = i1;
+      i1 = i1 + 1 == N ? 0 : i1 + 1;
+      im = im + 1 == N ? 0 : im + 1;
+    }
+    unsigned v = 0;
+    for (int b = 0; b < WIN; b++) {
+      long j = k * WIN + b;
+      if (j < DEG && getbit(q, j)) v |= 1U << b;
+    }
+    if (v) {
+      const uint32_t *t = table[v];
       int head = N - idx;
-      for (int i = 0; i < head; i++) acc[idx + i] ^= s[i];
-      for (int i = head; i < N; i++) acc[i - head] ^= s[i];
+      for (int i = 0; i < head; i++) acc[idx + i] ^= t[i];
+      for (int i = head; i < N; i++) acc[i - head] ^= t[i];
     }
   }
+  free(table);
   for (int i = 0; i < N; i++) s[i] = acc[(idx + i) % N];
 }

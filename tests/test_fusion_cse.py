@@ -305,3 +305,35 @@ def test_normal_fills_are_chunked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(partial, "chunk_bounds", lambda n, blocks: pieces.append(n) or real(n, blocks))
     assert_same_as_eager(BigFill, "normal", 2 * CHUNK + 5, torch.float32, seeds=(0,), orders=("whole",))
     assert 2 * CHUNK + 5 in pieces
+
+
+def _arch(name: str):
+    import transformers
+
+    configs = {
+        "gpt2": lambda: transformers.GPT2Config(n_embd=512, n_layer=2, n_head=8, vocab_size=1000, n_positions=300),
+        "bert": lambda: transformers.BertConfig(hidden_size=512, num_hidden_layers=2, num_attention_heads=8,
+                                                intermediate_size=600, vocab_size=1000, max_position_embeddings=300),
+        "t5": lambda: transformers.T5Config(d_model=512, d_ff=600, num_layers=2, num_heads=8, vocab_size=1000,
+                                            d_kv=64),
+        "mixtral": lambda: transformers.MixtralConfig(hidden_size=512, intermediate_size=600, num_hidden_layers=2,
+                                                      num_attention_heads=8, num_key_value_heads=4,
+                                                      num_local_experts=2, vocab_size=1000),
+    }
+    cfg = configs[name]()
+    return lambda: transformers.AutoModel.from_config(cfg)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "t5", "mixtral"])
+def test_transformers_models_large_enough_to_chunk_stay_exact(name: str) -> None:
+    """Tiny corpus configs are below the chunking threshold; these are not."""
+    build = _arch(name)
+    torch.manual_seed(0)
+    g = fxinit.init_graph(fxinit.trace_init(build))
+    assert g.stats(dtype=torch.bfloat16)["fused_casts"] >= 2
+    assert_same_as_eager(build, seeds=(0,), orders=("whole", "reverse"))
+    torch.manual_seed(1)
+    ref = build().to(torch.bfloat16)
+    torch.manual_seed(1)
+    m = fxinit.materialize(fxinit.trace_init(build), dtype=torch.bfloat16)
+    _assert_state_dicts_equal(ref, m)

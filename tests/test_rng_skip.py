@@ -158,13 +158,15 @@ def test_trace_skips_large_draws_and_leaves_the_rng_where_eager_does() -> None:
         assert torch.equal(t, m.state_dict()[name]), name
 
 
+@pytest.mark.parametrize("quantum", [1, 7, 1024])
 @pytest.mark.parametrize("n", [624 * 5 + 3, 10_000_019, 50_000_000])
-def test_polynomial_jump_equals_twisting(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+def test_polynomial_jump_equals_twisting(monkeypatch: pytest.MonkeyPatch, n: int, quantum: int) -> None:
     start = _gen(1, 300).get_state()
     monkeypatch.setattr(mt19937, "JUMP_MIN_TWISTS", 1 << 62)
     twisted = torch.Generator()
     twisted.set_state(mt19937.advance(start, n))
     monkeypatch.setattr(mt19937, "JUMP_MIN_TWISTS", 1)
+    monkeypatch.setattr(mt19937, "JUMP_QUANTUM", quantum)
     jumped = torch.Generator()
     jumped.set_state(mt19937.advance(start, n))
     assert _same_future(twisted, jumped)

@@ -95,23 +95,47 @@ static int find_charpoly(void) {
   for (int i = 0; i < DEG; i++)
     if (getbit(charpoly, i)) terms[nterms++] = i;
   free(rev); free(C); free(B); free(T);
+  if (terms[nterms - 1] >= DEG - 64) return -1; /* reduce() relies on it */
   return 0;
 }
 
-static void reduce(uint64_t *a) { /* a (degree < 2*DEG-1) mod charpoly, in place */
-  for (long i = 2L * DEG - 2; i >= DEG; i--) {
-    if (!getbit(a, i)) continue;
-    flipbit(a, i);
-    for (int t = 0; t < nterms; t++) flipbit(a, i - DEG + terms[t]);
+static inline void xor_bits_at(uint64_t *a, long off, uint64_t v) { /* a[off .. off+64) ^= v */
+  long w = off >> 6;
+  int r = off & 63;
+  a[w] ^= v << r;
+  if (r) a[w + 1] ^= v >> (64 - r);
+}
+
+/* a (degree < 2*DEG-1) mod charpoly, in place, 64 coefficients at a time from the top:
+ * x^i = x^(i-DEG) * (sum of the low terms), and every low term is below DEG - 64, so a
+ * block of 64 high coefficients only lands strictly below itself. */
+static void reduce(uint64_t *a) {
+  for (long hi = 2L * DEG - 1; hi > DEG; ) {
+    long lo = hi - 64 < DEG ? DEG : hi - 64; /* block [lo, hi) */
+    int width = (int)(hi - lo);
+    uint64_t block = bits_at(a, lo);
+    if (width < 64) block &= ((uint64_t)1 << width) - 1;
+    hi = lo;
+    if (!block) continue;
+    xor_bits_at(a, lo, block);
+    for (int t = 0; t < nterms; t++) xor_bits_at(a, lo - DEG + terms[t], block);
   }
 }
 
+static uint16_t spread8[256]; /* bit b of the byte moved to bit 2b */
+
 static void square(uint64_t *a) { /* a = a^2 (spread the bits), unreduced */
+  if (!spread8[255])
+    for (int v = 0; v < 256; v++) {
+      uint16_t r = 0;
+      for (int b = 0; b < 8; b++) r |= (uint16_t)(((v >> b) & 1) << (2 * b));
+      spread8[v] = r;
+    }
   for (long w = PW / 2; w >= 0; w--) {
-    uint64_t lo = 0, hi = 0, v = a[w];
-    for (int b = 0; b < 32; b++) {
-      lo |= ((v >> b) & 1) << (2 * b);
-      hi |= ((v >> (b + 32)) & 1) << (2 * b);
+    uint64_t v = a[w], lo = 0, hi = 0;
+    for (int k = 0; k < 4; k++) {
+      lo |= (uint64_t)spread8[(v >> (8 * k)) & 255] << (16 * k);
+      hi |= (uint64_t)spread8[(v >> (32 + 8 * k)) & 255] << (16 * k);
     }
     if (2 * w + 1 < PW) a[2 * w + 1] = hi;
     a[2 * w] = lo;
@@ -124,7 +148,7 @@ int fxinit_mt_xpow(uint64_t m, uint64_t *out) {
   uint64_t a[PW];
   memset(a, 0, sizeof a);
   a[0] = 1;
-  for (int b = 63; b >= 0; b--) {
+  for (int b = m ? 63 - __builtin_clzll(m) : -1; b >= 0; b--) {
     square(a);
     reduce(a);
     if ((m >> b) & 1) { /* a *= x */

@@ -120,8 +120,8 @@ def measure(cfg: dict, rows: dict[str, str], repeat: int) -> dict[str, list[dict
 def table(results: dict[str, list[dict]], reference: str) -> str:
     ref_t = statistics.median(r["seconds"] for r in results[reference])
     ref_m = statistics.median(r["peak_rss"] for r in results[reference])
-    lines = [f"{'row':<26}{'time s (min-max)':>22}{'x ' + reference:>12}{'peak RSS MiB':>15}{'x ' + reference:>12}"
-             f"{'  +RSS MiB':>11}"]
+    lines = [f"ratios (x ref) are against the row {reference!r}",
+             f"{'row':<26}{'time s (min-max)':>22}{'x ref':>12}{'peak RSS MiB':>15}{'x ref':>12}{'  +RSS MiB':>11}"]
     for name, rs in results.items():
         ts = [r["seconds"] for r in rs]
         ms = [r["peak_rss"] for r in rs]

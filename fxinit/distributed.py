@@ -42,9 +42,11 @@ def deferred_dtensors(module: torch.nn.Module) -> dict[int, tuple[Any, list[DTen
 
 def materialize_dtensors(entries: dict[int, tuple[Any, list[DTensorPlace]]], device: torch.device | str | None,
                          init: bool, compute: Callable[[Any, list[torch.Tensor], torch.device | None],
-                                                       list[torch.Tensor]]) -> None:
-    """Compute every entry's local shard (``compute(recorder, locals, target)``), then install
-    new DTensors; nothing is installed if any computation fails."""
+                                                       list[torch.Tensor]],
+                         dtype: torch.dtype | None = None) -> None:
+    """Compute every entry's local shard (``compute(recorder, locals, target)``, which applies
+    ``dtype``), then install new DTensors; nothing is installed if any computation fails.
+    ``dtype`` casts floating-point and complex shards, as ``Module.to`` would."""
     by_recorder: dict[int, tuple[Any, list[Any]]] = {}
     for dt, places in entries.values():
         rec = state_of(dt._local_tensor).recorder
@@ -56,7 +58,9 @@ def materialize_dtensors(entries: dict[int, tuple[Any, list[DTensorPlace]]], dev
         if init:
             values = compute(rec, locals_, target)
         else:
-            values = [torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=target or state_of(t).device)
+            values = [torch.empty_strided(t.size(), t.stride(), device=target or state_of(t).device,
+                                          dtype=dtype if dtype is not None and (t.is_floating_point() or t.is_complex())
+                                          else t.dtype)
                       for t in locals_]
         for (dt, places), value in zip(items, values):
             mesh_device = _mesh_device(dt)

@@ -380,12 +380,9 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     if sharded:
         def compute(rec: Recorder, locals_: list[torch.Tensor], target: torch.device | None) -> list[torch.Tensor]:
             traced = None if stream_seed is None else (rec.seed if stream_seed is _TRACED_SEED else stream_seed)
-            return _compute(rec, locals_, None, traced)
+            return _compute(rec, locals_, None, traced, dtype)
 
-        if dtype is not None:
-            raise DeferredInitError("dtype= with sharded (DTensor) parameters is not supported yet",
-                                    hint="materialize, then cast, or use FSDP's MixedPrecisionPolicy")
-        materialize_dtensors(sharded, device, init, compute)
+        materialize_dtensors(sharded, device, init, compute, dtype)
     _materialize_tensors(tensors, where, device, init, loaded, stream_seed, dtype)
     if from_meta_init and not keep_cache:
         clear_meta_init_cache()

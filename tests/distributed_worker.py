@@ -108,6 +108,20 @@ def fsdp2_exact(factory: Callable[[], nn.Module], blocks, vocab: int) -> list[st
     return errors
 
 
+def fsdp2_bf16(factory: Callable[[], nn.Module], blocks, vocab: int) -> list[str]:
+    """``materialize(dtype=bfloat16)`` on a sharded model == eager, ``.to(bfloat16)``, then sharded."""
+    torch.manual_seed(0)
+    eager = _fsdp2(factory().to(torch.bfloat16), blocks)
+    torch.manual_seed(0)
+    model = _fsdp2(fxinit.trace_init(factory), blocks)
+    fxinit.materialize(model, dtype=torch.bfloat16)
+    errors = _compare(_full(model), _full(eager), "fsdp2 bfloat16")
+    errors += [f"{n} is {p.dtype}" for n, p in model.named_parameters() if p.dtype != torch.bfloat16]
+    _step(eager, vocab)
+    _step(model, vocab)
+    return errors + _compare(_full(model), _full(eager), "fsdp2 bfloat16 after a training step")
+
+
 def fsdp2_portable(factory: Callable[[], nn.Module], blocks) -> tuple[list[str], dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     model = fxinit.trace_init(factory)
@@ -171,6 +185,8 @@ def run(rank: int, world: int, port: int, scenarios: list[str], queue: Any) -> N
             if name == "fsdp2_exact":
                 results[name] = (fsdp2_exact(Net, net_blocks, 37) + fsdp2_exact(llama, llama_blocks, 61)
                                  + fsdp2_exact(tied_llama, llama_blocks, 61))
+            elif name == "fsdp2_bf16":
+                results[name] = fsdp2_bf16(llama, llama_blocks, 61) + fsdp2_bf16(tied_llama, llama_blocks, 61)
             elif name == "fsdp2_portable":
                 results[name] = {"net": fsdp2_portable(Net, net_blocks)[1], "llama": fsdp2_portable(llama, llama_blocks)[1]}
             elif name == "fsdp1":

@@ -35,7 +35,7 @@ def _assert_state_dicts_equal(a: nn.Module, b: nn.Module) -> None:
         assert torch.equal(_bits(sa[k]), _bits(sb[k])), k
 
 
-def _plan_parts(model: nn.Module, dtype: torch.dtype | None = None):
+def _plan_parts(model: nn.Module):
     g = fxinit.init_graph(model)
     nodes = g.required_nodes(list(g.outputs))
     return g, nodes, set(g.outputs.values())

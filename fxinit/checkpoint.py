@@ -51,6 +51,12 @@ class Checkpoint:
             return tuple(self.get(name).shape)
         return tuple(self._file.get_slice(name).get_shape())
 
+    def get_part(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
+        """``get(name)[index]``; from a safetensors file only that part is read."""
+        if self._dict is not None:
+            return self.get(name)[index]
+        return self._file.get_slice(name)[index]
+
     def get(self, name: str) -> torch.Tensor:
         value = self._dict[name] if self._dict is not None else self._file.get_tensor(name)
         if not isinstance(value, torch.Tensor):

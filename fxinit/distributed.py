@@ -40,31 +40,55 @@ def deferred_dtensors(module: torch.nn.Module) -> dict[int, tuple[Any, list[DTen
     return found
 
 
+def local_part(dt: Any, read: Callable[[tuple[slice, ...]], torch.Tensor]) -> torch.Tensor:
+    """This rank's part of the full tensor behind ``dt``, from ``read(index)`` of the full
+    tensor (a checkpoint reads only that part)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(dt.shape, dt.device_mesh, dt.placements)
+    return read(tuple(slice(o, o + s) for o, s in zip(offset, shape)))
+
+
 def materialize_dtensors(entries: dict[int, tuple[Any, list[DTensorPlace]]], device: torch.device | str | None,
                          init: bool, compute: Callable[[Any, list[torch.Tensor], torch.device | None],
                                                        list[torch.Tensor]],
-                         dtype: torch.dtype | None = None) -> None:
+                         dtype: torch.dtype | None = None,
+                         loaded: dict[int, Callable[[], torch.Tensor]] | None = None) -> None:
     """Compute every entry's local shard (``compute(recorder, locals, target)``, which applies
-    ``dtype``), then install new DTensors; nothing is installed if any computation fails.
+    ``dtype``), or read it (``loaded``: ``id(dtensor)`` -> reader of its local part of a
+    checkpoint tensor), then install new DTensors; nothing is installed if anything fails.
     ``dtype`` casts floating-point and complex shards, as ``Module.to`` would."""
+    loaded = loaded or {}
+
+    def dtype_of(t: torch.Tensor) -> torch.dtype:
+        return dtype if dtype is not None and (t.is_floating_point() or t.is_complex()) else t.dtype
+
     by_recorder: dict[int, tuple[Any, list[Any]]] = {}
+    read: list[tuple[Any, list[DTensorPlace]]] = []
     for dt, places in entries.values():
+        if id(dt) in loaded:
+            read.append((dt, places))
+            continue
         rec = state_of(dt._local_tensor).recorder
         by_recorder.setdefault(id(rec), (rec, []))[1].append((dt, places))
-    plan = []
+    target = torch.device(device) if device is not None else None
+    done: list[tuple[Any, list[DTensorPlace], torch.Tensor]] = []
     for rec, items in by_recorder.values():
         locals_ = [dt._local_tensor for dt, _ in items]
-        target = torch.device(device) if device is not None else None
         if init:
             values = compute(rec, locals_, target)
         else:
-            values = [torch.empty_strided(t.size(), t.stride(), device=target or state_of(t).device,
-                                          dtype=dtype if dtype is not None and (t.is_floating_point() or t.is_complex())
-                                          else t.dtype)
+            values = [torch.empty_strided(t.size(), t.stride(), device=target or state_of(t).device, dtype=dtype_of(t))
                       for t in locals_]
-        for (dt, places), value in zip(items, values):
-            mesh_device = _mesh_device(dt)
-            plan.append((dt, places, value.to(device if device is not None else mesh_device)))
+        done += [(dt, places, value) for (dt, places), value in zip(items, values)]
+    for dt, places in read:
+        local = dt._local_tensor
+        value = loaded[id(dt)]()
+        if tuple(value.shape) != tuple(local.shape):
+            raise RuntimeError(f"fxinit: a checkpoint part of shape {tuple(value.shape)} for a local shard of "
+                               f"{tuple(local.shape)}")
+        done.append((dt, places, value.to(dtype_of(local)).contiguous()))
+    plan = [(dt, places, value.to(device if device is not None else _mesh_device(dt))) for dt, places, value in done]
     for dt, places, value in plan:
         new = DTensor.from_local(value, dt.device_mesh, dt.placements, run_check=False, shape=dt.shape,
                                  stride=dt.stride())

@@ -12,7 +12,7 @@ import functools
 import warnings
 import weakref
 from collections import defaultdict
-from typing import Callable, Iterable, Mapping, TypeVar
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 import torch
 import torch.fx as fx
@@ -23,7 +23,7 @@ from fxinit.capture.api import clear_meta_init_cache
 from fxinit.capture.deferred import STATE_ATTR, is_deferred_tensor, state_of
 from fxinit.capture.recorder import Recorder
 from fxinit.checkpoint import Checkpoint, CheckpointSource
-from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materialize_dtensors
+from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, local_part, materialize_dtensors
 from fxinit.errors import DeferredInitError
 from fxinit.graph import InitGraph, OutputInfo
 from fxinit.passes.slicing import required_nodes
@@ -250,18 +250,21 @@ def _dtype_for(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
 
 
 def _checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], state_dict: CheckpointSource,
-                       prefix: str, strict: bool) -> dict[int, Callable[[], torch.Tensor]]:
-    """``id(tensor) -> reader of its checkpoint tensor`` for the deferred tensors the checkpoint names.
+                       prefix: str, strict: bool, sharded: Mapping[int, tuple[Any, Any]] | None = None,
+                       ) -> dict[int, Callable[[], torch.Tensor]]:
+    """``id(tensor) -> reader of its checkpoint tensor`` for the deferred tensors the checkpoint
+    names; for the deferred DTensors of ``sharded``, a reader of this rank's part only.
 
     Names are ``prefix`` + the name under ``module``; of tied names, the first the
     checkpoint has wins. Shapes must match; dtypes are converted as ``load_state_dict`` does.
     """
     ckpt = Checkpoint(state_dict)
     keys = ckpt.keys()
-    deferred = {id(t) for t in tensors}
+    targets: dict[int, Any] = {id(t): t for t in tensors}
+    targets.update({tid: dt for tid, (dt, _) in (sharded or {}).items()})
     names: dict[int, list[str]] = defaultdict(list)
     for name, t in _named_tensors(module):
-        if id(t) in deferred:
+        if id(t) in targets:
             names[id(t)].append(prefix + name)
     found: dict[int, str] = {}
     for tid, fqns in names.items():
@@ -276,16 +279,18 @@ def _checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], sta
             raise DeferredInitError(
                 f"checkpoint does not match the module: missing {missing[:8]}, unexpected {unexpected[:8]}",
                 hint="pass strict=False to initialize what the checkpoint lacks and ignore what it has extra")
-    by_id = {id(t): t for t in tensors}
     out: dict[int, Callable[[], torch.Tensor]] = {}
     for tid, key in found.items():
         shape = ckpt.shape(key)
-        if shape != tuple(by_id[tid].shape):
+        if shape != tuple(targets[tid].shape):  # a DTensor's shape is the full tensor's
             raise DeferredInitError(
                 f"checkpoint tensor {key!r} has shape {shape}, the module's has "
-                f"{tuple(by_id[tid].shape)}",
+                f"{tuple(targets[tid].shape)}",
                 hint="check that the checkpoint belongs to this model and config")
-        out[tid] = functools.partial(ckpt.get, key)
+        if sharded and tid in sharded:
+            out[tid] = functools.partial(local_part, targets[tid], functools.partial(ckpt.get_part, key))
+        else:
+            out[tid] = functools.partial(ckpt.get, key)
     return out
 
 
@@ -372,17 +377,15 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     if state_dict is not None:
         if not isinstance(obj, torch.nn.Module):
             raise TypeError("state_dict= needs a module to name the tensors")
-        if sharded:
-            raise DeferredInitError("state_dict= with sharded (DTensor) parameters is not supported yet",
-                                    hint="load the checkpoint with torch.distributed.checkpoint after materializing")
-        loaded = _checkpoint_values(obj, tensors, state_dict, prefix, strict)
+        loaded = _checkpoint_values(obj, tensors, state_dict, prefix, strict, sharded)
     from_meta_init = any(state_of(t).recorder.kind == "meta_init" for t in tensors)
     if sharded:
         def compute(rec: Recorder, locals_: list[torch.Tensor], target: torch.device | None) -> list[torch.Tensor]:
             traced = None if stream_seed is None else (rec.seed if stream_seed is _TRACED_SEED else stream_seed)
             return _compute(rec, locals_, None, traced, dtype)
 
-        materialize_dtensors(sharded, device, init, compute, dtype)
+        materialize_dtensors(sharded, device, init, compute, dtype,
+                             {k: v for k, v in (loaded or {}).items() if k in sharded})
     _materialize_tensors(tensors, where, device, init, loaded, stream_seed, dtype)
     if from_meta_init and not keep_cache:
         clear_meta_init_cache()

@@ -122,6 +122,31 @@ def fsdp2_bf16(factory: Callable[[], nn.Module], blocks, vocab: int) -> list[str
     return errors + _compare(_full(model), _full(eager), "fsdp2 bfloat16 after a training step")
 
 
+def fsdp2_checkpoint(factory: Callable[[], nn.Module], blocks, rank: int) -> list[str]:
+    """``materialize(state_dict=file)`` on a sharded model: each rank reads its part of the
+    tensors the checkpoint has and initializes the rest exactly, as eager construction +
+    ``load_state_dict(strict=False)`` + ``fully_shard`` would."""
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    torch.manual_seed(7)
+    ckpt = {k: v.contiguous() for k, v in factory().state_dict().items()}
+    dropped = sorted(ckpt)[len(ckpt) // 2]  # one tensor the checkpoint lacks: initialized instead
+    del ckpt[dropped]
+    torch.manual_seed(0)
+    reference = factory()
+    reference.load_state_dict(ckpt, strict=False)
+    want = _full(_fsdp2(reference, blocks))
+    with tempfile.TemporaryDirectory() as d:
+        path = f"{d}/rank{rank}.safetensors"
+        save_file(ckpt, path)
+        torch.manual_seed(0)
+        model = _fsdp2(fxinit.trace_init(factory), blocks)
+        fxinit.materialize(model, state_dict=path)
+    return _compare(_full(model), want, f"fsdp2 checkpoint (without {dropped})")
+
+
 def fsdp2_portable(factory: Callable[[], nn.Module], blocks) -> tuple[list[str], dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     model = fxinit.trace_init(factory)
@@ -187,6 +212,8 @@ def run(rank: int, world: int, port: int, scenarios: list[str], queue: Any) -> N
                                  + fsdp2_exact(tied_llama, llama_blocks, 61))
             elif name == "fsdp2_bf16":
                 results[name] = fsdp2_bf16(llama, llama_blocks, 61) + fsdp2_bf16(tied_llama, llama_blocks, 61)
+            elif name == "fsdp2_checkpoint":
+                results[name] = fsdp2_checkpoint(llama, llama_blocks, rank) + fsdp2_checkpoint(Net, net_blocks, rank)
             elif name == "fsdp2_portable":
                 results[name] = {"net": fsdp2_portable(Net, net_blocks)[1], "llama": fsdp2_portable(llama, llama_blocks)[1]}
             elif name == "fsdp1":

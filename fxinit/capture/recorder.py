@@ -128,18 +128,6 @@ def _leaves(x: Any, out: list[Any] | None = None) -> list[Any]:
     return out
 
 
-def _rebuild(like: Any, leaves: Iterator[Any]) -> Any:
-    """``like``'s structure with its leaves replaced, in order, from ``leaves``."""
-    t = type(like)
-    if t is tuple:
-        return tuple([_rebuild(v, leaves) for v in like])
-    if t is list:
-        return [_rebuild(v, leaves) for v in like]
-    if t is dict:
-        return {k: _rebuild(v, leaves) for k, v in like.items()}
-    return next(leaves)
-
-
 def _tensors_in(x: Any) -> list[torch.Tensor]:
     return [t for t in _leaves(x) if isinstance(t, torch.Tensor)]
 
@@ -661,7 +649,8 @@ class Recorder:
         if multi:
             node.meta["spec"] = None
         self._update_shadows(func, args, kwargs, inputs, mutated_objs, fresh, random, real_out)
-        return _rebuild(mout, iter(results))
+        replacements = iter(results)
+        return _map(lambda _: next(replacements), mout)
 
     def _update_shadows(self, func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
                         mutated: list[torch.Tensor], fresh: list[tuple[torch.Tensor, int]], random: bool,

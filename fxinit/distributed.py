@@ -58,10 +58,9 @@ def materialize_dtensors(entries: dict[int, tuple[Any, list[DTensorPlace]]], dev
     ``dtype``), or read it (``loaded``: ``id(dtensor)`` -> reader of its local part of a
     checkpoint tensor), then install new DTensors; nothing is installed if anything fails.
     ``dtype`` casts floating-point and complex shards, as ``Module.to`` would."""
-    loaded = loaded or {}
+    from fxinit.graph import dtype_after_to
 
-    def dtype_of(t: torch.Tensor) -> torch.dtype:
-        return dtype if dtype is not None and (t.is_floating_point() or t.is_complex()) else t.dtype
+    loaded = loaded or {}
 
     by_recorder: dict[int, tuple[Any, list[Any]]] = {}
     read: list[tuple[Any, list[DTensorPlace]]] = []
@@ -78,7 +77,7 @@ def materialize_dtensors(entries: dict[int, tuple[Any, list[DTensorPlace]]], dev
         if init:
             values = compute(rec, locals_, target)
         else:
-            values = [torch.empty_strided(t.size(), t.stride(), device=target or state_of(t).device, dtype=dtype_of(t))
+            values = [torch.empty_strided(t.size(), t.stride(), device=target or state_of(t).device, dtype=dtype_after_to(t.dtype, dtype))
                       for t in locals_]
         done += [(dt, places, value) for (dt, places), value in zip(items, values)]
     for dt, places in read:
@@ -87,7 +86,7 @@ def materialize_dtensors(entries: dict[int, tuple[Any, list[DTensorPlace]]], dev
         if tuple(value.shape) != tuple(local.shape):
             raise RuntimeError(f"fxinit: a checkpoint part of shape {tuple(value.shape)} for a local shard of "
                                f"{tuple(local.shape)}")
-        done.append((dt, places, value.to(dtype_of(local)).contiguous()))
+        done.append((dt, places, value.to(dtype_after_to(local.dtype, dtype)).contiguous()))
     plan = [(dt, places, value.to(device if device is not None else _mesh_device(dt))) for dt, places, value in done]
     for dt, places, value in plan:
         new = DTensor.from_local(value, dt.device_mesh, dt.placements, run_check=False, shape=dt.shape,

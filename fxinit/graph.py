@@ -248,6 +248,12 @@ def _cast_by_to(dtype: torch.dtype) -> bool:
     return dtype.is_floating_point or dtype.is_complex
 
 
+def dtype_after_to(current: torch.dtype, requested: torch.dtype | None) -> torch.dtype:
+    """The dtype a tensor of ``current`` has after ``Module.to(requested)``: floating-point
+    and complex tensors take ``requested``, the others keep theirs."""
+    return requested if requested is not None and _cast_by_to(current) else current
+
+
 def _numel(n: fx.Node) -> int:
     """Elements of the node's value; for an in-place op, of the tensor it writes."""
     spec = n.meta.get("spec")

@@ -25,7 +25,7 @@ from fxinit.capture.recorder import Recorder
 from fxinit.checkpoint import Checkpoint, CheckpointSource
 from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, local_part, materialize_dtensors
 from fxinit.errors import DeferredInitError
-from fxinit.graph import InitGraph, OutputInfo
+from fxinit.graph import InitGraph, OutputInfo, dtype_after_to
 from fxinit.passes.slicing import required_nodes
 
 _TRACED_SEED = -(1 << 70)  # marker: the portable stream uses the seed each trace saw
@@ -244,9 +244,7 @@ def _empty_like(t: torch.Tensor, target: torch.device | None, dtype: torch.dtype
 
 
 def _dtype_for(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
-    """The dtype ``t`` gets when ``dtype`` is asked for: ``Module.to``'s rule, which casts
-    floating-point and complex tensors."""
-    return dtype if dtype is not None and (t.is_floating_point() or t.is_complex()) else t.dtype
+    return dtype_after_to(t.dtype, dtype)
 
 
 def _checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], state_dict: CheckpointSource,

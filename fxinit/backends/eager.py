@@ -20,6 +20,7 @@ from fxinit.backends.fused import run_fused, runnable
 from fxinit.backends.partial import fill_piece_exact, fill_whole_in_chunks
 from fxinit.backends.portable import call_portable, fill_piece_portable
 from fxinit.errors import DeferredInitError
+from fxinit.graph import dtype_after_to
 from fxinit.passes.cast_fusion import cast_points, fused_casts
 from fxinit.passes.cse import common_subexpressions
 from fxinit.passes.inplace import in_place_chains
@@ -149,7 +150,7 @@ def _copy(value: object) -> object:
 
 
 def _cast(value: object, dtype: torch.dtype) -> object:
-    if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex()) and value.dtype != dtype:
+    if isinstance(value, torch.Tensor) and dtype_after_to(value.dtype, dtype) != value.dtype:
         return value.to(dtype)
     return value
 

@@ -10,6 +10,7 @@ record random ops without drawing them and lets materialization start any op any
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -62,12 +63,21 @@ JUMP_QUANTUM = 1 << 10  # jumps are whole multiples of this many blocks: their p
 _DEG = 19937
 
 
+# The kernel finds the characteristic polynomial on its first call and keeps it in C
+# globals; ctypes releases the GIL, so calls from the materialization threads are serialized.
+_XPOW = threading.Lock()
+
+
 @lru_cache(maxsize=256)  # a model repeats its tensor sizes: jumps repeat their lengths
 def _jump_polynomial(words: int) -> np.ndarray | None:
     """x^words mod the generator's characteristic polynomial, or None without the kernel."""
     lib = library()
     q = np.zeros(_DEG // 64 + 1, dtype=np.uint64)
-    if lib is None or lib.fxinit_mt_xpow(ctypes.c_uint64(words), q.ctypes.data_as(ctypes.c_void_p)) != 0:
+    if lib is None:
+        return None
+    with _XPOW:
+        failed = lib.fxinit_mt_xpow(ctypes.c_uint64(words), q.ctypes.data_as(ctypes.c_void_p)) != 0
+    if failed:
         return None
     q.setflags(write=False)
     return q

@@ -110,7 +110,7 @@ def _device_map(nodes: list[fx.Node], target: torch.device | None) -> dict[torch
 def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.device | None = None,
              seed: int | None = None, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
     """Values of ``tensors``: exact replay, or the portable stream when ``seed`` is given;
-    floating-point ones cast to ``dtype`` if given."""
+    cast to ``dtype`` by ``Module.to``'s rule if given."""
     recorder._check_live()
     targets = [(state_of(t).node, recorder.storage_id(t)) for t in tensors]
     all_nodes = list(recorder.graph.nodes)

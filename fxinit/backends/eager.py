@@ -73,8 +73,8 @@ def run_nodes(
     ``device_map`` replaces intended devices that are not available here; capture only
     allows that for graphs whose ops on those devices draw no random numbers.
     ``streams`` (portable mode) gives each random node its portable stream instead of
-    its recorded generator snapshot. ``output_dtype`` casts the floating-point values of
-    ``keep`` (as ``Module.to(dtype)`` would), each as soon as nothing reads it any more.
+    its recorded generator snapshot. ``output_dtype`` casts the floating-point and complex
+    values of ``keep`` (as ``Module.to(dtype)`` would), each as soon as nothing reads it any more.
     """
     keep = keep if keep is not None else set(nodes)
     env: dict[fx.Node, object] = {}

@@ -38,11 +38,15 @@ class TensorSpec(NamedTuple):
     device: torch.device
 
     @property
-    def nbytes(self) -> int:
+    def numel(self) -> int:
         n = 1
         for s in self.shape:
             n *= s
-        return n * self.dtype.itemsize
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
 
     @staticmethod
     def of(t: torch.Tensor, device: torch.device) -> "TensorSpec":
@@ -260,12 +264,7 @@ def _numel(n: fx.Node) -> int:
     if spec is None:
         written = next((a for a in n.args if isinstance(a, fx.Node)), None)
         spec = written.meta.get("spec") if written is not None else None
-    if spec is None:
-        return 0
-    k = 1
-    for d in spec.shape:
-        k *= d
-    return k
+    return 0 if spec is None else spec.numel
 
 
 def _allocates(n: fx.Node) -> bool:

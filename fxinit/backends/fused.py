@@ -36,9 +36,7 @@ def run_fused(plan: FusedCast, rng: Mapping[str, RngSnapshot], streams: Mapping[
 def _fill_chunks(plan: FusedCast, rng: Mapping[str, RngSnapshot], streams: Mapping[fx.Node, int] | None,
                  sink: Callable[[int, int, torch.Tensor], None] | None) -> bool:
     spec = plan.alloc.meta["spec"]
-    n = 1
-    for s in spec.shape:
-        n *= s
+    n = spec.numel
     if n < 2 * CHUNK:
         return False  # small: the unfused run costs no more
     fill = plan.fill

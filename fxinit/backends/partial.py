@@ -34,17 +34,13 @@ def fill_piece_exact(node: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str,
         return False
     if not target.is_contiguous() or target.storage_offset() != 0:
         return False
-    model = draw_model(node.target, (target, *args[1:]), kwargs, target)
-    if model is None:
-        return False
-    a, r, b, t = model
-    if r != 1 or b != 0 or t not in (0, 16 * a):
-        return False
     n = target.numel()
+    split = _splittable(node, args[1:], kwargs, target.dtype, n)
+    if split is None:
+        return False
+    a, t = split
     lo, hi = _widen(lo, hi, n, t)
     if hi - lo < MIN_ELEMENTS or (lo, hi) == (0, n):
-        return False
-    if not _piecewise_ok(node.target, target.dtype, args[1:], kwargs):
         return False
     start = mt19937.advance(rng[keys["gen"]].state, a * lo)
     gen = private_generator(RngSnapshot(device="cpu", state=start))
@@ -69,20 +65,14 @@ def fill_in_chunks_exact(node: fx.Node, rest: tuple, kwargs: dict, rng: Mapping[
     their second pass from cache instead of memory.
     """
     keys = node.meta.get("rng") or {}
-    if set(keys) != {"gen"}:
-        return False
-    meta = torch.empty(n, dtype=dtype, device="meta")
-    model = draw_model(node.target, (meta, *rest), kwargs, meta)
-    if model is None:
-        return False
-    a, r, b, t = model
-    if r != 1 or b != 0 or t not in (0, 16 * a) or not _piecewise_ok(node.target, dtype, rest, kwargs):
+    split = _splittable(node, rest, kwargs, dtype, n) if set(keys) == {"gen"} else None
+    if split is None:
         return False
     if sink is None and out is None:
         return True
     gen = private_generator(rng[keys["gen"]])
     scratch = torch.empty(CHUNK + 32, dtype=dtype) if out is None else None
-    for lo, hi in chunk_bounds(n, bool(t)):
+    for lo, hi in chunk_bounds(n, bool(split[1])):
         piece = out[lo:hi] if scratch is None else scratch[:hi - lo]
         node.target(piece, *rest, **{**kwargs, "generator": gen})
         if sink is not None:
@@ -107,12 +97,24 @@ def chunk_bounds(n: int, blocks: bool) -> list[tuple[int, int]]:
     in blocks of 16 that recomputes the last one), the last piece takes the tail block."""
     bounds, lo = [], 0
     while lo < n:
-        hi = min(n, lo + CHUNK)
-        if blocks and n % 16 and hi > n - n % 16 - 16:
-            hi = n
+        lo, hi = _widen(lo, min(n, lo + CHUNK), n, 16 if blocks else 0)
         bounds.append((lo, hi))
         lo = hi
     return bounds
+
+
+def _splittable(node: fx.Node, rest: tuple, kwargs: dict, dtype: torch.dtype, n: int) -> tuple[int, int] | None:
+    """``(words per element, tail block words)`` when pieces of this fill of ``n`` elements
+    can be generated apart with the whole fill's bits: a calibrated draw model with no
+    fixed prefix, and a probe on the installed torch that agrees; else None."""
+    meta = torch.empty(n, dtype=dtype, device="meta")
+    model = draw_model(node.target, (meta, *rest), kwargs, meta)
+    if model is None:
+        return None
+    a, r, b, t = model
+    if r != 1 or b != 0 or t not in (0, 16 * a) or not _piecewise_ok(node.target, dtype, rest, kwargs):
+        return None
+    return a, t
 
 
 def _widen(lo: int, hi: int, n: int, tail: int) -> tuple[int, int]:

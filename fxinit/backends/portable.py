@@ -59,10 +59,7 @@ def call_portable(node: fx.Node, args: tuple, kwargs: dict, stream: int) -> Any:
         return tensor
     packet = node.target.overloadpacket
     if packet in _INPLACE:
-        kind, names = _INPLACE[packet]
-        params = _bind(node, args, kwargs, names)
-        if packet is aten.random_:
-            params = _random_range(node, args[0], params)
+        kind, params = _sampler(node, args[0], args[1:], kwargs)
         return fill_(args[0], kind, stream, **params)
     factory = _FACTORIES.get(packet)
     if factory is not None:
@@ -74,13 +71,10 @@ def fill_piece_portable(node: fx.Node, args: tuple, kwargs: dict, stream: int, l
     """Fill elements ``lo .. hi`` of in-place random ``node``'s contiguous target with the
     stream's elements ``lo .. hi``; False when the op is not a plain in-place sampler."""
     target = args[0]
-    packet = getattr(node.target, "overloadpacket", None)
-    if packet not in _INPLACE or not isinstance(target, torch.Tensor) or not target.is_contiguous():
+    if getattr(node.target, "overloadpacket", None) not in _INPLACE or not isinstance(target, torch.Tensor) \
+            or not target.is_contiguous():
         return False
-    kind, names = _INPLACE[packet]
-    params = _bind(node, args, {k: v for k, v in kwargs.items() if k != "generator"}, names)
-    if packet is aten.random_:
-        params = _random_range(node, target, params)
+    kind, params = _sampler(node, target, args[1:], kwargs)
     fill_(target.view(-1)[lo:hi], kind, stream, first=lo, **params)
     return True
 
@@ -89,21 +83,27 @@ def fill_in_chunks_portable(node: fx.Node, rest: tuple, kwargs: dict, stream: in
                             sink: Callable[[int, int, torch.Tensor], None] | None = None) -> bool:
     """``backends.partial.fill_in_chunks_exact`` on the portable stream: elements ``lo .. hi``
     of the fill are the stream's elements ``lo .. hi``, so any split is exact."""
-    packet = getattr(node.target, "overloadpacket", None)
-    if packet not in _INPLACE:
+    if getattr(node.target, "overloadpacket", None) not in _INPLACE:
         return False
     if sink is None:
         return True
-    kind, names = _INPLACE[packet]
     scratch = torch.empty(CHUNK, dtype=dtype)
-    params = _bind(node, (scratch, *rest), {k: v for k, v in kwargs.items() if k != "generator"}, names)
-    if packet is aten.random_:
-        params = _random_range(node, scratch, params)
+    kind, params = _sampler(node, scratch, rest, kwargs)
     for lo in range(0, n, CHUNK):
         piece = scratch[:min(CHUNK, n - lo)]
         fill_(piece, kind, stream, first=lo, **params)
         sink(lo, lo + piece.numel(), piece)
     return True
+
+
+def _sampler(node: fx.Node, target: torch.Tensor, rest: tuple, kwargs: dict) -> tuple[str, dict[str, Any]]:
+    """The distribution and parameters of in-place random ``node`` writing ``target``."""
+    packet = node.target.overloadpacket
+    kind, names = _INPLACE[packet]
+    params = _bind(node, (target, *rest), {k: v for k, v in kwargs.items() if k != "generator"}, names)
+    if packet is aten.random_:
+        params = _random_range(node, target, params)
+    return kind, params
 
 
 def _unsupported(node: fx.Node, what: str) -> DeferredInitError:

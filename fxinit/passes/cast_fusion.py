@@ -22,6 +22,8 @@ from typing import AbstractSet, Mapping, Sequence
 import torch
 import torch.fx as fx
 
+from fxinit.passes.walk import users_of, view_closure
+
 aten = torch.ops.aten
 
 _ALLOCATIONS = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
@@ -53,11 +55,9 @@ def fused_casts(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
     ``output_dtype``: the floating-point dtype the kept outputs are requested in
     (``materialize(dtype=...)``); a kept full-precision tensor is then a cast too.
     """
-    users: dict[fx.Node, list[fx.Node]] = defaultdict(list)
+    users = users_of(nodes)
     touching: dict[int, list[fx.Node]] = defaultdict(list)
     for n in nodes:
-        for inp in n.all_input_nodes:
-            users[inp].append(n)
         for sid in {*n.meta.get("reads", ()), *n.meta.get("mutates", ())}:
             touching[sid].append(n)
     plans: dict[fx.Node, FusedCast] = {}
@@ -83,13 +83,8 @@ def _plan(fill: fx.Node, users: dict[fx.Node, list[fx.Node]], touching: dict[int
     spec = alloc.meta.get("spec")
     if alloc.target not in _ALLOCATIONS or not _plain(spec) or any(isinstance(a, fx.Node) for a in alloc.args):
         return None
-    views, stack = [], [alloc]  # identity views of the allocation, transitively
-    while stack:
-        for u in users[stack.pop()]:
-            if u.target in _IDENTITY_VIEWS and u.meta.get("spec") == spec:
-                views.append(u)
-                stack.append(u)
-    aliases = {alloc, *views}
+    aliases = view_closure(alloc, users, lambda u: u.target in _IDENTITY_VIEWS and u.meta.get("spec") == spec)
+    views = sorted(aliases - {alloc}, key=lambda v: v.meta["pos"])
     casts = [u for a in aliases for u in users[a] if u is not fill and u.target not in _IDENTITY_VIEWS]
     others = set(touching[mutated[0]]) - aliases - {fill} - set(casts)
     if others or any(u not in aliases and u is not fill and u not in casts for a in aliases for u in users[a]):
@@ -145,14 +140,10 @@ def cast_points(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
     those kept values (through any alias, or reuses them through the CSE map ``shared``),
     so a requested output dtype can be applied there and the full-precision value freed,
     instead of at the end of the run."""
-    from fxinit.passes.ranges import is_view
-
     index = {n: i for i, n in enumerate(nodes)}
-    users: dict[fx.Node, list[fx.Node]] = defaultdict(list)
+    users = users_of(nodes)
     last_touch: dict[int, int] = {}
     for i, n in enumerate(nodes):
-        for inp in n.all_input_nodes:
-            users[inp].append(n)
         if n in shared:
             users[shared[n][0]].append(n)
         for sid in {*n.meta.get("reads", ()), *n.meta.get("mutates", ())}:
@@ -161,13 +152,8 @@ def cast_points(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
     for k in nodes:
         if k not in keep:
             continue
-        closure, stack, last = {k}, [k], index[k]
-        while stack:
-            for u in users[stack.pop()]:
-                last = max(last, index[u])
-                if is_view(u) and u not in closure:
-                    closure.add(u)
-                    stack.append(u)
+        closure = view_closure(k, users)
+        last = max(index[u] for c in closure for u in (c, *users.get(c, ())))
         for c in closure:
             for sid in {*c.meta.get("reads", ()), *c.meta.get("mutates", ())}:
                 last = max(last, last_touch[sid])

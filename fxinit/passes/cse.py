@@ -11,14 +11,13 @@ copy of the first value, so outputs keep storages of their own, as in eager.
 
 from __future__ import annotations
 
-import operator
 from collections import defaultdict
 from typing import AbstractSet, Any, Sequence
 
 import torch
 import torch.fx as fx
 
-from fxinit.passes.ranges import is_view
+from fxinit.passes.walk import Users, users_of, view_closure
 
 aten = torch.ops.aten
 
@@ -28,11 +27,9 @@ _UNINITIALIZED = {aten.empty, aten.empty_strided, aten.empty_like, aten.new_empt
 def common_subexpressions(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node]) -> dict[fx.Node, tuple[fx.Node, bool]]:
     """``{duplicate: (first node computing the same value, copy)}`` for the slice ``nodes``
     (program order); ``copy`` says the duplicate needs a storage of its own."""
-    users: dict[fx.Node, list[fx.Node]] = defaultdict(list)
+    users = users_of(nodes)
     writes: dict[int, list[int]] = defaultdict(list)
     for n in nodes:
-        for inp in n.all_input_nodes:
-            users[inp].append(n)
         for sid in n.meta.get("mutates", ()):
             writes[sid].append(n.meta["pos"])
     rep: dict[fx.Node, fx.Node] = {}
@@ -94,21 +91,10 @@ def _canonical(value: Any, rep: dict[fx.Node, fx.Node]) -> Any:
     raise TypeError(f"no canonical form for {type(value).__name__}")
 
 
-def _closure(n: fx.Node, users: dict[fx.Node, list[fx.Node]]) -> set[fx.Node]:
-    """``n`` and every view of it, transitively."""
-    seen, stack = {n}, [n]
-    while stack:
-        for u in users[stack.pop()]:
-            if (is_view(u) or u.target is operator.getitem) and u not in seen:
-                seen.add(u)
-                stack.append(u)
-    return seen
-
-
-def _written(n: fx.Node, users: dict[fx.Node, list[fx.Node]]) -> bool:
+def _written(n: fx.Node, users: Users) -> bool:
     """Whether anything writes ``n``'s value, through it or a view of it."""
-    return any(u.meta.get("mutates") for v in _closure(n, users) for u in users[v])
+    return any(u.meta.get("mutates") for v in view_closure(n, users) for u in users.get(v, ()))
 
 
-def _reaches_output(n: fx.Node, users: dict[fx.Node, list[fx.Node]], keep: AbstractSet[fx.Node]) -> bool:
-    return bool(_closure(n, users) & keep)
+def _reaches_output(n: fx.Node, users: Users, keep: AbstractSet[fx.Node]) -> bool:
+    return bool(view_closure(n, users) & keep)

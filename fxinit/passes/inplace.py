@@ -10,11 +10,12 @@ larger result, no type promotion) and the input is a fresh value with no other r
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import AbstractSet, Any, Mapping, Sequence
 
 import torch
 import torch.fx as fx
+
+from fxinit.passes.walk import users_of
 
 aten = torch.ops.aten
 
@@ -49,10 +50,7 @@ def in_place_chains(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
     has readers the graph does not show, so it is never overwritten."""
     from fxinit.graph import _allocates
 
-    users: dict[fx.Node, list[fx.Node]] = defaultdict(list)
-    for n in nodes:
-        for inp in n.all_input_nodes:
-            users[inp].append(n)
+    users = users_of(nodes)
     reused = {first for first, _ in shared.values()} | set(shared)
     out: dict[fx.Node, Any] = {}
     for n in nodes:

@@ -13,20 +13,14 @@ target) leaves the node out, i.e. filled whole.
 
 from __future__ import annotations
 
-import operator
-from collections import defaultdict
 from typing import AbstractSet, Sequence
 
 import torch
 import torch.fx as fx
 
+from fxinit.passes.walk import is_view, users_of, view_closure
+
 aten = torch.ops.aten
-
-# Ops whose results are views: they read no data.
-_VIEWS = {aten.split, aten.split_with_sizes, aten.chunk, aten.slice, aten.narrow, aten.select, aten.view,
-          aten._unsafe_view, aten.detach, aten.alias, aten.t, aten.transpose, aten.permute, aten.unsqueeze,
-          aten.squeeze, aten.as_strided, aten.expand, aten.unflatten, aten.flatten, aten.unbind}
-
 
 # Ops that read only the shape, dtype and device of their tensor argument.
 _METADATA_ONLY = {aten.new_zeros, aten.new_empty, aten.new_ones, aten.new_full, aten.new_empty_strided,
@@ -35,13 +29,6 @@ _METADATA_ONLY = {aten.new_zeros, aten.new_empty, aten.new_ones, aten.new_full, 
 
 def _reads_no_data(n: fx.Node) -> bool:
     return getattr(n.target, "overloadpacket", None) in _METADATA_ONLY
-
-
-def is_view(n: fx.Node) -> bool:
-    if n.target is operator.getitem:
-        return True
-    packet = getattr(n.target, "overloadpacket", None)
-    return packet in _VIEWS
 
 
 def _extent(spec) -> tuple[int, int] | None:
@@ -57,11 +44,7 @@ def _extent(spec) -> tuple[int, int] | None:
 
 def partial_fills(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node]) -> dict[fx.Node, tuple[int, int]]:
     """``{random node: (lo, hi)}`` for random ops whose target is only partly read."""
-    users: dict[fx.Node, list[fx.Node]] = defaultdict(list)
-    members = set(nodes)
-    for n in nodes:
-        for inp in n.all_input_nodes:
-            users[inp].append(n)
+    users = users_of(nodes)
     pos = {n: i for i, n in enumerate(nodes)}
     out: dict[fx.Node, tuple[int, int]] = {}
     for r in nodes:
@@ -71,19 +54,12 @@ def partial_fills(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node]) -> dict[
         spec = target.meta.get("spec")
         if spec is None or spec.storage_offset != 0:
             continue
-        numel = 1
-        for s in spec.shape:
-            numel *= s
+        numel = spec.numel
         # every node whose value aliases the target's storage: its root and view descendants
         root = target
         while is_view(root) and root.args and isinstance(root.args[0], fx.Node):
             root = root.args[0]
-        aliases, stack = {root}, [root]
-        while stack:
-            for u in users[stack.pop()]:
-                if u in members and is_view(u) and u not in aliases:
-                    aliases.add(u)
-                    stack.append(u)
+        aliases = view_closure(root, users)
         if aliases & keep:
             continue
         lo, hi, ok = numel, 0, True

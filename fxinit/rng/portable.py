@@ -66,13 +66,15 @@ class _Words:
             self._w = words(self.stream, self.start, self.n, self.device)
         return self._w
 
-    def unit24(self, shift: int) -> torch.Tensor:
-        """A float32 in [0, 1) from 24 bits of each word, from bit ``shift`` up."""
+    def unit24(self, shift: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """A float32 in [0, 1) from 24 bits of each word, from bit ``shift`` up (into ``out``
+        if given)."""
         if self.lib is not None:
-            out = torch.empty(self.n, dtype=torch.float32)
+            out = torch.empty(self.n, dtype=torch.float32) if out is None else out
             self.lib.fxinit_portable_unit24(out.data_ptr(), self.n, self.start, self.stream & _U64, shift)
             return out
-        return (_srl(self.w, shift) & 0xFFFFFF).to(torch.float32) * (1.0 / (1 << 24))
+        values = (_srl(self.w, shift) & 0xFFFFFF).to(torch.float32) * (1.0 / (1 << 24))
+        return values if out is None else out.copy_(values)
 
     def unit53(self) -> torch.Tensor:
         if self.lib is not None:
@@ -88,11 +90,7 @@ class _Words:
             lo = torch.empty(self.n, dtype=torch.float32)
             self.lib.fxinit_portable_unit24x2(hi.data_ptr(), lo.data_ptr(), self.n, self.start, self.stream & _U64)
             return hi, lo
-        first, second = self.unit24(40), self.unit24(8)
-        if hi is not None:
-            hi.copy_(first)
-            first = hi
-        return first, second
+        return self.unit24(40, hi), self.unit24(8)
 
     def uniform01(self, dtype: torch.dtype) -> torch.Tensor:
         return self.unit53() if dtype == torch.float64 else self.unit24(40)
@@ -105,18 +103,19 @@ def _sample_into(out: torch.Tensor, kind: str, w: "_Words", params: dict[str, fl
     """uniform/normal computed in place in ``out`` (contiguous float32): the same float
     operations, in the same order, as ``sample``, without its temporaries."""
     if kind == "uniform":
-        if w.lib is not None:
-            w.lib.fxinit_portable_unit24(out.data_ptr(), w.n, w.start, w.stream & _U64, 40)
-        else:
-            out.copy_(w.unit24(40))
-        out.mul_(params["high"] - params["low"]).add_(params["low"])
+        w.unit24(40, out).mul_(params["high"] - params["low"]).add_(params["low"])
         return True
     if kind == "normal":
-        u1, u2 = w.unit24_pair(out)
-        u1.neg_().log1p_().mul_(-2.0).sqrt_()
-        u1.mul_(u2.mul_(2.0 * math.pi).cos_()).mul_(params["std"]).add_(params["mean"])
+        _standard_normal_(*w.unit24_pair(out)).mul_(params["std"]).add_(params["mean"])
         return True
     return False
+
+
+def _standard_normal_(u1: torch.Tensor, u2: torch.Tensor) -> torch.Tensor:
+    """Box-Muller in place: ``u1`` becomes ``sqrt(-2 log(1 - u1)) cos(2 pi u2)`` (``u2`` is
+    overwritten). ``1 - u1`` is in (0, 1]: no log(0)."""
+    u1.neg_().log1p_().mul_(-2.0).sqrt_()
+    return u1.mul_(u2.mul_(2.0 * math.pi).cos_())
 
 
 def sample(kind: str, stream: int, start: int, n: int, dtype: torch.dtype, device: torch.device | str,
@@ -129,16 +128,14 @@ def sample(kind: str, stream: int, start: int, n: int, dtype: torch.dtype, devic
     if out is not None and out.dtype == torch.float32 and out.is_contiguous() and _sample_into(out, kind, w, params):
         return out
     if kind == "uniform":
-        u = w.uniform01(dtype)
-        out = u * (params["high"] - params["low"]) + params["low"]
+        out = w.uniform01(dtype).mul_(params["high"] - params["low"]).add_(params["low"])
     elif kind == "normal":
         if work == torch.float64:
             u1 = w.unit53()
             u2 = _Words(stream ^ 0x5DEECE66D, start, n, device).unit53()
         else:
             u1, u2 = w.unit24(40), w.unit24(8)
-        radius = torch.sqrt(-2.0 * torch.log1p(-u1))  # 1 - u1 is in (0, 1]: no log(0)
-        out = radius * torch.cos((2.0 * math.pi) * u2) * params["std"] + params["mean"]
+        out = _standard_normal_(u1, u2).mul_(params["std"]).add_(params["mean"])
     elif kind == "bernoulli":
         out = (w.uniform01(dtype) < params["p"]).to(work)
     elif kind == "exponential":
@@ -146,9 +143,8 @@ def sample(kind: str, stream: int, start: int, n: int, dtype: torch.dtype, devic
     elif kind == "cauchy":
         out = params["median"] + params["sigma"] * torch.tan(math.pi * (w.uniform01(dtype) - 0.5))
     elif kind == "log_normal":
-        u1, u2 = w.unit24(40).to(work), w.unit24(8).to(work)
-        z = torch.sqrt(-2.0 * torch.log1p(-u1)) * torch.cos((2.0 * math.pi) * u2)
-        out = torch.exp(z * params["std"] + params["mean"])
+        z = _standard_normal_(w.unit24(40).to(work), w.unit24(8).to(work))
+        out = torch.exp(z.mul_(params["std"]).add_(params["mean"]))
     elif kind == "geometric":
         u = w.uniform01(dtype).to(torch.float64)
         out = torch.ceil(torch.log1p(-u) / math.log1p(-params["p"])).clamp_min(1)

@@ -17,6 +17,7 @@ Prints one line per check and the figure N/M bitwise-equal per (seed, dtype, ord
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -25,7 +26,7 @@ import time
 import traceback
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -93,6 +94,34 @@ def build_config(model_type: str, variant: str) -> Any:
     raise KeyError(variant)
 
 
+def _in_default_dtype(check: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """Run ``check(model_type, seed, dtype, ...)`` with ``dtype`` as torch's default dtype."""
+    @functools.wraps(check)
+    def run(model_type: str, seed: int = 0, dtype: str = "float32", *args: Any, **kwargs: Any) -> dict[str, Any]:
+        import torch
+
+        saved = torch.get_default_dtype()
+        torch.set_default_dtype(getattr(torch, dtype))
+        try:
+            return check(model_type, seed, dtype, *args, **kwargs)
+        finally:
+            torch.set_default_dtype(saved)
+
+    return run
+
+
+def _materialize(m: Any, order: str, **options: Any) -> None:
+    """Materialize ``m`` whole, or leaf module by leaf module from the last one, then the rest."""
+    import fxinit
+
+    if order == "reverse":
+        for mod in reversed(list(m.modules())):
+            if any(True for _ in mod.parameters(recurse=False)) or any(True for _ in mod.buffers(recurse=False)):
+                fxinit.materialize(mod, **options)
+    fxinit.materialize(m, **options)
+
+
+@_in_default_dtype
 def check_model(model_type: str, seed: int = 0, dtype: str = "float32", variant: str = "tiny",
                 orders: tuple[str, ...] = ("whole", "reverse"), cast: str | None = None) -> dict[str, Any]:
     """Check one architecture; returns {order: "ok" | "mismatch: ..." | "cannot defer: ..." | "crash: ..."}.
@@ -105,8 +134,6 @@ def check_model(model_type: str, seed: int = 0, dtype: str = "float32", variant:
     import fxinit
 
     cfg = build_config(model_type, variant)
-    saved = torch.get_default_dtype()
-    torch.set_default_dtype(getattr(torch, dtype))
     result: dict[str, Any] = {"model": model_type, "seed": seed, "dtype": dtype}
     try:
         torch.manual_seed(seed)
@@ -129,13 +156,7 @@ def check_model(model_type: str, seed: int = 0, dtype: str = "float32", variant:
                 torch.manual_seed(seed + 12345)  # materialize must not depend on the global state
                 before = torch.get_rng_state()
                 t0 = time.perf_counter()
-                if order == "whole":
-                    fxinit.materialize(m, **to)
-                else:
-                    for mod in reversed(list(m.modules())):
-                        if any(True for _ in mod.parameters(recurse=False)) or any(True for _ in mod.buffers(recurse=False)):
-                            fxinit.materialize(mod, **to)
-                    fxinit.materialize(m, **to)
+                _materialize(m, order, **to)
                 result[f"materialize_s_{order}"] = time.perf_counter() - t0
                 if not torch.equal(before, torch.get_rng_state()):
                     problems.append("materialize changed the global RNG")
@@ -153,11 +174,10 @@ def check_model(model_type: str, seed: int = 0, dtype: str = "float32", variant:
     except Exception as exc:  # noqa: BLE001
         for order in orders:
             result[order] = f"eager failed: {type(exc).__name__}: {str(exc)[:200]}"
-    finally:
-        torch.set_default_dtype(saved)
     return result
 
 
+@_in_default_dtype
 def check_model_portable(model_type: str, seed: int = 0, dtype: str = "float32", variant: str = "tiny",
                          orders: tuple[str, ...] = ("whole", "reverse")) -> dict[str, Any]:
     """Portable mode: materializing the module (whole, or leaf by leaf in reverse) gives the
@@ -169,8 +189,6 @@ def check_model_portable(model_type: str, seed: int = 0, dtype: str = "float32",
     import fxinit
 
     cfg = build_config(model_type, variant)
-    saved = torch.get_default_dtype()
-    torch.set_default_dtype(getattr(torch, dtype))
     result: dict[str, Any] = {"model": model_type, "seed": seed, "dtype": dtype}
     try:
         torch.manual_seed(seed)
@@ -180,11 +198,7 @@ def check_model_portable(model_type: str, seed: int = 0, dtype: str = "float32",
             try:
                 torch.manual_seed(seed)
                 m = fxinit.trace_init(AutoModel.from_config, cfg)
-                if order == "reverse":
-                    for mod in reversed(list(m.modules())):
-                        if any(True for _ in mod.parameters(recurse=False)) or any(True for _ in mod.buffers(recurse=False)):
-                            fxinit.materialize(mod, rng="portable")
-                fxinit.materialize(m, rng="portable")
+                _materialize(m, order, rng="portable")
                 got = _tensors(m)
                 problems = [f"{k}: missing" for k in ref if k not in got]
                 problems += [f"{k}: values" for k in ref if k in got and not torch.equal(_bits(ref[k]), _bits(got[k]))]
@@ -199,8 +213,6 @@ def check_model_portable(model_type: str, seed: int = 0, dtype: str = "float32",
     except Exception as exc:  # noqa: BLE001
         for order in orders:
             result[order] = f"crash: {type(exc).__name__}: {str(exc)[:200]}"
-    finally:
-        torch.set_default_dtype(saved)
     return result
 
 

@@ -77,8 +77,8 @@ def materialize_dtensors(entries: dict[int, tuple[Any, list[DTensorPlace]]], dev
         if init:
             values = compute(rec, locals_, target)
         else:
-            values = [torch.empty_strided(t.size(), t.stride(), device=target or state_of(t).device, dtype=dtype_after_to(t.dtype, dtype))
-                      for t in locals_]
+            values = [torch.empty_strided(t.size(), t.stride(), device=target or state_of(t).device,
+                                          dtype=dtype_after_to(t.dtype, dtype)) for t in locals_]
         done += [(dt, places, value) for (dt, places), value in zip(items, values)]
     for dt, places in read:
         local = dt._local_tensor

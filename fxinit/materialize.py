@@ -21,6 +21,7 @@ from fxinit.backends.eager import run_parallel
 from fxinit.backends.portable import streams_for
 from fxinit.capture.api import clear_meta_init_cache
 from fxinit.capture.deferred import STATE_ATTR, is_deferred_tensor, state_of
+from fxinit.capture.names import tensor_slots
 from fxinit.capture.recorder import Recorder
 from fxinit.checkpoint import Checkpoint, CheckpointSource
 from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, local_part, materialize_dtensors
@@ -293,12 +294,8 @@ def _checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], sta
 
 
 def _named_tensors(module: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
-    for mod_name, mod in module.named_modules(remove_duplicate=False):
-        prefix = f"{mod_name}." if mod_name else ""
-        for kind in ("_parameters", "_buffers"):
-            for name, t in getattr(mod, kind).items():
-                if t is not None:
-                    yield prefix + name, t
+    for fqn, _, _, _, t in tensor_slots(module):
+        yield fqn, t
 
 
 def _weakref_holders(where: dict[int, list[Location]], tensors: list[torch.Tensor]) -> list[torch.nn.Module]:
@@ -423,15 +420,11 @@ def init_graph(module: torch.nn.Module) -> InitGraph:
     """The InitGraph of ``module``'s deferred parameters and buffers, by fully qualified name."""
     named: dict[str, torch.Tensor] = {}
     info: dict[str, OutputInfo] = {}
-    for mod_name, mod in module.named_modules(remove_duplicate=False):
-        prefix = f"{mod_name}." if mod_name else ""
-        for kind in ("_parameters", "_buffers"):
-            for name, t in getattr(mod, kind).items():
-                if t is not None and is_deferred_tensor(t) and prefix + name not in named:
-                    named[prefix + name] = t
-                    info[prefix + name] = OutputInfo(
-                        requires_grad=t.requires_grad, is_parameter=kind == "_parameters",
-                        persistent=kind == "_parameters" or name not in mod._non_persistent_buffers_set)
+    for fqn, mod, kind, name, t in tensor_slots(module):
+        if is_deferred_tensor(t) and fqn not in named:
+            named[fqn] = t
+            info[fqn] = OutputInfo(requires_grad=t.requires_grad, is_parameter=kind == "_parameters",
+                                   persistent=kind == "_parameters" or name not in mod._non_persistent_buffers_set)
     if not named:
         raise ValueError("this module has no deferred tensors (was it built with fxinit.trace_init?)")
     recorders = {id(state_of(t).recorder): state_of(t).recorder for t in named.values()}
@@ -456,13 +449,9 @@ def init_graph(module: torch.nn.Module) -> InitGraph:
     groups: dict[int, list[str]] = defaultdict(list)
     for fqn, t in named.items():
         groups[id(t)].append(fqn)
-    for mod_name, mod in module.named_modules(remove_duplicate=False):
-        prefix = f"{mod_name}." if mod_name else ""
-        for kind in ("_parameters", "_buffers"):
-            for name, t in getattr(mod, kind).items():
-                fqn = prefix + name
-                if t is not None and is_deferred_tensor(t) and fqn not in groups[id(t)]:
-                    groups[id(t)].append(fqn)
+    for fqn, _, _, _, t in tensor_slots(module):
+        if is_deferred_tensor(t) and fqn not in groups[id(t)]:
+            groups[id(t)].append(fqn)
     ties = [g for g in groups.values() if len(g) > 1]
     for g in ties:
         for fqn in g:

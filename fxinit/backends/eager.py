@@ -67,6 +67,7 @@ def run_nodes(
     device_map: Mapping[torch.device, torch.device] | None = None,
     streams: Mapping[fx.Node, int] | None = None,
     output_dtype: torch.dtype | None = None,
+    shared: Mapping[fx.Node, tuple[fx.Node, bool]] | None = None,
 ) -> dict[fx.Node, object]:
     """Execute ``nodes`` (a slice in program order); return the values of ``keep``.
 
@@ -75,10 +76,12 @@ def run_nodes(
     ``streams`` (portable mode) gives each random node its portable stream instead of
     its recorded generator snapshot. ``output_dtype`` casts the floating-point and complex
     values of ``keep`` (as ``Module.to(dtype)`` would), each as soon as nothing reads it any more.
+    ``shared`` is the CSE map of ``nodes`` when the caller already has it.
     """
     keep = keep if keep is not None else set(nodes)
     env: dict[fx.Node, object] = {}
-    shared = common_subexpressions(nodes, keep)  # duplicate -> (first, needs a copy)
+    if shared is None:
+        shared = common_subexpressions(nodes, keep)  # duplicate -> (first, needs a copy)
     in_place = in_place_chains(nodes, keep, shared)  # element-wise ops on dying temporaries
     drops = _last_uses(nodes, shared)
     pieces = partial_fills(nodes, keep)  # random fills of which only a range is read
@@ -182,17 +185,18 @@ def run_parallel(
     """
     workers = workers or torch.get_num_threads()
     dtypes = {n.meta.get("default_dtype", default_dtype) for n in nodes}
+    shared = common_subexpressions(nodes, keep)
     groups = []
     if workers > 1 and len(dtypes) == 1:  # a CSE duplicate runs in the group of the value it reuses
-        shared = common_subexpressions(nodes, keep)
         groups = independent_groups(nodes, [(dup, first) for dup, (first, _) in shared.items()])
     if len(groups) < 2:
-        return run_nodes(nodes, constants, rng, default_dtype, keep, device_map, streams, output_dtype)
+        return run_nodes(nodes, constants, rng, default_dtype, keep, device_map, streams, output_dtype, shared)
     (dtype,) = dtypes
     env: dict[fx.Node, object] = {}
     with _default_dtype(dtype), ThreadPoolExecutor(min(workers, len(groups)), "fxinit") as pool:
-        futures = [pool.submit(run_nodes, g, constants, rng, dtype, keep, device_map, streams, output_dtype)
-                   for g in groups]
+        futures = [pool.submit(run_nodes, g, constants, rng, dtype, keep, device_map, streams, output_dtype,
+                               {d: v for d, v in shared.items() if d in members})
+                   for g, members in ((g, set(g)) for g in groups)]
         for f in futures:
             env.update(f.result())
     return env

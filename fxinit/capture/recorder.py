@@ -25,6 +25,7 @@ import torch.fx as fx
 from torch._C import TensorBase
 
 from fxinit.capture.deferred import STATE_ATTR, DeferredState, DeferredTensor, is_deferred_tensor, state_of
+from fxinit.capture.names import tensor_slots
 from fxinit.capture.opaque import find_opaque_call
 from fxinit.capture.provenance import current_provenance, format_source, module_path_from_stack, user_frame
 from fxinit.errors import DeferredInitError
@@ -199,14 +200,11 @@ class Recorder:
         root = self.root
         if root is None:
             return names
-        for mod_name, mod in root.named_modules(remove_duplicate=False):
-            prefix = f"{mod_name}." if mod_name else ""
-            for kind in ("_parameters", "_buffers"):
-                for name, t in getattr(mod, kind).items():
-                    if t is not None and is_deferred_tensor(t) and state_of(t).recorder is self:
-                        sid = self.storage_id(t)
-                        if sid not in names or prefix + name < names[sid]:
-                            names[sid] = prefix + name
+        for fqn, _, _, _, t in tensor_slots(root):
+            if is_deferred_tensor(t) and state_of(t).recorder is self:
+                sid = self.storage_id(t)
+                if sid not in names or fqn < names[sid]:
+                    names[sid] = fqn
         return names
 
     def storage_names(self) -> dict[int, str]:

@@ -1,0 +1,19 @@
+"""Where a module keeps its parameters and buffers, by fully qualified name."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+
+def tensor_slots(module: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module, str, str, torch.Tensor]]:
+    """``(fully qualified name, owning module, "_parameters" | "_buffers", name, tensor)`` for
+    every parameter and buffer under ``module``, under each of its names (ties and shared
+    submodules included)."""
+    for mod_name, mod in module.named_modules(remove_duplicate=False):
+        prefix = f"{mod_name}." if mod_name else ""
+        for kind in ("_parameters", "_buffers"):
+            for name, t in getattr(mod, kind).items():
+                if t is not None:
+                    yield prefix + name, mod, kind, name, t

@@ -13,7 +13,10 @@ Rows:
   meta+to_empty+init    meta construction, to_empty(cpu), model.init_weights() (not exact)
   fxinit exact          trace_init + materialize (bitwise equal to eager)
   fxinit exact 1 thread   the same without concurrent tensor generation
-  fxinit portable       trace_init + materialize(rng="portable"): counter-based stream, not eager's values
+  fxinit portable       trace_init + materialize(rng="portable"): counter-based stream, not eager's
+                        values (compiled kernels cached by an earlier process)
+  fxinit portable cold  the same with an empty kernel cache: the C compiler runs first
+                        (its time is reported as compile_s)
   fxinit last layer     trace_init + materialize(model.model.layers[-1]) only
   eager + to(bf16)      eager construction, then model.to(torch.bfloat16)
   fxinit exact bf16     trace_init + materialize(dtype=torch.bfloat16): the same bits, the
@@ -77,6 +80,13 @@ ROWS = {
     "fxinit portable": (
         "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nfxinit.materialize(m, rng='portable')\nextra = None"
     ),
+    "fxinit portable cold": (
+        "import os, tempfile\nos.environ['FXINIT_CACHE_DIR'] = tempfile.mkdtemp()\n"
+        "from fxinit.rng import native\nnative.library(), native.portable_library()\n"
+        "compile_s = time.perf_counter() - t0\n"
+        "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nfxinit.materialize(m, rng='portable')\n"
+        "extra = {'compile_s': compile_s}"
+    ),
     "fxinit last layer": (
         "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nfxinit.materialize(m.model.layers[-1])\nextra = None"
     ),
@@ -110,11 +120,42 @@ def run_child(cfg: dict, body: str) -> dict:
 
 
 def measure(cfg: dict, rows: dict[str, str], repeat: int) -> dict[str, list[dict]]:
+    sys.path.insert(0, str(ROOT))
+    from fxinit.rng import native
+
+    native.library(), native.portable_library()  # warm rows find the kernels compiled
     results: dict[str, list[dict]] = {name: [] for name in rows}
     for _ in range(repeat):  # interleaved, so drifting machine load hits every row alike
         for name, body in rows.items():
             results[name].append(run_child(cfg, body))
     return results
+
+
+def sampler_speed(n: int = 1 << 24) -> str:
+    """ns per element of the portable samplers on one thread, in memory already touched,
+    next to torch's own CPU samplers: the generator's cost without the page faults."""
+    import time
+
+    import torch
+    from fxinit.rng import portable
+
+    out, parts = torch.empty(n), []
+    with portable.serial_fills():
+        for kind, params, torch_fill in (("normal", dict(mean=0.0, std=0.02), lambda: out.normal_(0.0, 0.02)),
+                                         ("uniform", dict(low=-0.1, high=0.1), lambda: out.uniform_(-0.1, 0.1))):
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            timings = {}
+            for name, fill in (("fxinit portable", lambda: portable.fill_(out, kind, 1, **params)),
+                               ("torch", torch_fill)):
+                fill()
+                t = time.perf_counter()
+                fill()
+                timings[name] = (time.perf_counter() - t) / n * 1e9
+            torch.set_num_threads(threads)
+            parts.append(f"{kind}: fxinit portable {timings['fxinit portable']:.2f} ns/element, "
+                         f"torch {timings['torch']:.2f}")
+    return "float32 samplers on one thread, memory already touched: " + "; ".join(parts)
 
 
 def table(results: dict[str, list[dict]], reference: str) -> str:
@@ -153,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, model {args.model}: {MODELS[args.model]}")
     results = measure(MODELS[args.model], rows, args.repeat)
     print(table(results, "eager"))
+    if any(name.startswith("fxinit portable") for name in rows):
+        print(sampler_speed())
     stats = run_child(MODELS[args.model], STATS_ROW)["extra"]
     plain, bf16 = stats["float32"], stats["bfloat16"]
     print("\ninit graph, as captured -> as run (slicing, dead-init elimination, CSE, in-place chains):")

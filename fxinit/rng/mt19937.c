@@ -12,8 +12,8 @@
 #include <string.h>
 
 /* Wider vectors for the state XORs and twists where the CPU has them (chosen at load time). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define FXINIT_CLONES __attribute__((target_clones("avx2", "default")))
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(FXINIT_NO_CLONES)
+#define FXINIT_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define FXINIT_CLONES
 #endif

@@ -20,8 +20,10 @@ from functools import lru_cache
 from pathlib import Path
 
 _SOURCE = Path(__file__).with_name("mt19937.c")
-_PORTABLE_SOURCE = Path(__file__).with_name("portable.c")
-_FLAGS = ("-O3", "-shared", "-fPIC")
+PORTABLE_SOURCE = Path(__file__).with_name("portable.c")
+# no contraction into fused multiply-adds: the portable samplers must round each float
+# operation on its own, as torch ops do; errno-free math lets sqrt vectorize
+_FLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno")
 
 
 def cache_dir() -> Path:
@@ -47,7 +49,7 @@ def library() -> ctypes.CDLL | None:
 @lru_cache(maxsize=None)
 def portable_library() -> ctypes.CDLL | None:
     """The loaded portable-stream samplers, or None where they cannot be built here."""
-    lib = _load(_PORTABLE_SOURCE)
+    lib = _load(PORTABLE_SOURCE)
     if lib is None:
         return None
     lib.fxinit_portable_unit24.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64,
@@ -55,24 +57,30 @@ def portable_library() -> ctypes.CDLL | None:
     lib.fxinit_portable_unit24.restype = None
     lib.fxinit_portable_unit53.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64]
     lib.fxinit_portable_unit53.restype = None
-    lib.fxinit_portable_unit24x2.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                             ctypes.c_uint64]
-    lib.fxinit_portable_unit24x2.restype = None
+    lib.fxinit_portable_fill.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                         ctypes.c_uint64, ctypes.c_double, ctypes.c_double]
+    lib.fxinit_portable_fill.restype = None
     return lib
 
 
 def _load(source: Path) -> ctypes.CDLL | None:
     if os.environ.get("FXINIT_NO_NATIVE") == "1":
         return None
-    try:
-        return ctypes.CDLL(str(_build(source)))
-    except (OSError, subprocess.SubprocessError):
-        return None
+    for flags in (_FLAGS, (*_FLAGS, NO_CLONES)):  # compilers that cannot clone for newer CPUs
+        try:
+            return ctypes.CDLL(str(build(source, flags)))
+        except (OSError, subprocess.SubprocessError):
+            continue
+    return None
 
 
-def _build(source_path: Path) -> Path:
+NO_CLONES = "-DFXINIT_NO_CLONES"  # one plain version of each kernel, no AVX2/AVX-512 clones
+
+
+def build(source_path: Path, flags: tuple[str, ...] = _FLAGS) -> Path:
+    """The shared library of ``source_path`` built with ``flags``, from the cache if there."""
     source = source_path.read_bytes()
-    tag = hashlib.sha256(source + sys.platform.encode() + " ".join(_FLAGS).encode()).hexdigest()[:16]
+    tag = hashlib.sha256(source + sys.platform.encode() + " ".join(flags).encode()).hexdigest()[:16]
     target = cache_dir() / f"{source_path.stem}-{tag}.so"
     if target.exists():
         return target
@@ -82,7 +90,7 @@ def _build(source_path: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        subprocess.run([compiler, *_FLAGS, str(source_path), "-o", str(out), "-lm"],
+        subprocess.run([compiler, *flags, str(source_path), "-o", str(out), "-lm"],
                        check=True, capture_output=True, timeout=120)
         os.replace(out, target)  # atomic: concurrent builders agree on the result
     return target

@@ -6,10 +6,12 @@ writes and the op's ordinal among the random ops writing it, e.g.
 64-bit word ``splitmix64(hash(seed, key) + (i + 1) * 0x9E3779B97F4A7C15)``, a counter-based
 generator: no state, no order, no dependence on which other tensors are materialized, on
 thread count, or on how a tensor is split into shards (a shard starting at element ``s``
-computes the words ``s, s+1, ...``). Integer arithmetic is exact on every device, so uniform
-values are bitwise equal across devices; normal values go through ``log1p``/``cos``, whose
-last bit may differ between devices. On CPU the words come from fxinit's C kernel
-(``portable.c``) when a compiler is available, else from torch ops: the same bits.
+computes the words ``s, s+1, ...``). Float32 and bfloat16 uniform and normal values are
+made of integer work and single IEEE-754 operations (the normal's log and cos are fxinit's
+own polynomials), so they are meant to be bitwise equal on every device; float64 normals and
+the other distributions use torch's ``log1p``/``exp``/... whose last bit may differ between
+devices. On CPU, fxinit's C kernel (``portable.c``) computes them when a compiler is
+available, else torch ops do: the same bits.
 
 Distributions follow the eager init functions: ``uniform_(a, b)``, ``normal_(mean, std)``
 (Box-Muller from the two halves of one word), ``bernoulli_(p)``, ``exponential_``,
@@ -20,7 +22,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 
@@ -83,15 +88,6 @@ class _Words:
             return out
         return _srl(self.w, 11).to(torch.float64) * (1.0 / (1 << 53))
 
-    def unit24_pair(self, hi: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(unit24(40), unit24(8))``, the first written into ``hi`` if given."""
-        if self.lib is not None:
-            hi = torch.empty(self.n, dtype=torch.float32) if hi is None else hi
-            lo = torch.empty(self.n, dtype=torch.float32)
-            self.lib.fxinit_portable_unit24x2(hi.data_ptr(), lo.data_ptr(), self.n, self.start, self.stream & _U64)
-            return hi, lo
-        return self.unit24(40, hi), self.unit24(8)
-
     def uniform01(self, dtype: torch.dtype) -> torch.Tensor:
         return self.unit53() if dtype == torch.float64 else self.unit24(40)
 
@@ -100,42 +96,105 @@ _U64 = (1 << 64) - 1
 
 
 def _sample_into(out: torch.Tensor, kind: str, w: "_Words", params: dict[str, float]) -> bool:
-    """uniform/normal computed in place in ``out`` (contiguous float32): the same float
-    operations, in the same order, as ``sample``, without its temporaries."""
-    if kind == "uniform":
-        w.unit24(40, out).mul_(params["high"] - params["low"]).add_(params["low"])
+    """uniform/normal written straight into ``out`` (contiguous, ``w.n`` elements): by the C
+    kernel for float32 and bfloat16 in one pass, else by torch ops for float32; False for
+    anything else."""
+    if kind not in _AFFINE or out.dtype not in _FUSED_DTYPES:
+        return False
+    scale, shift = _AFFINE[kind](params)
+    if w.lib is not None:
+        w.lib.fxinit_portable_fill(out.data_ptr(), _KINDS.index(kind), _FUSED_DTYPES.index(out.dtype), w.n, w.start,
+                                   w.stream & _U64, float(scale), float(shift))
         return True
-    if kind == "normal":
-        _standard_normal_(*w.unit24_pair(out)).mul_(params["std"]).add_(params["mean"])
-        return True
-    return False
+    if out.dtype != torch.float32:
+        return False
+    values = w.unit24(40, out) if kind == "uniform" else out.copy_(_normal24(w))
+    values.mul_(scale).add_(shift)
+    return True
+
+
+_KINDS = ("uniform", "normal")  # the C kernel's kind codes
+_FUSED_DTYPES = (torch.float32, torch.bfloat16)  # the C kernel's dtype codes
+_AFFINE = {  # value = sample * scale + shift
+    "uniform": lambda p: (p["high"] - p["low"], p["low"]),
+    "normal": lambda p: (p["std"], p["mean"]),
+}
 
 
 def _standard_normal_(u1: torch.Tensor, u2: torch.Tensor) -> torch.Tensor:
-    """Box-Muller in place: ``u1`` becomes ``sqrt(-2 log(1 - u1)) cos(2 pi u2)`` (``u2`` is
-    overwritten). ``1 - u1`` is in (0, 1]: no log(0)."""
+    """Box-Muller in place for float64: ``u1`` becomes ``sqrt(-2 log(1 - u1)) cos(2 pi u2)``
+    (``u2`` is overwritten). ``1 - u1`` is in (0, 1]: no log(0)."""
     u1.neg_().log1p_().mul_(-2.0).sqrt_()
     return u1.mul_(u2.mul_(2.0 * math.pi).cos_())
+
+
+# portable.c's float constants, exactly (each is a float32 value)
+_F = float.fromhex
+_LN2, _TWO_PI_2_24 = _F("0x1.62e430p-1"), _F("0x1.921fb6p-22")
+_LOG_SERIES = (_F("0x1.c71c72p-4"), _F("0x1.24924ap-3"), _F("0x1.99999ap-3"), _F("0x1.555556p-2"), 1.0)
+_COS_SERIES = (_F("0x1.a01a02p-16"), -_F("0x1.6c16c2p-10"), _F("0x1.555556p-5"), -0.5, 1.0)
+_SIN_SERIES = (_F("0x1.71de3ap-19"), -_F("0x1.a01a02p-13"), _F("0x1.111112p-7"), -_F("0x1.555556p-3"), 1.0)
+
+
+def _horner(x2: torch.Tensor, coefficients: tuple[float, ...]) -> torch.Tensor:
+    p = x2 * coefficients[0] + coefficients[1]
+    for c in coefficients[2:]:
+        p = p.mul_(x2).add_(c)
+    return p
+
+
+def _normal24(w: "_Words") -> torch.Tensor:
+    """Float32 standard normals with torch ops: portable.c's Box-Muller,
+    ``sqrt(-2 log(1 - u1)) cos(2 pi u2)`` from the two 24-bit halves of each word."""
+    neg2log = _neg2log24((1 << 24) - (_srl(w.w, 40) & 0xFFFFFF).to(torch.int32))  # 1 - u1 = m / 2^24
+    # torch's float32 sqrt is not correctly rounded on every CPU; float64's, rounded to
+    # float32, is (the square root of a float32 is never that close to a rounding boundary)
+    return neg2log.double().sqrt_().float().mul_(_cos2pi24((_srl(w.w, 8) & 0xFFFFFF).to(torch.int32)))
+
+
+# The log and cos of the portable normal are fxinit's own, made of single IEEE operations
+# with the constants above, so that every device computes the same bits.
+def _neg2log24(m: torch.Tensor) -> torch.Tensor:
+    """``-2 log(m / 2^24)`` for int32 ``m`` in [1, 2^24], as portable.c's ``neg2log24``."""
+    bits = m.to(torch.float32).view(torch.int32)  # m = 2^e f
+    e = (bits >> 23) - 127
+    fb = (bits & 0x7FFFFF) | 0x3F800000
+    big = (fb > 0x3FB504F3).to(torch.int32)  # f > sqrt(2): halve it
+    fb, e = fb - (big << 23), e + big
+    f = fb.view(torch.float32)
+    s = (f - 1.0) / (f + 1.0)  # log f = 2 atanh(s)
+    log_f = (s + s).mul_(_horner(s * s, _LOG_SERIES))
+    return (e - 24).to(torch.float32).mul_(_LN2).add_(log_f).mul_(-2.0)
+
+
+def _cos2pi24(j: torch.Tensor) -> torch.Tensor:
+    """``cos(2 pi j / 2^24)`` for int32 ``j`` in [0, 2^24), as portable.c's ``cos2pi24``."""
+    t = (j + (1 << 21)) & 0xFFFFFF  # an eighth of a turn on
+    q = t >> 22  # quadrant
+    x = ((t & 0x3FFFFF) - (1 << 21)).to(torch.float32).mul_(_TWO_PI_2_24)  # angle in [-pi/4, pi/4)
+    x2 = x * x
+    cos, sin = _horner(x2, _COS_SERIES), _horner(x2, _SIN_SERIES).mul_(x)
+    v = torch.where((q & 1) == 1, sin, cos)
+    return torch.where(((q + 1) & 2) != 0, -v, v)
 
 
 def sample(kind: str, stream: int, start: int, n: int, dtype: torch.dtype, device: torch.device | str,
            out: torch.Tensor | None = None, **params: float) -> torch.Tensor:
     """``n`` values of distribution ``kind`` for elements ``start ..``, computed in float32
-    (float64 for float64 targets) and returned in ``dtype`` (in ``out`` if it is given and
-    a contiguous float32 tensor of ``n`` elements)."""
+    (float64 for float64 targets) and returned in ``dtype`` (written into ``out`` where a
+    fused sampler can, see ``_sample_into``)."""
     w = _Words(stream, start, n, device)
     work = torch.float64 if dtype == torch.float64 else torch.float32
-    if out is not None and out.dtype == torch.float32 and out.is_contiguous() and _sample_into(out, kind, w, params):
+    if out is not None and out.is_contiguous() and out.numel() == n and _sample_into(out, kind, w, params):
         return out
     if kind == "uniform":
         out = w.uniform01(dtype).mul_(params["high"] - params["low"]).add_(params["low"])
     elif kind == "normal":
         if work == torch.float64:
-            u1 = w.unit53()
-            u2 = _Words(stream ^ 0x5DEECE66D, start, n, device).unit53()
+            z = _standard_normal_(w.unit53(), _Words(stream ^ 0x5DEECE66D, start, n, device).unit53())
         else:
-            u1, u2 = w.unit24(40), w.unit24(8)
-        out = _standard_normal_(u1, u2).mul_(params["std"]).add_(params["mean"])
+            z = _normal24(w)
+        out = z.mul_(params["std"]).add_(params["mean"])
     elif kind == "bernoulli":
         out = (w.uniform01(dtype) < params["p"]).to(work)
     elif kind == "exponential":
@@ -143,8 +202,7 @@ def sample(kind: str, stream: int, start: int, n: int, dtype: torch.dtype, devic
     elif kind == "cauchy":
         out = params["median"] + params["sigma"] * torch.tan(math.pi * (w.uniform01(dtype) - 0.5))
     elif kind == "log_normal":
-        z = _standard_normal_(w.unit24(40).to(work), w.unit24(8).to(work))
-        out = torch.exp(z.mul_(params["std"]).add_(params["mean"]))
+        out = torch.exp(_normal24(w).to(work).mul_(params["std"]).add_(params["mean"]))
     elif kind == "geometric":
         u = w.uniform01(dtype).to(torch.float64)
         out = torch.ceil(torch.log1p(-u) / math.log1p(-params["p"])).clamp_min(1)
@@ -166,20 +224,18 @@ def fill_(target: torch.Tensor, kind: str, stream: int, first: int = 0, **params
 
     def run(start: int) -> None:
         size = min(CHUNK, n - start)
-        if flat is not None and flat.dtype == torch.float32:
+        if flat is not None:
             piece = flat[start:start + size]
             values = sample(kind, stream, first + start, size, target.dtype, target.device, out=piece, **params)
-            if values is not piece:  # kinds without an in-place sampler
+            if values is not piece:  # no fused sampler for this kind and dtype
                 piece.copy_(values)
-            return
-        values = sample(kind, stream, first + start, size, target.dtype, target.device, **params)
-        if flat is not None:
-            flat[start:start + size].copy_(values)
         else:
-            _strided_chunk(target, start, size).copy_(values)
+            _strided_chunk(target, start, size).copy_(
+                sample(kind, stream, first + start, size, target.dtype, target.device, **params))
 
     starts = range(0, n, CHUNK)
-    workers = min(torch.get_num_threads(), len(starts)) if flat is not None else 1
+    serial = flat is None or getattr(_THREAD, "serial", False)
+    workers = 1 if serial else min(torch.get_num_threads(), len(starts))
     if workers <= 1:
         for s in starts:
             run(s)
@@ -187,6 +243,21 @@ def fill_(target: torch.Tensor, kind: str, stream: int, first: int = 0, **params
         with ThreadPoolExecutor(workers, "fxinit-portable") as pool:
             list(pool.map(run, starts))
     return target
+
+
+_THREAD = threading.local()
+
+
+@contextmanager
+def serial_fills() -> Iterator[None]:
+    """Fills in this thread run on it alone: for threads that already run beside others on
+    every core, where more threads per fill would only compete with them."""
+    before = getattr(_THREAD, "serial", False)
+    _THREAD.serial = True
+    try:
+        yield
+    finally:
+        _THREAD.serial = before
 
 
 def _strided_chunk(target: torch.Tensor, start: int, size: int) -> torch.Tensor:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from fxinit.capture.deferred import STATE_ATTR, is_deferred_tensor, state_of
+from fxinit.capture.deferred import dressed_as, is_deferred_tensor, state_of
 
 try:
     from torch.distributed.tensor import DTensor
@@ -89,13 +89,8 @@ def materialize_dtensors(entries: dict[int, tuple[Any, list[DTensorPlace]]], dev
         done.append((dt, places, value.to(dtype_after_to(local.dtype, dtype)).contiguous()))
     plan = [(dt, places, value.to(device if device is not None else _mesh_device(dt))) for dt, places, value in done]
     for dt, places, value in plan:
-        new = DTensor.from_local(value, dt.device_mesh, dt.placements, run_check=False, shape=dt.shape,
-                                 stride=dt.stride())
-        if isinstance(dt, torch.nn.Parameter):
-            new = torch.nn.Parameter(new, requires_grad=dt.requires_grad)
-        for k, v in dt.__dict__.items():
-            if k != STATE_ATTR and k not in new.__dict__:
-                new.__dict__[k] = v
+        new = dressed_as(dt, DTensor.from_local(value, dt.device_mesh, dt.placements, run_check=False,
+                                                shape=dt.shape, stride=dt.stride()))
         for mod, kind, name in places:
             getattr(mod, kind)[name] = new
 

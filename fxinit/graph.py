@@ -25,7 +25,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.errors import DeferredInitError
-from fxinit.rng import RngSnapshot
+from fxinit.rng import Snapshot
 
 
 class TensorSpec(NamedTuple):
@@ -72,7 +72,7 @@ class InitGraph:
     info: dict[str, OutputInfo]
     ties: list[list[str]]
     constants: dict[str, torch.Tensor]
-    rng: dict[str, RngSnapshot]
+    rng: dict[str, Snapshot]
     default_dtype: torch.dtype = field(default_factory=torch.get_default_dtype)
     seed: int | None = None  # torch.initial_seed() when capture started: portable mode's default
     stream_names: dict[int, str] = field(default_factory=dict)  # storage id -> name for portable keys

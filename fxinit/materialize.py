@@ -20,7 +20,7 @@ import torch.fx as fx
 from fxinit.backends.eager import run_parallel
 from fxinit.backends.portable import streams_for
 from fxinit.capture.api import clear_meta_init_cache
-from fxinit.capture.deferred import STATE_ATTR, is_deferred_tensor, state_of
+from fxinit.capture.deferred import dressed_as, is_deferred_tensor, state_of
 from fxinit.capture.names import tensor_slots
 from fxinit.capture.recorder import Recorder
 from fxinit.checkpoint import Checkpoint, CheckpointSource
@@ -155,25 +155,12 @@ def _move(values: list[torch.Tensor], device: torch.device) -> list[torch.Tensor
     return out
 
 
-def _replacement(t: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    if getattr(t, "_is_param", False):
-        new = torch.nn.Parameter(value, requires_grad=t.requires_grad)
-    else:
-        new = value.detach()
-        if t.requires_grad:
-            new.requires_grad_(True)
-    for k, v in t.__dict__.items():
-        if k not in (STATE_ATTR, "_is_param"):
-            new.__dict__[k] = v
-    return new
-
-
 def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dict[int, list[Location]]) -> None:
     # Tensors computed with autograd (a weight_norm'ed ``weight``) hold references to the
     # parameters they came from; swapping them first releases those references.
     order = sorted(range(len(tensors)), key=lambda i: tensors[i].grad_fn is None)
     for t, v in ((tensors[i], values[i]) for i in order):
-        new = _replacement(t, v)
+        new = dressed_as(t, v)
         try:
             torch.utils.swap_tensors(t, new)
         except RuntimeError as exc:

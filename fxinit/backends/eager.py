@@ -26,7 +26,9 @@ from fxinit.passes.cse import common_subexpressions
 from fxinit.passes.inplace import in_place_chains
 from fxinit.passes.partition import independent_groups
 from fxinit.passes.ranges import partial_fills
-from fxinit.rng import RngSnapshot, private_generator, swapped_default_generators
+from fxinit.rng import Snapshot, private_generator, swapped_default_generators
+from fxinit.rng.snapshot import resolve
+from fxinit.rng.portable import serial_fills
 
 
 @contextlib.contextmanager
@@ -61,7 +63,7 @@ def _last_uses(nodes: Sequence[fx.Node], shared: Mapping[fx.Node, tuple[fx.Node,
 def run_nodes(
     nodes: Sequence[fx.Node],
     constants: Mapping[str, torch.Tensor],
-    rng: Mapping[str, RngSnapshot],
+    rng: Mapping[str, Snapshot],
     default_dtype: torch.dtype,
     keep: set[fx.Node] | None = None,
     device_map: Mapping[torch.device, torch.device] | None = None,
@@ -158,7 +160,7 @@ def _cast(value: object, dtype: torch.dtype) -> object:
     return value
 
 
-def _fill_piece(n: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str, RngSnapshot],
+def _fill_piece(n: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str, Snapshot],
                 streams: Mapping[fx.Node, int] | None, lo: int, hi: int) -> bool:
     """Fill only elements ``lo .. hi`` of random node ``n``'s target; False if it must run whole."""
     if streams is not None:
@@ -169,7 +171,7 @@ def _fill_piece(n: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str, RngSnap
 def run_parallel(
     nodes: Sequence[fx.Node],
     constants: Mapping[str, torch.Tensor],
-    rng: Mapping[str, RngSnapshot],
+    rng: Mapping[str, Snapshot],
     default_dtype: torch.dtype,
     keep: set[fx.Node],
     device_map: Mapping[torch.device, torch.device] | None = None,
@@ -184,6 +186,8 @@ def run_parallel(
     default dtypes run serially (the default dtype is process-global).
     """
     workers = workers or torch.get_num_threads()
+    if streams is None:  # exact mode: compute the snapshots' states in program order, one short jump each
+        resolve([rng[k] for n in nodes for k in n.meta.get("rng", {}).values()])
     dtypes = {n.meta.get("default_dtype", default_dtype) for n in nodes}
     shared = common_subexpressions(nodes, keep)
     groups = []
@@ -193,13 +197,21 @@ def run_parallel(
         return run_nodes(nodes, constants, rng, default_dtype, keep, device_map, streams, output_dtype, shared)
     (dtype,) = dtypes
     env: dict[fx.Node, object] = {}
+    run = _serial_fills(run_nodes) if len(groups) >= workers else run_nodes  # every core has a group
     with _default_dtype(dtype), ThreadPoolExecutor(min(workers, len(groups)), "fxinit") as pool:
-        futures = [pool.submit(run_nodes, g, constants, rng, dtype, keep, device_map, streams, output_dtype,
+        futures = [pool.submit(run, g, constants, rng, dtype, keep, device_map, streams, output_dtype,
                                {d: v for d, v in shared.items() if d in members})
                    for g, members in ((g, set(g)) for g in groups)]
         for f in futures:
             env.update(f.result())
     return env
+
+
+def _serial_fills(fn: Callable[..., dict]) -> Callable[..., dict]:
+    def run(*args: object) -> dict:
+        with serial_fills():
+            return fn(*args)
+    return run
 
 
 # Code that draws from the default generators implicitly must not overlap with other
@@ -208,7 +220,7 @@ _DEFAULT_GENERATORS = threading.Lock()
 
 
 def _with_rng(fn: Callable[..., object], args: tuple, kwargs: dict, keys: Mapping[str, str],
-              rng: Mapping[str, RngSnapshot], generator_kw: str) -> object:
+              rng: Mapping[str, Snapshot], generator_kw: str) -> object:
     """Call ``fn`` drawing from the recorded snapshots: a private generator passed in, and
     the default generators temporarily set for code that draws from them implicitly."""
     if "gen" in keys:

@@ -10,16 +10,16 @@ import torch.fx as fx
 from fxinit.backends.partial import CHUNK, fill_in_chunks_exact
 from fxinit.backends.portable import fill_in_chunks_portable
 from fxinit.passes.cast_fusion import FusedCast
-from fxinit.rng import RngSnapshot
+from fxinit.rng import Snapshot
 
 
-def runnable(plans: Mapping[fx.Node, FusedCast], rng: Mapping[str, RngSnapshot],
+def runnable(plans: Mapping[fx.Node, FusedCast], rng: Mapping[str, Snapshot],
              streams: Mapping[fx.Node, int] | None) -> dict[fx.Node, FusedCast]:
     """The plans whose fill can be split exactly in this run (decided before any member runs)."""
     return {fill: p for fill, p in plans.items() if _fill_chunks(p, rng, streams, None)}
 
 
-def run_fused(plan: FusedCast, rng: Mapping[str, RngSnapshot], streams: Mapping[fx.Node, int] | None) -> torch.Tensor:
+def run_fused(plan: FusedCast, rng: Mapping[str, Snapshot], streams: Mapping[fx.Node, int] | None) -> torch.Tensor:
     """The cast tensor of ``plan``, produced without the full-precision tensor ever existing."""
     spec = plan.alloc.meta["spec"]
     out = torch.empty_strided(spec.shape, spec.stride, dtype=plan.dtype, device=spec.device)
@@ -33,7 +33,7 @@ def run_fused(plan: FusedCast, rng: Mapping[str, RngSnapshot], streams: Mapping[
     return out
 
 
-def _fill_chunks(plan: FusedCast, rng: Mapping[str, RngSnapshot], streams: Mapping[fx.Node, int] | None,
+def _fill_chunks(plan: FusedCast, rng: Mapping[str, Snapshot], streams: Mapping[fx.Node, int] | None,
                  sink: Callable[[int, int, torch.Tensor], None] | None) -> bool:
     spec = plan.alloc.meta["spec"]
     n = spec.numel

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 import torch
 import torch.fx as fx
 
-from fxinit.rng import RngSnapshot, mt19937, private_generator
+from fxinit.rng import RngSnapshot, Snapshot, mt19937, private_generator
 from fxinit.rng.draws import MIN_ELEMENTS, draw_model
 
 _PROBE_N = 1000 + 7
@@ -24,7 +24,7 @@ _verified: dict[Any, bool] = {}
 CHUNK = 1 << 16  # elements per piece of a chunked fill: a multiple of 16, cache-sized
 
 
-def fill_piece_exact(node: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str, RngSnapshot],
+def fill_piece_exact(node: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str, Snapshot],
                      lo: int, hi: int) -> bool:
     """Fill elements ``lo .. hi`` (widened as the sampler needs) of ``args[0]`` as the whole
     op would; False (nothing done) when that cannot be done exactly."""
@@ -48,7 +48,7 @@ def fill_piece_exact(node: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str,
     return True
 
 
-def fill_in_chunks_exact(node: fx.Node, rest: tuple, kwargs: dict, rng: Mapping[str, RngSnapshot],
+def fill_in_chunks_exact(node: fx.Node, rest: tuple, kwargs: dict, rng: Mapping[str, Snapshot],
                          dtype: torch.dtype, n: int,
                          sink: Callable[[int, int, torch.Tensor], None] | None = None,
                          out: torch.Tensor | None = None) -> bool:
@@ -80,7 +80,7 @@ def fill_in_chunks_exact(node: fx.Node, rest: tuple, kwargs: dict, rng: Mapping[
     return True
 
 
-def fill_whole_in_chunks(node: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str, RngSnapshot]) -> bool:
+def fill_whole_in_chunks(node: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str, Snapshot]) -> bool:
     """Run in-place random ``node`` on its whole (large, contiguous, CPU) target in
     cache-sized pieces, with the bits of one whole call; False (nothing done) otherwise."""
     target = args[0] if args else None

@@ -31,7 +31,7 @@ def _capturing(recorder: Recorder) -> Iterator[None]:
     recorder.capturing = True
     _local.depth = _depth() + 1
     try:
-        with fmode, dmode, lazy_module_support(recorder):
+        with recorder.lazy_cpu.scope(), fmode, dmode, lazy_module_support(recorder):
             yield
     finally:
         _local.depth = _depth() - 1

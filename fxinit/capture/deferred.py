@@ -63,6 +63,21 @@ def is_deferred_tensor(t: object) -> bool:
     return isinstance(t, DeferredTensor) and STATE_ATTR in t.__dict__
 
 
+def dressed_as(deferred: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``value`` in the place of ``deferred``: a Parameter if that was one, its
+    ``requires_grad``, and the attributes user code set on it (not fxinit's own)."""
+    if isinstance(deferred, torch.nn.Parameter):
+        new = torch.nn.Parameter(value, requires_grad=deferred.requires_grad)
+    else:
+        new = value.detach()
+        if deferred.requires_grad:
+            new.requires_grad_(True)
+    for k, v in deferred.__dict__.items():
+        if k not in (STATE_ATTR, "_is_param") and k not in new.__dict__:
+            new.__dict__[k] = v
+    return new
+
+
 class DeferredTensor(torch.Tensor):
     """A tensor whose value is the output of a node of an init graph."""
 
@@ -86,14 +101,7 @@ class DeferredTensor(torch.Tensor):
         if id(self) in memo:
             return memo[id(self)]
         with torch.no_grad():
-            new = self.clone(memory_format=torch.preserve_format)
-        if getattr(self, "_is_param", False):
-            new = torch.nn.Parameter(new, requires_grad=self.requires_grad)
-        else:
-            new.requires_grad_(self.requires_grad)
-        for k, v in self.__dict__.items():
-            if k not in (STATE_ATTR, "_is_param"):
-                new.__dict__[k] = v
+            new = dressed_as(self, self.clone(memory_format=torch.preserve_format))
         memo[id(self)] = new
         return new
 

@@ -86,24 +86,40 @@ def _frame_self(f: types.FrameType) -> object:
     return f.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
 
 
+_CODE_KINDS: dict[types.CodeType, tuple[bool, str | None, bool]] = {}
+
+
+def _code_kind(code: types.CodeType) -> tuple[bool, str | None, bool]:
+    """(internal to torch/fxinit, the public torch.nn.init function it is, an init method's name)."""
+    kind = _CODE_KINDS.get(code)
+    if kind is None:
+        filename = code.co_filename
+        init_fn = f"torch.nn.init.{code.co_name}" if filename == _INIT_FILE and not code.co_name.startswith("_") \
+            else None
+        kind = _CODE_KINDS[code] = (_is_internal(filename), init_fn, code.co_name in _INIT_METHOD_NAMES)
+    return kind
+
+
 def current_provenance(start: types.FrameType | None = None) -> tuple[Provenance, torch.nn.Module | None]:
     """Provenance of the op being recorded now, and the innermost module on the stack."""
     user = None
     init_fn = None
     init_method = None
     module = None
-    for f in _frames(start or sys._getframe(1)):
-        code = f.f_code
-        filename = code.co_filename
-        if init_fn is None and filename == _INIT_FILE and not code.co_name.startswith("_"):
-            init_fn = f"torch.nn.init.{code.co_name}"
-        if code.co_name in _INIT_METHOD_NAMES:
+    f = start or sys._getframe(1)
+    while f is not None:  # runs for every recorded op: a plain loop over frames, kinds cached per code
+        internal, fn, is_init_method = _code_kind(f.f_code)
+        if init_fn is None and fn is not None:
+            init_fn = fn
+        if is_init_method:
             owner = _frame_self(f)
-            init_method = f"{type(owner).__name__}.{code.co_name}" if isinstance(owner, torch.nn.Module) else code.co_name
-        if user is None and not _is_internal(filename):
+            name = f.f_code.co_name
+            init_method = f"{type(owner).__name__}.{name}" if isinstance(owner, torch.nn.Module) else name
+        if user is None and not internal:
             user = f
         if module is None:
             module = _frame_module(f)
+        f = f.f_back
     prov = Provenance(
         source=format_source(user),
         init_fn=init_fn,

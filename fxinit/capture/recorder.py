@@ -15,6 +15,7 @@ its tensors afterwards. For every op it
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 import sys
 import weakref
@@ -28,10 +29,11 @@ from fxinit.capture.deferred import STATE_ATTR, DeferredState, DeferredTensor, i
 from fxinit.capture.names import tensor_slots
 from fxinit.capture.opaque import find_opaque_call
 from fxinit.capture.provenance import current_provenance, format_source, module_path_from_stack, user_frame
+from fxinit.capture.skips import LazyCpuGenerator
 from fxinit.errors import DeferredInitError
 from fxinit.graph import TensorSpec
 from fxinit.ops import call_init_function, resolve_init_function
-from fxinit.rng import RngSnapshot, default_generator_for, mt19937, snapshot
+from fxinit.rng import Snapshot, default_generator_for, mt19937, snapshot
 from fxinit.passes.dead_init import dead_writes
 from fxinit.rng.draws import cpu_draws
 
@@ -74,6 +76,7 @@ _WHAT_THE_USER_WROTE = {
 }
 
 
+@functools.lru_cache(maxsize=None)
 def _is_random(func: Any) -> bool:
     if torch.Tag.nondeterministic_seeded in func.tags:
         return True
@@ -88,9 +91,10 @@ _UNANNOTATED_WRITES = {
 }
 
 
-def _mutated_arg_indices(func: Any) -> list[int]:
+@functools.lru_cache(maxsize=None)
+def _mutated_arg_indices(func: Any) -> tuple[int, ...]:
     marked = [i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-    return marked + [i for i in _UNANNOTATED_WRITES.get(func, ()) if i not in marked]
+    return (*marked, *(i for i in _UNANNOTATED_WRITES.get(func, ()) if i not in marked))
 
 
 def _schema_value(func: Any, args: tuple, kwargs: dict, i: int) -> Any:
@@ -151,7 +155,8 @@ class Recorder:
         self.kind = kind
         self.graph = fx.Graph()
         self.constants: dict[str, torch.Tensor] = {}
-        self.rng: dict[str, RngSnapshot] = {}
+        self.rng: dict[str, Snapshot] = {}
+        self.lazy_cpu = LazyCpuGenerator()  # the default CPU generator, skipped lazily inside capture
         self._dead: tuple[int, set[fx.Node]] = (-1, set())
         self.random_ops = {"skipped": 0, "drawn": 0}  # how capture kept generators in step
         self.seed = torch.initial_seed()  # the default for the portable stream
@@ -300,7 +305,7 @@ class Recorder:
         return t
 
     def _node(self, target: Any, args: tuple, kwargs: dict, op: str = "call_function") -> fx.Node:
-        node = self.graph.create_node(op, target, args, kwargs)
+        node = self.graph.create_node(op, target, args, kwargs, name=_node_name(self.graph, target))
         node.meta["pos"] = self._pos
         self._pos += 1
         dt = torch.get_default_dtype()
@@ -443,6 +448,7 @@ class Recorder:
                 keys[f"default:{st.device}"] = self._snapshot(default_generator_for(st.device))
             if gen is not None:
                 keys["gen"] = self._snapshot(gen)
+            self.lazy_cpu.flush()  # the function draws for real
             with self.suspended():
                 scratch = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=st.device)
                 resolve_init_function(call.qualname)(scratch, **kwargs)
@@ -471,20 +477,27 @@ class Recorder:
     # ------------------------------------------------------------------ rng
     def _snapshot(self, gen: torch.Generator) -> str:
         key = f"rng{len(self.rng)}"
-        self.rng[key] = snapshot(gen)
+        self.rng[key] = self.lazy_cpu.position() if self._lazy(gen) else snapshot(gen)
         return key
 
+    def _lazy(self, gen: torch.Generator) -> bool:
+        return gen is torch.default_generator and self.lazy_cpu.active
+
     def _advance(self, func: Any, args: tuple, kwargs: dict, device: torch.device, gen: torch.Generator,
-                 start: RngSnapshot, filled: list[Any]) -> None:
+                 start: Snapshot, filled: list[Any]) -> None:
         """Leave ``gen`` exactly where eager would: skip ahead when the op's consumption is
         a known pure advance, else consume the numbers for real on a scratch copy."""
         if device.type == "cpu" and len(filled) == 1 and isinstance(filled[0], torch.Tensor):
             draws = cpu_draws(func, args, kwargs, filled[0])
             if draws is not None:
-                gen.set_state(mt19937.advance(start.state, draws))
+                if self._lazy(gen):
+                    self.lazy_cpu.advanced(start, draws)
+                else:
+                    gen.set_state(mt19937.advance(start.state, draws))
                 self.random_ops["skipped"] += 1
                 return
         self.random_ops["drawn"] += 1
+        self.lazy_cpu.flush()
         mutated = {id(_schema_value(func, args, kwargs, i)) for i in _mutated_arg_indices(func)}
 
         def real(x: Any) -> Any:
@@ -521,7 +534,7 @@ class Recorder:
             mkwargs["generator"] = None
         try:
             with torch._C._DisableTorchDispatch():
-                mout = func(*args, **mkwargs)
+                mout = _fill_result(func, args, mkwargs) if func in _SLOW_META_FILLS else func(*args, **mkwargs)
         except DeferredInitError:
             raise
         except Exception as exc:  # no meta kernel, or data-dependent output shape
@@ -704,6 +717,35 @@ class Recorder:
             hint="this operator has no meta implementation or needs data; compute it outside the constructor "
                  "or guard it with `if not fxinit.is_meta_init():`",
         )
+
+
+# In-place fills whose meta kernel is a Python reference costing ~0.3 ms a call (a 405B
+# model has ~900 of them): their result is the tensor itself.
+_SLOW_META_FILLS = {aten.normal_.default}
+
+
+def _fill_result(func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+    """What the meta kernel of in-place fill ``func`` returns (``args[0]``), after eager's
+    argument checks: the CPU kernel on one element, drawing from a throwaway generator."""
+    probe = torch.empty(1, dtype=args[0].dtype)
+    func(probe, *args[1:], **{**kwargs, "generator": torch.Generator()})
+    return args[0]
+
+
+_NAMES: dict[Any, str] = {}
+
+
+def _node_name(graph: fx.Graph, target: Any) -> str | None:
+    """fx's name for nodes of ``target`` (before numbering), worked out once per target."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    name = _NAMES.get(target)
+    if name is None:
+        to_str = getattr(graph, "_target_to_str", None)
+        if to_str is None:
+            return None
+        name = _NAMES[target] = to_str(target)
+    return name
 
 
 def _unavailable_to_cpu(nodes: list[fx.Node]) -> dict[torch.device, torch.device]:

@@ -1,0 +1,103 @@
+"""Lazy skips of the default CPU generator while a constructor is captured.
+
+Eager construction moves the default CPU generator past every random op. Capture must
+leave it where eager would, but computing each intermediate state is a jump-ahead of
+MT19937 (~0.2 ms): for a 405B Llama that was a third of the trace. Inside a capture
+scope the recorder instead notes each op's start as a ``PendingSnapshot`` (so many words
+after the previous one) and leaves a *placeholder* state in the generator: the bytes of
+the last real state with a marker in its first words. Only where the true state is
+needed is it computed and set: before fxinit runs random code for real (opaque init
+functions, ops whose consumption is not a pure advance), when ``torch.get_rng_state()``
+is called (``torch.random.fork_rng`` calls it too), and when the scope ends.
+
+The placeholder keeps the seed, so ``torch.initial_seed()`` is right. A user who sets the
+generator (``manual_seed``, ``set_rng_state``) is seen at the next random op: the state is
+then neither ours nor a placeholder, and it is taken as it is. A placeholder put back
+later (``default_generator.set_state(saved)`` with a state read directly) is recognised
+by its marker and stands for the position it marked. What stays wrong is using the bytes
+of a state read with ``torch.default_generator.get_state()`` directly inside the
+constructor (not through ``torch.get_rng_state``) for anything but putting them back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Iterator
+
+import torch
+
+from fxinit.rng import PendingSnapshot, RngSnapshot, Snapshot
+
+_MARK = slice(24, 56)  # the first four word slots of a CPU state (see rng.mt19937)
+_active: list["LazyCpuGenerator"] = []  # innermost last
+_patch_lock = threading.Lock()
+_original_get_rng_state = torch.random.get_rng_state
+
+
+class LazyCpuGenerator:
+    """Where eager's default CPU generator would be, without moving the real one there."""
+
+    def __init__(self) -> None:
+        self._marks: dict[bytes, PendingSnapshot] = {}  # placeholder marker -> the position it stands for
+
+    def position(self) -> Snapshot:
+        """The state eager's default CPU generator has now."""
+        with _outside_capture():
+            real = torch.default_generator.get_state()
+            pending = self._marks.get(_marker(real))
+        return pending if pending is not None else RngSnapshot("cpu", real)
+
+    def advanced(self, start: Snapshot, draws: int) -> None:
+        """Eager's generator moved ``draws`` words on from ``start``: leave a placeholder for it."""
+        with _outside_capture():
+            placeholder = torch.default_generator.get_state()
+            placeholder[_MARK] = torch.frombuffer(bytearray(os.urandom(32)), dtype=torch.uint8)
+            torch.default_generator.set_state(placeholder)  # keeps 32 bits of each word slot: read them back
+            self._marks[_marker(torch.default_generator.get_state())] = PendingSnapshot(start, draws)
+
+    def flush(self) -> None:
+        """Set the real generator to the true state (before real draws, and at the end)."""
+        with _outside_capture():
+            pending = self._marks.get(_marker(torch.default_generator.get_state()))
+            if pending is not None:
+                torch.default_generator.set_state(pending.state)
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """Skip lazily inside the block; the true state is in place when it ends."""
+        with _patch_lock:
+            _active.append(self)
+            if len(_active) == 1:
+                torch.random.get_rng_state = torch.get_rng_state = _get_rng_state
+        try:
+            yield
+        finally:
+            with _patch_lock:
+                _active.remove(self)
+                if not _active:
+                    torch.random.get_rng_state = torch.get_rng_state = _original_get_rng_state
+            self.flush()
+
+    @property
+    def active(self) -> bool:
+        return self in _active
+
+
+@contextlib.contextmanager
+def _outside_capture() -> Iterator[None]:
+    """Plain tensors here, even when called from user code inside capture."""
+    with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+        yield
+
+
+def _marker(state: torch.Tensor) -> bytes:
+    return state[_MARK].numpy().tobytes()
+
+
+def _get_rng_state() -> torch.Tensor:
+    """``torch.get_rng_state`` during capture: the true state, set in place first."""
+    for lazy in reversed(list(_active)):
+        lazy.flush()
+    return _original_get_rng_state()

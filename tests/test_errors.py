@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -290,3 +291,21 @@ def test_numpy_array_input_is_not_an_error() -> None:
     m = fxinit.trace_init(FromNumpy)
     fxinit.materialize(m)
     assert same_bits(m.a, ref.a)
+
+
+@pytest.mark.parametrize("init, message", [
+    (lambda w: nn.init.normal_(w, 0.0, -1.0), "normal expects std >= 0.0"),
+    (lambda w: nn.init.uniform_(w, 1.0, 0.0), "uniform_ expects to return a [from, to) range"),
+])
+def test_invalid_init_arguments_fail_at_trace_time_as_in_eager(init, message: str) -> None:
+    class Bad(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.empty(64, 64))
+            init(self.w)
+
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        Bad()
+    with pytest.raises(fxinit.DeferredInitError, match=re.escape(message)) as info:
+        fxinit.trace_init(Bad)
+    assert "eager construction raises this error too" in str(info.value)

@@ -538,6 +538,10 @@ class Recorder:
         except DeferredInitError:
             raise
         except Exception as exc:  # no meta kernel, or data-dependent output shape
+            if func in _SLOW_META_FILLS:  # the CPU kernel refused the arguments: so would eager
+                raise self.fail(f"{func}: {type(exc).__name__}: {exc}", op=str(func),
+                                hint="eager construction raises this error too: check the arguments of this "
+                                     "init call") from exc
             return self._via_values(func, args, kwargs, inputs, data_dependent=False, cause=exc)
         return self._record(func, args, kwargs, inputs, mout, device)
 
@@ -666,9 +670,8 @@ class Recorder:
     def _update_shadows(self, func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
                         mutated: list[torch.Tensor], fresh: list[tuple[torch.Tensor, int]], random: bool,
                         real_out: Any) -> None:
-        shadows_known = all(self.shadow_of(t) is not None for t in inputs)
-        small = all(w.numel() <= SHADOW_LIMIT for w, _ in fresh)
-        if random or not shadows_known or not (mutated or (fresh and small)):
+        if random or not (mutated or (fresh and all(w.numel() <= SHADOW_LIMIT for w, _ in fresh))) \
+                or not all(self.shadow_of(t) is not None for t in inputs):
             for t in mutated:
                 self._storage(t).shadow = None
             return
@@ -719,16 +722,17 @@ class Recorder:
         )
 
 
-# In-place fills whose meta kernel is a Python reference costing ~0.3 ms a call (a 405B
-# model has ~900 of them): their result is the tensor itself.
-_SLOW_META_FILLS = {aten.normal_.default}
+# In-place fills whose meta kernels are Python references (normal_'s costs ~0.3 ms a call,
+# and a 405B model has ~900): their result is the tensor itself.
+_SLOW_META_FILLS = {aten.normal_.default, aten.uniform_.default}
+_PROBE_GENERATOR = torch.Generator()  # what probes draw is thrown away
 
 
 def _fill_result(func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
     """What the meta kernel of in-place fill ``func`` returns (``args[0]``), after eager's
-    argument checks: the CPU kernel on one element, drawing from a throwaway generator."""
+    argument checks: the CPU kernel on one element, drawing from a generator of its own."""
     probe = torch.empty(1, dtype=args[0].dtype)
-    func(probe, *args[1:], **{**kwargs, "generator": torch.Generator()})
+    func(probe, *args[1:], **{**kwargs, "generator": _PROBE_GENERATOR})
     return args[0]
 
 

@@ -19,6 +19,8 @@ from typing import Iterator, Mapping, Union
 
 import torch
 
+from fxinit.rng.mt19937 import advance
+
 
 @dataclass(frozen=True)
 class RngSnapshot:
@@ -52,8 +54,6 @@ class PendingSnapshot:
     @property
     def state(self) -> torch.Tensor:
         if self._state is None:
-            from fxinit.rng.mt19937 import advance
-
             with _CHAIN:
                 if self._state is None:
                     node: Snapshot | None = self

@@ -216,6 +216,41 @@ def test_other_samplers() -> None:
     assert torch.equal(p.sort().values, torch.arange(1000)) and not torch.equal(p, torch.arange(1000))
 
 
+def test_cauchy_geometric_log_normal_statistics() -> None:
+    s = portable.stream_key(0, "more samplers")
+    c = portable.sample("cauchy", s, 0, N, torch.float64, "cpu", median=1.0, sigma=2.0)
+    q1, q2, q3 = torch.quantile(c, torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64)).tolist()
+    assert abs(q2 - 1.0) < 0.01 and abs((q3 - q1) / 4.0 - 1) < 0.01  # quartiles at median -/+ sigma
+    g = portable.sample("geometric", s, 0, N, torch.float64, "cpu", p=0.2)
+    assert g.min() == 1 and torch.equal(g, g.round()) and abs(g.mean() / 5.0 - 1) < 0.01
+    x = portable.sample("log_normal", s, 0, N, torch.float32, "cpu", mean=0.5, std=0.25).double().log()
+    assert abs(x.mean() - 0.5) < 0.003 and abs(x.std() / 0.25 - 1) < 0.01
+
+
+def test_factories_and_dirac() -> None:
+    class Factories(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("i", torch.randint(3, 13, (N,)))
+            base = torch.empty(N)
+            self.register_buffer("u", torch.rand_like(base))
+            self.register_buffer("z", torch.randn_like(base))
+            self.register_buffer("n", torch.normal(2.0, 0.5, (N,)))
+            self.d = nn.Parameter(torch.empty(6, 3, 3, 3))
+            nn.init.dirac_(self.d, groups=2)
+
+    torch.manual_seed(0)
+    out = fxinit.init_graph(fxinit.trace_init(Factories)).materialize(rng="portable")
+    i = out["i"]
+    assert i.dtype == torch.int64 and i.min() == 3 and i.max() == 12
+    assert (torch.bincount(i - 3, minlength=10).double() / N - 0.1).abs().max() < 0.002
+    u, z, n = out["u"].double(), out["z"].double(), out["n"].double()
+    assert u.min() >= 0 and u.max() < 1 and abs(u.mean() - 0.5) < 0.003
+    assert abs(z.mean()) < 0.003 and abs(z.std() - 1) < 0.01
+    assert abs(n.mean() - 2.0) < 0.003 and abs(n.std() / 0.5 - 1) < 0.01
+    assert torch.equal(out["d"], nn.init.dirac_(torch.empty(6, 3, 3, 3), groups=2))  # draws nothing
+
+
 def test_unsupported_random_ops_fail_clearly() -> None:
     class TensorP(nn.Module):
         def __init__(self) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 
 from fxinit.capture.deferred import dressed_as, is_deferred_tensor, state_of
+from fxinit.graph import dtype_after_to
 
 try:
     from torch.distributed.tensor import DTensor
@@ -58,10 +59,7 @@ def materialize_dtensors(entries: dict[int, tuple[Any, list[DTensorPlace]]], dev
     ``dtype``), or read it (``loaded``: ``id(dtensor)`` -> reader of its local part of a
     checkpoint tensor), then install new DTensors; nothing is installed if anything fails.
     ``dtype`` casts floating-point and complex shards, as ``Module.to`` would."""
-    from fxinit.graph import dtype_after_to
-
     loaded = loaded or {}
-
     by_recorder: dict[int, tuple[Any, list[Any]]] = {}
     read: list[tuple[Any, list[DTensorPlace]]] = []
     for dt, places in entries.values():

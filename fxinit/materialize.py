@@ -126,7 +126,7 @@ def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.devi
     values = []
     for t, (node, _) in zip(tensors, targets):
         v = env[node]
-        if not isinstance(v, torch.Tensor) or v.shape != t.shape or v.dtype != _dtype_for(t, dtype):
+        if not isinstance(v, torch.Tensor) or v.shape != t.shape or v.dtype != dtype_after_to(t.dtype, dtype):
             raise DeferredInitError(
                 f"fxinit internal error: replay produced {type(v).__name__} "
                 f"{getattr(v, 'shape', '')} {getattr(v, 'dtype', '')} for a tensor of {tuple(t.shape)} {t.dtype}",
@@ -228,11 +228,7 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
 
 
 def _empty_like(t: torch.Tensor, target: torch.device | None, dtype: torch.dtype | None = None) -> torch.Tensor:
-    return torch.empty_strided(t.size(), t.stride(), dtype=_dtype_for(t, dtype), device=target or state_of(t).device)
-
-
-def _dtype_for(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
-    return dtype_after_to(t.dtype, dtype)
+    return torch.empty_strided(t.size(), t.stride(), dtype=dtype_after_to(t.dtype, dtype), device=target or state_of(t).device)
 
 
 def _checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], state_dict: CheckpointSource,
@@ -249,7 +245,7 @@ def _checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], sta
     targets: dict[int, Any] = {id(t): t for t in tensors}
     targets.update({tid: dt for tid, (dt, _) in (sharded or {}).items()})
     names: dict[int, list[str]] = defaultdict(list)
-    for name, t in _named_tensors(module):
+    for name, _, _, _, t in tensor_slots(module):
         if id(t) in targets:
             names[id(t)].append(prefix + name)
     found: dict[int, str] = {}
@@ -278,11 +274,6 @@ def _checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], sta
         else:
             out[tid] = functools.partial(ckpt.get, key)
     return out
-
-
-def _named_tensors(module: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
-    for fqn, _, _, _, t in tensor_slots(module):
-        yield fqn, t
 
 
 def _weakref_holders(where: dict[int, list[Location]], tensors: list[torch.Tensor]) -> list[torch.nn.Module]:

@@ -66,10 +66,6 @@ class PendingSnapshot:
                     self.prev = None  # later reads stop here: the chain behind can go
         return self._state
 
-    @property
-    def nbytes(self) -> int:
-        return self.state.numel()
-
 
 Snapshot = Union[RngSnapshot, PendingSnapshot]
 

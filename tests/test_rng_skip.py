@@ -170,3 +170,10 @@ def test_polynomial_jump_equals_twisting(monkeypatch: pytest.MonkeyPatch, n: int
     jumped = torch.Generator()
     jumped.set_state(mt19937.advance(start, n))
     assert _same_future(twisted, jumped)
+
+
+def test_written_characteristic_polynomial_is_the_one_berlekamp_massey_finds() -> None:
+    lib = native.library()
+    if lib is None:
+        pytest.fail("the native kernels did not build; jumps need them")
+    assert lib.fxinit_mt_charpoly_matches() == 1

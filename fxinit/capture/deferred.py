@@ -114,7 +114,8 @@ class DeferredTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
         recorder = _recorder_of(args, kwargs)
-        return recorder.dispatch(func, args, kwargs or {})
+        with torch._C.DisableTorchFunctionSubclass():  # as in CaptureDispatchMode
+            return recorder.dispatch(func, args, kwargs or {})
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001

@@ -46,7 +46,9 @@ class CaptureDispatchMode(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.recorder.is_suspended:
             return func(*args, **kwargs)
-        return self.recorder.dispatch(func, args, kwargs)
+        # The recorder reads sizes, strides and storages of deferred tensors: as plain tensors.
+        with torch._C.DisableTorchFunctionSubclass():
+            return self.recorder.dispatch(func, args, kwargs)
 
 
 class CaptureFunctionMode(TorchFunctionMode):

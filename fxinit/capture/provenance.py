@@ -13,7 +13,7 @@ import re
 import sys
 import types
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import torch
 
@@ -86,47 +86,71 @@ def _frame_self(f: types.FrameType) -> object:
     return f.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
 
 
-_CODE_KINDS: dict[types.CodeType, tuple[bool, str | None, bool]] = {}
+class _CodeKind(NamedTuple):
+    internal: bool  # torch's or fxinit's own code
+    init_fn: str | None  # the public torch.nn.init function this code is
+    init_method: bool  # named like a model's init method (``_init_weights``, ``reset_parameters``)
+    may_hold_module: bool  # its first (or, for init methods, second) argument can be a module
 
 
-def _code_kind(code: types.CodeType) -> tuple[bool, str | None, bool]:
-    """(internal to torch/fxinit, the public torch.nn.init function it is, an init method's name)."""
-    kind = _CODE_KINDS.get(code)
-    if kind is None:
-        filename = code.co_filename
-        init_fn = f"torch.nn.init.{code.co_name}" if filename == _INIT_FILE and not code.co_name.startswith("_") \
-            else None
-        kind = _CODE_KINDS[code] = (_is_internal(filename), init_fn, code.co_name in _INIT_METHOD_NAMES)
+# Keyed by id: hashing a code object hashes its bytecode and constants, every time. The
+# entry keeps its code object alive, so the id cannot be reused by another.
+_CODE_KINDS: dict[int, tuple[types.CodeType, _CodeKind]] = {}
+
+
+def _code_kind(code: types.CodeType) -> _CodeKind:
+    filename = code.co_filename
+    init_fn = f"torch.nn.init.{code.co_name}" if filename == _INIT_FILE and not code.co_name.startswith("_") \
+        else None
+    internal = _is_internal(filename)
+    # Reading a frame's locals builds a dict; skip frames whose first argument is never a
+    # module: fxinit's own methods (fxinit defines no modules outside the demo) and nn.init.
+    never = filename == _INIT_FILE or (
+        internal and filename.startswith(_FXINIT_DIR) and code.co_varnames[:1] in (("self",), ("cls",))
+    )
+    kind = _CodeKind(internal, init_fn, code.co_name in _INIT_METHOD_NAMES, code.co_argcount > 0 and not never)
+    _CODE_KINDS[id(code)] = code, kind
     return kind
+
+
+# One Provenance object per distinct (source line, init function, module class, init method):
+# capture records thousands of ops from a handful of lines. Code objects by id, as above.
+_INTERNED: dict[tuple, tuple[types.CodeType | None, Provenance]] = {}
 
 
 def current_provenance(start: types.FrameType | None = None) -> tuple[Provenance, torch.nn.Module | None]:
     """Provenance of the op being recorded now, and the innermost module on the stack."""
     user = None
     init_fn = None
-    init_method = None
+    outermost_init = None
     module = None
+    kinds = _CODE_KINDS
     f = start or sys._getframe(1)
     while f is not None:  # runs for every recorded op: a plain loop over frames, kinds cached per code
-        internal, fn, is_init_method = _code_kind(f.f_code)
-        if init_fn is None and fn is not None:
-            init_fn = fn
-        if is_init_method:
-            owner = _frame_self(f)
-            name = f.f_code.co_name
-            init_method = f"{type(owner).__name__}.{name}" if isinstance(owner, torch.nn.Module) else name
-        if user is None and not internal:
+        code = f.f_code
+        entry = kinds.get(id(code))
+        kind = entry[1] if entry is not None else _code_kind(code)
+        if init_fn is None and kind.init_fn is not None:
+            init_fn = kind.init_fn
+        if kind.init_method:
+            outermost_init = f
+        if user is None and not kind.internal:
             user = f
-        if module is None:
+        if module is None and kind.may_hold_module:
             module = _frame_module(f)
         f = f.f_back
-    prov = Provenance(
-        source=format_source(user),
-        init_fn=init_fn,
-        module_class=type(module).__name__ if module is not None else None,
-        init_method=init_method,
-    )
-    return prov, module
+    init_method = None
+    if outermost_init is not None:
+        owner = _frame_self(outermost_init)
+        name = outermost_init.f_code.co_name
+        init_method = f"{type(owner).__name__}.{name}" if isinstance(owner, torch.nn.Module) else name
+    module_class = type(module).__name__ if module is not None else None
+    code = user.f_code if user is not None else None
+    key = id(code), user.f_lineno if user is not None else None, init_fn, module_class, init_method
+    entry = _INTERNED.get(key)
+    if entry is None:
+        entry = _INTERNED[key] = code, Provenance(format_source(user), init_fn, module_class, init_method)
+    return entry[1], module
 
 
 def module_path_from_stack(

@@ -106,15 +106,21 @@ def _schema_value(func: Any, args: tuple, kwargs: dict, i: int) -> Any:
 # Aten arguments and results nest only tuples, lists and dicts (torch.Size is a tuple of
 # ints, which no mapped function changes): walking them directly costs a fraction of
 # torch's general pytree, which dominated capture time per op.
+_CONTAINERS = (tuple, list, dict)
+# Leaves every mapped function returns unchanged: not worth a call each.
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
 def _map(fn: Callable[[Any], Any], x: Any) -> Any:
-    """``tree_map`` over the containers of aten arguments and results."""
+    """``tree_map`` over the containers of aten arguments and results (``fn`` must return
+    ints, floats, strings, dtypes, devices, layouts, memory formats and None unchanged)."""
     t = type(x)
     if t is tuple:
-        return tuple([_map(fn, v) for v in x])
+        return tuple([v if type(v) in _PLAIN else _map(fn, v) for v in x])
     if t is list:
-        return [_map(fn, v) for v in x]
+        return [v if type(v) in _PLAIN else _map(fn, v) for v in x]
     if t is dict:
-        return {k: _map(fn, v) for k, v in x.items()}
+        return {k: v if type(v) in _PLAIN else _map(fn, v) for k, v in x.items()}
     return fn(x)
 
 
@@ -135,6 +141,15 @@ def _leaves(x: Any, out: list[Any] | None = None) -> list[Any]:
 
 def _tensors_in(x: Any) -> list[torch.Tensor]:
     return [t for t in _leaves(x) if isinstance(t, torch.Tensor)]
+
+
+def _untyped_storage_key(t: torch.Tensor) -> int:
+    with torch._C.DisableTorchFunctionSubclass():
+        return TensorBase.untyped_storage(t)._cdata
+
+
+# The address of a tensor's storage: torch's own accessor skips building a storage object.
+_storage_key: Callable[[torch.Tensor], int] = getattr(torch._C, "_storage_id", _untyped_storage_key)
 
 
 class StorageInfo:
@@ -234,12 +249,12 @@ class Recorder:
         return self._paths
 
     def _storage(self, t: torch.Tensor) -> StorageInfo:
-        with torch._C.DisableTorchFunctionSubclass():
-            st = TensorBase.untyped_storage(t)
-        key = st._cdata
+        key = _storage_key(t)
         info = self._storages.get(key)
         if info is None:
-            info = StorageInfo(len(self._storages), st)
+            with torch._C.DisableTorchFunctionSubclass():
+                st = TensorBase.untyped_storage(t)
+            info = StorageInfo(len(self._storages), st)  # kept alive: its key is never reused
             self._storages[key] = info
         return info
 
@@ -305,7 +320,17 @@ class Recorder:
         return t
 
     def _node(self, target: Any, args: tuple, kwargs: dict, op: str = "call_function") -> fx.Node:
-        node = self.graph.create_node(op, target, args, kwargs, name=_node_name(self.graph, target))
+        # Arguments are set after creation: create_node would walk them with torch's general
+        # pytree looking for symbolic ints, which capture never produces (sizes are concrete),
+        # at a cost per op comparable to the rest of recording.
+        node = self.graph.create_node(op, target, (), {}, name=_node_name(self.graph, target))
+        if args or kwargs:
+            set_both = getattr(node, "_update_args_kwargs", None)  # one update instead of two (fx >= 1.10)
+            if set_both is not None:
+                set_both(args, kwargs)
+            else:
+                node.args = args
+                node.kwargs = kwargs
         node.meta["pos"] = self._pos
         self._pos += 1
         dt = torch.get_default_dtype()
@@ -469,8 +494,8 @@ class Recorder:
         sid = self.storage_id(t)
         if any(self.storage_id(o) == sid for o in others):
             return ()
+        nbytes = self._storage(t).keepalive.nbytes()
         with torch._C.DisableTorchFunctionSubclass():
-            nbytes = TensorBase.untyped_storage(t).nbytes()
             whole = t.is_contiguous() and t.numel() * t.element_size() == nbytes
         return (sid,) if whole else ()
 
@@ -643,20 +668,19 @@ class Recorder:
         input_ids = {id(t): t for t in inputs}
         flat_out = _leaves(mout)
         fresh: list[tuple[torch.Tensor, int]] = []
-        results = []
+        results = []  # one per tensor in the output
         multi = not isinstance(mout, torch.Tensor)
         for j, o in enumerate(flat_out):
             if not isinstance(o, torch.Tensor):
-                results.append(o)
-            elif id(o) in input_ids:
+                continue
+            if id(o) in input_ids:
                 results.append(input_ids[id(o)])  # in-place / out=: the same Python object
             else:
                 vnode = node
                 if multi:
                     vnode = self._node(operator.getitem, (node, j), {})
                     vnode.meta.update(reads=(), mutates=())
-                with torch._C.DisableTorchFunctionSubclass():
-                    known = TensorBase.untyped_storage(o)._cdata in self._storages
+                known = _storage_key(o) in self._storages
                 w = self._wrap(o, vnode, device)
                 if not known:
                     fresh.append((w, j))
@@ -665,7 +689,7 @@ class Recorder:
             node.meta["spec"] = None
         self._update_shadows(func, args, kwargs, inputs, mutated_objs, fresh, random, real_out)
         replacements = iter(results)
-        return _map(lambda _: next(replacements), mout)
+        return _map(lambda o: next(replacements) if isinstance(o, torch.Tensor) else o, mout)
 
     def _update_shadows(self, func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
                         mutated: list[torch.Tensor], fresh: list[tuple[torch.Tensor, int]], random: bool,
@@ -731,9 +755,22 @@ _PROBE_GENERATOR = torch.Generator()  # what probes draw is thrown away
 def _fill_result(func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
     """What the meta kernel of in-place fill ``func`` returns (``args[0]``), after eager's
     argument checks: the CPU kernel on one element, drawing from a generator of its own."""
-    probe = torch.empty(1, dtype=args[0].dtype)
-    func(probe, *args[1:], **{**kwargs, "generator": _PROBE_GENERATOR})
+    dtype = args[0].dtype
+    options = {k: v for k, v in kwargs.items() if k != "generator"}
+    key = func, dtype, args[1:], tuple(options.items())
+    try:
+        if key in _ACCEPTED:  # the checks depend on the dtype and the scalar arguments only
+            return args[0]
+    except TypeError:
+        key = None
+    probe = torch.empty(1, dtype=dtype)
+    func(probe, *args[1:], **options, generator=_PROBE_GENERATOR)
+    if key is not None and not any(isinstance(v, torch.Tensor) for v in (*args[1:], *options.values())):
+        _ACCEPTED.add(key)
     return args[0]
+
+
+_ACCEPTED: set[tuple] = set()
 
 
 _NAMES: dict[Any, str] = {}

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import struct
 import threading
 from typing import Iterator
 
+import numpy as np
 import torch
 
 from fxinit.rng import PendingSnapshot, RngSnapshot, Snapshot
@@ -41,25 +43,38 @@ class LazyCpuGenerator:
 
     def __init__(self) -> None:
         self._marks: dict[bytes, PendingSnapshot] = {}  # placeholder marker -> the position it stands for
+        # Markers: three random 32-bit words of this generator's own, then a count. Each sits
+        # in a 64-bit slot as the generator stores words, so set_state keeps it whole.
+        self._base = struct.unpack("=3I", os.urandom(12))
+        self._count = 0
+        self._last_read: tuple[torch.Tensor, Snapshot] | None = None
 
     def position(self) -> Snapshot:
         """The state eager's default CPU generator has now."""
-        with _outside_capture():
+        with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
             real = torch.default_generator.get_state()
             pending = self._marks.get(_marker(real))
-        return pending if pending is not None else RngSnapshot("cpu", real)
+        if pending is None:
+            self._last_read = None  # the snapshot holds this tensor
+            return RngSnapshot("cpu", real)
+        self._last_read = real, pending
+        return pending
 
     def advanced(self, start: Snapshot, draws: int) -> None:
         """Eager's generator moved ``draws`` words on from ``start``: leave a placeholder for it."""
-        with _outside_capture():
-            placeholder = torch.default_generator.get_state()
-            placeholder[_MARK] = torch.frombuffer(bytearray(os.urandom(32)), dtype=torch.uint8)
-            torch.default_generator.set_state(placeholder)  # keeps 32 bits of each word slot: read them back
-            self._marks[_marker(torch.default_generator.get_state())] = PendingSnapshot(start, draws)
+        self._count += 1
+        mark = struct.pack("=4Q", *self._base, self._count & 0xFFFFFFFF)
+        read, self._last_read = self._last_read, None
+        with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+            # A placeholder read by position() for this op is a copy nobody else holds: reuse it.
+            placeholder = read[0] if read is not None and read[1] is start else torch.default_generator.get_state()
+            placeholder.numpy()[_MARK] = np.frombuffer(mark, dtype=np.uint8)
+            torch.default_generator.set_state(placeholder)
+        self._marks[mark] = PendingSnapshot(start, draws)
 
     def flush(self) -> None:
         """Set the real generator to the true state (before real draws, and at the end)."""
-        with _outside_capture():
+        with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
             pending = self._marks.get(_marker(torch.default_generator.get_state()))
             if pending is not None:
                 torch.default_generator.set_state(pending.state)
@@ -85,15 +100,8 @@ class LazyCpuGenerator:
         return self in _active
 
 
-@contextlib.contextmanager
-def _outside_capture() -> Iterator[None]:
-    """Plain tensors here, even when called from user code inside capture."""
-    with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
-        yield
-
-
 def _marker(state: torch.Tensor) -> bytes:
-    return state[_MARK].numpy().tobytes()
+    return state.numpy()[_MARK].tobytes()
 
 
 def _get_rng_state() -> torch.Tensor:

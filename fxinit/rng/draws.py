@@ -40,13 +40,40 @@ def draw_model(func: Any, args: tuple, kwargs: dict, target: torch.Tensor) -> _M
     """The calibrated ``(a, r, b, t)`` of this kind of call, or None (see the module doc)."""
     if target.numel() < MIN_ELEMENTS or not target.is_contiguous():
         return None
+    quick = _quick_key(func, args, kwargs, target)
+    if quick is not None and quick in _by_call:
+        return _by_call[quick]
     made = _probe_maker(func, args, kwargs, target)
     if made is None:
-        return None
-    key, probe = made
-    if key not in _models:
-        _models[key] = _calibrate(probe)
-    return _models[key]
+        model = None
+    else:
+        key, probe = made
+        if key not in _models:
+            _models[key] = _calibrate(probe)
+        model = _models[key]
+    if quick is not None:
+        _by_call[quick] = model
+    return model
+
+
+# Capture asks for the model of every random op; the arguments of a call (all but the
+# tensor it fills) are a cheaper key to the same answer than binding them to the schema.
+_by_call: dict[tuple, _Model | None] = {}
+
+
+def _quick_key(func: Any, args: tuple, kwargs: dict, target: torch.Tensor) -> tuple | None:
+    """``(func, dtype, other arguments)`` if hashable; None where a tensor or a list is among them."""
+    rest = args[1:] if args and args[0] is target else args
+    options = tuple((k, v if k != "generator" else v is not None) for k, v in kwargs.items())
+    key = func, target.dtype, rest, options
+    try:
+        hash(key)
+    except TypeError:
+        return None  # lists (sizes): the full analysis decides
+    for v in (*rest, *kwargs.values()):
+        if isinstance(v, torch.Tensor):
+            return None  # hashable, but its values matter
+    return key
 
 
 def _predict(model: _Model, n: int) -> int:

@@ -174,6 +174,24 @@ class DropPathSchedule(nn.Module):
             self.flag = nn.Parameter(torch.ones(2))
 
 
+class ReadsWrittenValues(nn.Module):
+    """Values read in Python, then written, then read again: each read sees the current
+    value (a mid-size constant computed on first read and kept; a random one likewise)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        x = torch.arange(10000, dtype=torch.float32)
+        first, again = x[7].item(), x[9].item()
+        x.mul_(2)
+        x[9] = -1.0
+        w = torch.empty(5000).uniform_()
+        drawn = w[3].item()
+        w.normal_()
+        self.register_buffer("reads", torch.tensor([first, again, x[7].item(), x[9].item(), drawn, w[3].item()]))
+        self.register_buffer("x", x)
+        self.w = nn.Parameter(w)
+
+
 class NumpyConstants(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -396,6 +414,7 @@ TRAP_CASES = [
     ("rope_inv_freq", Rotary, None),
     ("causal_mask_position_ids", CausalAndPositions, None),
     ("drop_path_schedule_item_tolist", DropPathSchedule, None),
+    ("values_read_written_read_again", ReadsWrittenValues, None),
     ("numpy_and_python_constants", NumpyConstants, None),
     ("explicit_device_dtype", ExplicitDeviceDtype, None),
     ("casts_in_init", CastsInInit, lambda m: m.d(_x(1, 2, 3, 3).to(memory_format=torch.channels_last))),

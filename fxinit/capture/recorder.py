@@ -41,7 +41,11 @@ aten = torch.ops.aten
 _META = torch.device("meta")
 _CPU = torch.device("cpu")
 
-#: Tensors up to this many elements computed only from constants keep an exact shadow.
+#: Tensors up to this many elements computed only from constants get an exact shadow as
+#: they are recorded.
+EAGER_SHADOW_LIMIT = 1 << 12
+#: Storages up to this many elements keep the exact value computed when Python first
+#: reads them (and lifted constants keep theirs from the start).
 SHADOW_LIMIT = 1 << 16
 #: When Python needs the value of a deferred tensor, its slice is run for real if the slice
 #: allocates at most this many bytes (counting every intermediate).
@@ -274,10 +278,11 @@ class Recorder:
     def value_of(self, t: torch.Tensor) -> torch.Tensor | None:
         """The exact current value of deferred ``t`` on the CPU, if it is cheap to know.
 
-        Constant-derived tensors have a shadow. Others (random ancestry) with at most
-        a slice of at most EVAL_BUDGET bytes are computed by running that slice of the graph
-        recorded so far: every random op in it carries its generator snapshot, so this is
-        exact and touches no user generator. Costlier ones return None (the caller refuses).
+        Small constant-derived tensors have a shadow. Others with a slice of at most
+        EVAL_BUDGET bytes are computed by running that slice of the graph recorded so far:
+        every random op in it carries its generator snapshot, so this is exact and touches
+        no user generator; a small storage keeps the result as its shadow until it is next
+        written. Costlier ones return None (the caller refuses).
         """
         shadow = self.shadow_of(t)
         if shadow is not None:
@@ -294,7 +299,10 @@ class Recorder:
         with self.suspended():
             env = run_nodes(nodes, self.constants, self.rng, self.default_dtype, keep={node},
                             device_map=_unavailable_to_cpu(nodes))
-            return env[node].to("cpu")
+            value = env[node].to("cpu")
+            if value.untyped_storage().nbytes() <= SHADOW_LIMIT * value.element_size():
+                self._set_shadow(t, value)  # the whole storage, as it is now: the next read is free
+            return value
 
     def dead_writes(self) -> set[fx.Node]:
         """Writes overwritten unread so far (passes.dead_init); recomputed as the graph grows."""
@@ -694,7 +702,7 @@ class Recorder:
     def _update_shadows(self, func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
                         mutated: list[torch.Tensor], fresh: list[tuple[torch.Tensor, int]], random: bool,
                         real_out: Any) -> None:
-        if random or not (mutated or (fresh and all(w.numel() <= SHADOW_LIMIT for w, _ in fresh))) \
+        if random or not (mutated or (fresh and all(w.numel() <= EAGER_SHADOW_LIMIT for w, _ in fresh))) \
                 or not all(self.shadow_of(t) is not None for t in inputs):
             for t in mutated:
                 self._storage(t).shadow = None

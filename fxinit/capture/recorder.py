@@ -28,7 +28,7 @@ from torch._C import TensorBase
 from fxinit.capture.deferred import STATE_ATTR, DeferredState, DeferredTensor, is_deferred_tensor, state_of
 from fxinit.capture.names import tensor_slots
 from fxinit.capture.opaque import find_opaque_call
-from fxinit.capture.provenance import current_provenance, format_source, module_path_from_stack, user_frame
+from fxinit.capture.provenance import ProvenanceWalker, format_source, module_path_from_stack, user_frame
 from fxinit.capture.skips import LazyCpuGenerator
 from fxinit.errors import DeferredInitError
 from fxinit.graph import TensorSpec
@@ -176,6 +176,7 @@ class Recorder:
         self.constants: dict[str, torch.Tensor] = {}
         self.rng: dict[str, Snapshot] = {}
         self.lazy_cpu = LazyCpuGenerator()  # the default CPU generator, skipped lazily inside capture
+        self.provenance = ProvenanceWalker()
         self._dead: tuple[int, set[fx.Node]] = (-1, set())
         self.random_ops = {"skipped": 0, "drawn": 0}  # how capture kept generators in step
         self.seed = torch.initial_seed()  # the default for the portable stream
@@ -344,7 +345,7 @@ class Recorder:
         dt = torch.get_default_dtype()
         if dt != self.default_dtype:
             node.meta["default_dtype"] = dt
-        prov, module = current_provenance(sys._getframe(2))
+        prov, module = self.provenance.current(sys._getframe(2))
         node.meta["prov"] = prov
         if module is not None:
             node.meta["module_ref"] = weakref.ref(module)
@@ -510,25 +511,32 @@ class Recorder:
     # ------------------------------------------------------------------ rng
     def _snapshot(self, gen: torch.Generator) -> str:
         key = f"rng{len(self.rng)}"
-        self.rng[key] = self.lazy_cpu.position() if self._lazy(gen) else snapshot(gen)
+        lazy = gen is torch.default_generator and self.lazy_cpu.active
+        self.rng[key] = self.lazy_cpu.position() if lazy else snapshot(gen)
         return key
 
-    def _lazy(self, gen: torch.Generator) -> bool:
-        return gen is torch.default_generator and self.lazy_cpu.active
-
-    def _advance(self, func: Any, args: tuple, kwargs: dict, device: torch.device, gen: torch.Generator,
-                 start: Snapshot, filled: list[Any]) -> None:
-        """Leave ``gen`` exactly where eager would: skip ahead when the op's consumption is
-        a known pure advance, else consume the numbers for real on a scratch copy."""
+    def _step_generator(self, func: Any, args: tuple, kwargs: dict, device: torch.device, gen: torch.Generator,
+                        filled: list[Any]) -> str:
+        """Snapshot ``gen`` for this random op (returns its key in ``self.rng``) and leave it
+        exactly where eager would: skip ahead when the op's consumption is a known pure
+        advance, else consume the numbers for real on a scratch copy."""
+        draws = None
         if device.type == "cpu" and len(filled) == 1 and isinstance(filled[0], torch.Tensor):
             draws = cpu_draws(func, args, kwargs, filled[0])
-            if draws is not None:
-                if self._lazy(gen):
-                    self.lazy_cpu.advanced(start, draws)
-                else:
-                    gen.set_state(mt19937.advance(start.state, draws))
-                self.random_ops["skipped"] += 1
-                return
+        if draws is None:
+            key = self._snapshot(gen)
+            self._draw_for_real(func, args, kwargs, device)
+            return key
+        key = f"rng{len(self.rng)}"
+        if gen is torch.default_generator and self.lazy_cpu.active:
+            self.rng[key] = self.lazy_cpu.skip(draws)
+        else:
+            start = self.rng[key] = snapshot(gen)
+            gen.set_state(mt19937.advance(start.state, draws))
+        self.random_ops["skipped"] += 1
+        return key
+
+    def _draw_for_real(self, func: Any, args: tuple, kwargs: dict, device: torch.device) -> None:
         self.random_ops["drawn"] += 1
         self.lazy_cpu.flush()
         mutated = {id(_schema_value(func, args, kwargs, i)) for i in _mutated_arg_indices(func)}
@@ -665,8 +673,7 @@ class Recorder:
                          f"materialize with device='{device}'",
                 )
             used = gen if gen is not None else default_generator_for(device)
-            key = self._snapshot(used)
-            self._advance(func, args, kwargs, device, used, self.rng[key], mutated_objs or [mout])
+            key = self._step_generator(func, args, kwargs, device, used, mutated_objs or [mout])
         node = self._node(func, gargs, gkwargs)
         node.meta.update(reads=reads, mutates=mutates, overwrites=self._overwrites(func, inputs, mutated_objs))
         if random:

@@ -47,30 +47,28 @@ class LazyCpuGenerator:
         # in a 64-bit slot as the generator stores words, so set_state keeps it whole.
         self._base = struct.unpack("=3I", os.urandom(12))
         self._count = 0
-        self._last_read: tuple[torch.Tensor, Snapshot] | None = None
 
     def position(self) -> Snapshot:
         """The state eager's default CPU generator has now."""
         with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
             real = torch.default_generator.get_state()
             pending = self._marks.get(_marker(real))
-        if pending is None:
-            self._last_read = None  # the snapshot holds this tensor
-            return RngSnapshot("cpu", real)
-        self._last_read = real, pending
-        return pending
+        return pending if pending is not None else RngSnapshot("cpu", real)
 
-    def advanced(self, start: Snapshot, draws: int) -> None:
-        """Eager's generator moved ``draws`` words on from ``start``: leave a placeholder for it."""
+    def skip(self, draws: int) -> Snapshot:
+        """Eager's generator moves ``draws`` words on from where it is now: return that
+        position and leave a placeholder for the one ``draws`` words later."""
         self._count += 1
         mark = struct.pack("=4Q", *self._base, self._count & 0xFFFFFFFF)
-        read, self._last_read = self._last_read, None
         with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
-            # A placeholder read by position() for this op is a copy nobody else holds: reuse it.
-            placeholder = read[0] if read is not None and read[1] is start else torch.default_generator.get_state()
-            placeholder.numpy()[_MARK] = np.frombuffer(mark, dtype=np.uint8)
-            torch.default_generator.set_state(placeholder)
+            state = torch.default_generator.get_state()
+            start = self._marks.get(_marker(state))
+            if start is None:
+                start = RngSnapshot("cpu", state.clone())
+            state.numpy()[_MARK] = np.frombuffer(mark, dtype=np.uint8)
+            torch.default_generator.set_state(state)
         self._marks[mark] = PendingSnapshot(start, draws)
+        return start
 
     def flush(self) -> None:
         """Set the real generator to the true state (before real draws, and at the end)."""

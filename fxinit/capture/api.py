@@ -36,7 +36,6 @@ def _capturing(recorder: Recorder) -> Iterator[None]:
     finally:
         _local.depth = _depth() - 1
         recorder.capturing = False
-        recorder.provenance.forget()  # the constructor's frames can go
 
 
 def trace_init(fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:

@@ -104,10 +104,13 @@ def _code_kind(code: types.CodeType) -> _CodeKind:
         else None
     internal = _is_internal(filename)
     # Reading a frame's locals builds a dict; skip frames whose first argument is never a
-    # module: fxinit's own methods (fxinit defines no modules outside the demo) and nn.init.
-    never = filename == _INIT_FILE or (
-        internal and filename.startswith(_FXINIT_DIR) and code.co_varnames[:1] in (("self",), ("cls",))
-    )
+    # module: fxinit's own methods (fxinit defines no modules outside the demo), nn.init,
+    # and torch functions other than methods and those taking a ``module`` (weight_norm...).
+    first = code.co_varnames[:1]
+    if filename.startswith(_FXINIT_DIR):
+        never = internal and first in (("self",), ("cls",))
+    else:
+        never = filename == _INIT_FILE or (internal and first not in (("self",), ("module",)))
     kind = _CodeKind(internal, init_fn, code.co_name in _INIT_METHOD_NAMES, code.co_argcount > 0 and not never)
     _CODE_KINDS[id(code)] = code, kind
     return kind
@@ -118,84 +121,39 @@ def _code_kind(code: types.CodeType) -> _CodeKind:
 _INTERNED: dict[tuple, tuple[types.CodeType | None, Provenance]] = {}
 
 
-class _Above(NamedTuple):
-    """What a frame and its callers contribute to provenance."""
-
-    user: types.FrameType | None  # the innermost frame of neither torch nor fxinit
-    init_fn: str | None  # the innermost torch.nn.init function
-    init_method: str | None  # the outermost init method: "LlamaPreTrainedModel._init_weights"
-    module: torch.nn.Module | None  # the innermost module
-
-
-_NOTHING = _Above(None, None, None, None)
-
-
-class ProvenanceWalker:
-    """Provenance of each recorded op, from the Python stack.
-
-    The callers of a running frame never change, so what a user frame and its callers
-    contribute is remembered for that frame: an op recorded from a constructor that has
-    recorded before walks only the frames below it. Remembered frames are kept alive
-    until ``forget`` (at the end of capture) or until many have piled up.
-    """
-
-    MAX_REMEMBERED = 256
-
-    def __init__(self) -> None:
-        self._memo: dict[int, tuple[types.FrameType, _Above]] = {}
-
-    def forget(self) -> None:
-        self._memo.clear()
-
-    def current(self, start: types.FrameType | None = None) -> tuple[Provenance, torch.nn.Module | None]:
-        """Provenance of the op being recorded now, and the innermost module on the stack."""
-        memo = self._memo
-        kinds = _CODE_KINDS
-        walked = []
-        above = _NOTHING
-        f = start or sys._getframe(1)
-        while f is not None:
-            entry = memo.get(id(f))
-            if entry is not None and entry[0] is f:
-                above = entry[1]
-                break
-            walked.append(f)
-            f = f.f_back
-        if len(memo) > self.MAX_REMEMBERED:
-            memo.clear()
-        for f in reversed(walked):  # outermost first: each frame folds itself onto its callers
-            code = f.f_code
-            entry = kinds.get(id(code))
-            kind = entry[1] if entry is not None else _code_kind(code)
-            if kind.internal and kind.init_fn is None and not kind.init_method and not kind.may_hold_module:
-                continue
-            module = _frame_module(f) if kind.may_hold_module else None
-            above = _Above(
-                above.user if kind.internal else f,
-                kind.init_fn or above.init_fn,
-                above.init_method or (_init_method_name(f) if kind.init_method else None),
-                module if module is not None else above.module,
-            )
-            if not kind.internal:
-                memo[id(f)] = f, above
-        return _provenance(above), above.module
-
-
-def _init_method_name(f: types.FrameType) -> str:
-    owner = _frame_self(f)
-    return f"{type(owner).__name__}.{f.f_code.co_name}" if isinstance(owner, torch.nn.Module) else f.f_code.co_name
-
-
-def _provenance(above: _Above) -> Provenance:
-    module_class = type(above.module).__name__ if above.module is not None else None
-    user = above.user
+def current_provenance(start: types.FrameType | None = None) -> tuple[Provenance, torch.nn.Module | None]:
+    """Provenance of the op being recorded now, and the innermost module on the stack."""
+    user = None
+    init_fn = None
+    outermost_init = None
+    module = None
+    kinds = _CODE_KINDS
+    f = start or sys._getframe(1)
+    while f is not None:  # runs for every recorded op: a plain loop over frames, kinds cached per code
+        code = f.f_code
+        entry = kinds.get(id(code))
+        kind = entry[1] if entry is not None else _code_kind(code)
+        if init_fn is None and kind.init_fn is not None:
+            init_fn = kind.init_fn
+        if kind.init_method:
+            outermost_init = f
+        if user is None and not kind.internal:
+            user = f
+        if module is None and kind.may_hold_module:
+            module = _frame_module(f)
+        f = f.f_back
+    init_method = None
+    if outermost_init is not None:
+        owner = _frame_self(outermost_init)
+        name = outermost_init.f_code.co_name
+        init_method = f"{type(owner).__name__}.{name}" if isinstance(owner, torch.nn.Module) else name
+    module_class = type(module).__name__ if module is not None else None
     code = user.f_code if user is not None else None
-    key = id(code), user.f_lineno if user is not None else None, above.init_fn, module_class, above.init_method
+    key = id(code), user.f_lineno if user is not None else None, init_fn, module_class, init_method
     entry = _INTERNED.get(key)
     if entry is None:
-        prov = Provenance(format_source(user), above.init_fn, module_class, above.init_method)
-        entry = _INTERNED[key] = code, prov
-    return entry[1]
+        entry = _INTERNED[key] = code, Provenance(format_source(user), init_fn, module_class, init_method)
+    return entry[1], module
 
 
 def module_path_from_stack(

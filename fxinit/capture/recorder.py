@@ -28,7 +28,7 @@ from torch._C import TensorBase
 from fxinit.capture.deferred import STATE_ATTR, DeferredState, DeferredTensor, is_deferred_tensor, state_of
 from fxinit.capture.names import tensor_slots
 from fxinit.capture.opaque import find_opaque_call
-from fxinit.capture.provenance import ProvenanceWalker, format_source, module_path_from_stack, user_frame
+from fxinit.capture.provenance import current_provenance, format_source, module_path_from_stack, user_frame
 from fxinit.capture.skips import LazyCpuGenerator
 from fxinit.errors import DeferredInitError
 from fxinit.graph import TensorSpec
@@ -176,7 +176,6 @@ class Recorder:
         self.constants: dict[str, torch.Tensor] = {}
         self.rng: dict[str, Snapshot] = {}
         self.lazy_cpu = LazyCpuGenerator()  # the default CPU generator, skipped lazily inside capture
-        self.provenance = ProvenanceWalker()
         self._dead: tuple[int, set[fx.Node]] = (-1, set())
         self.random_ops = {"skipped": 0, "drawn": 0}  # how capture kept generators in step
         self.seed = torch.initial_seed()  # the default for the portable stream
@@ -345,7 +344,7 @@ class Recorder:
         dt = torch.get_default_dtype()
         if dt != self.default_dtype:
             node.meta["default_dtype"] = dt
-        prov, module = self.provenance.current(sys._getframe(2))
+        prov, module = current_provenance(sys._getframe(2))
         node.meta["prov"] = prov
         if module is not None:
             node.meta["module_ref"] = weakref.ref(module)

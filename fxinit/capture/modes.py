@@ -38,6 +38,12 @@ def _default_device() -> torch.device:
 
 
 class CaptureDispatchMode(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # TorchDispatchMode otherwise wraps __torch_dispatch__ in torch._dynamo.disable, a
+        # cost on every op; capture never runs under torch.compile.
+        return False
+
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder = recorder

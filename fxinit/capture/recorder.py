@@ -87,6 +87,11 @@ def _is_random(func: Any) -> bool:
     return any("Generator" in str(a.type) for a in func._schema.arguments)
 
 
+@functools.lru_cache(maxsize=None)
+def _takes_generator(func: Any) -> bool:
+    return any(a.name == "generator" for a in func._schema.arguments)
+
+
 # Ops that write into arguments their schema does not mark as written (running stats).
 _UNANNOTATED_WRITES = {
     aten.native_batch_norm.default: (3, 4),
@@ -562,8 +567,10 @@ class Recorder:
         self._check_live()
         if func in _LIFT_OPS:
             return self.lift(args[0])
-        args, kwargs = self._lift_reals(func, args, kwargs)
-        inputs = [t for t in _tensors_in((args, kwargs)) if is_deferred_tensor(t)]
+        inputs = self._own_inputs(args, kwargs)
+        if inputs is None:  # real tensors among the arguments (or another trace's)
+            args, kwargs = self._lift_reals(func, args, kwargs)
+            inputs = [t for t in _tensors_in((args, kwargs)) if is_deferred_tensor(t)]
         if func in _DATA_DEPENDENT:
             return self._via_values(func, args, kwargs, inputs, data_dependent=True)
         device = self._output_device(func, inputs, kwargs)
@@ -584,6 +591,17 @@ class Recorder:
                                      "init call") from exc
             return self._via_values(func, args, kwargs, inputs, data_dependent=False, cause=exc)
         return self._record(func, args, kwargs, inputs, mout, device)
+
+    def _own_inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor] | None:
+        """The deferred tensors among the arguments if all tensors there are this trace's."""
+        inputs = []
+        for x in _leaves((args, kwargs)):
+            if isinstance(x, torch.Tensor):
+                state = x.__dict__.get(STATE_ATTR) if isinstance(x, DeferredTensor) else None
+                if state is None or state.recorder is not self:
+                    return None
+                inputs.append(x)
+        return inputs
 
     def _lift_reals(self, func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         def lift(x: Any) -> Any:
@@ -640,7 +658,14 @@ class Recorder:
                 return d
         return devices[0]
 
-    def _graph_args(self, func: Any, args: tuple, kwargs: dict, device: torch.device) -> tuple[tuple, dict]:
+    def _graph_args(self, func: Any, args: tuple, kwargs: dict, device: torch.device,
+                    inputs: list[torch.Tensor]) -> tuple[tuple, dict]:
+        if not inputs and "generator" not in kwargs:  # a factory: nothing to replace (generators are keywords)
+            gkwargs = dict(kwargs)
+            if "device" in gkwargs:
+                gkwargs["device"] = device
+            return args, gkwargs
+
         def to_node(x: Any) -> Any:
             if is_deferred_tensor(x):
                 return state_of(x).node
@@ -659,7 +684,7 @@ class Recorder:
         reads = tuple(dict.fromkeys(self.storage_id(t) for t in inputs))
         mutated_objs = [t for i in _mutated_arg_indices(func) for t in _tensors_in(_schema_value(func, args, kwargs, i))]
         mutates = tuple(dict.fromkeys(self.storage_id(t) for t in mutated_objs))
-        gargs, gkwargs = self._graph_args(func, args, kwargs, device)
+        gargs, gkwargs = self._graph_args(func, args, kwargs, device, inputs)
         random = _is_random(func) and device.type != "meta"
         if random:
             gen = kwargs.get("generator")
@@ -676,8 +701,7 @@ class Recorder:
         node = self._node(func, gargs, gkwargs)
         node.meta.update(reads=reads, mutates=mutates, overwrites=self._overwrites(func, inputs, mutated_objs))
         if random:
-            takes_generator = any(a.name == "generator" for a in func._schema.arguments)
-            node.meta["rng"] = {"gen" if takes_generator else f"default:{device}": key}
+            node.meta["rng"] = {"gen" if _takes_generator(func) else f"default:{device}": key}
 
         input_ids = {id(t): t for t in inputs}
         flat_out = _leaves(mout)

@@ -61,6 +61,8 @@ t0 = time.perf_counter()
 {body}
 seconds = time.perf_counter() - t0
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+if callable(extra):  # figures about the result, gathered outside the timed region
+    extra = extra()
 print(json.dumps({{"seconds": seconds, "peak_rss": peak, "base_rss": base, "extra": extra}}))
 """
 
@@ -100,7 +102,7 @@ TRACE_ROWS = {
     "meta construction (405B)": "with torch.device('meta'):\n    m = LlamaForCausalLM(cfg)\nextra = None",
     "fxinit trace (405B)": (
         "m = fxinit.trace_init(LlamaForCausalLM, cfg)\n"
-        "extra = {'nodes': fxinit.init_graph(m).stats()['nodes_captured']}"
+        "extra = lambda: {'nodes': fxinit.init_graph(m).stats()['nodes_captured']}"
     ),
 }
 

@@ -120,11 +120,11 @@ class DeferredTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
-        owner = getattr(func, "__self__", None)
-        if owner is not None and getattr(func, "__name__", "") in ("__get__", "__set__"):
-            handled = _property(func.__name__, owner, args)
-            if handled is not _NOT_HANDLED:
-                return handled
+        if type(func) is _METHOD_WRAPPER:  # a property: TensorBase.device.__get__ and the like
+            if func.__name__ in ("__get__", "__set__"):
+                handled = _property(func.__name__, func.__self__, args)
+                if handled is not _NOT_HANDLED:
+                    return handled
         elif func in _RAW_ACCESS:
             _recorder_of(args, kwargs).fail_raw_access(func)
         elif func in _VALUE_READS:
@@ -140,6 +140,7 @@ class DeferredTensor(torch.Tensor):
 
 
 _NOT_HANDLED = object()
+_METHOD_WRAPPER = type(TensorBase.device.__get__)
 
 
 def _recorder_of(args: Any, kwargs: Any) -> Any:

@@ -51,6 +51,7 @@ SHADOW_LIMIT = 1 << 16
 #: allocates at most this many bytes (counting every intermediate).
 EVAL_BUDGET = 16 << 20
 
+_DETACH = aten.detach.default
 _SCALAR_FACTORIES = {aten.scalar_tensor.default, aten.lift_fresh.default}
 # In-place ops whose result does not depend on the old contents of what they write.
 _OVERWRITE_OPS = {
@@ -332,6 +333,16 @@ class Recorder:
         node.meta["spec"] = TensorSpec.of(meta, device)
         return t
 
+    def _detached(self, t: torch.Tensor) -> torch.Tensor:
+        """``t.detach()``: a new tensor object for the same value, so the same node (every
+        ``nn.Parameter(...)`` detaches: a node each would be a quarter of a model's graph)."""
+        with torch._C._DisableTorchDispatch():
+            meta = aten.detach.default(t)
+            out = torch.Tensor._make_subclass(DeferredTensor, meta, False)
+        st = state_of(t)
+        out.__dict__[STATE_ATTR] = DeferredState(self, st.node, st.device)
+        return out
+
     def _node(self, target: Any, args: tuple, kwargs: dict, op: str = "call_function") -> fx.Node:
         # Arguments are set after creation: create_node would walk them with torch's general
         # pytree looking for symbolic ints, which capture never produces (sizes are concrete),
@@ -571,6 +582,8 @@ class Recorder:
         if inputs is None:  # real tensors among the arguments (or another trace's)
             args, kwargs = self._lift_reals(func, args, kwargs)
             inputs = [t for t in _tensors_in((args, kwargs)) if is_deferred_tensor(t)]
+        if func is _DETACH and not kwargs and len(args) == 1 and inputs:
+            return self._detached(args[0])
         if func in _DATA_DEPENDENT:
             return self._via_values(func, args, kwargs, inputs, data_dependent=True)
         device = self._output_device(func, inputs, kwargs)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -64,8 +65,20 @@ class CaptureFunctionMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
-        if self.recorder.is_suspended:
+        recorder = self.recorder
+        if recorder.is_suspended:
             return func(*args, **kwargs)
+        if recorder.call_site is not None:
+            return self._call(func, args, kwargs)
+        # Ops recorded during this call come from the code that called it: provenance walks
+        # up from there instead of through the frames inside the call.
+        recorder.call_site = sys._getframe(1)
+        try:
+            return self._call(func, args, kwargs)
+        finally:
+            recorder.call_site = None
+
+    def _call(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if func in _CONSTANT_FACTORIES:
             return self.recorder.constant_from(func, args, kwargs)
         device = kwargs.get("device")

@@ -18,6 +18,7 @@ import contextlib
 import functools
 import operator
 import sys
+import types
 import weakref
 from typing import Any, Callable, Iterator
 
@@ -194,6 +195,7 @@ class Recorder:
         self._root: weakref.ReferenceType | None = None
         self._paths: dict[int, str] = {}
         self._intended: torch.device | None = None
+        self.call_site: types.FrameType | None = None  # the caller of the torch function being run (modes.py)
 
     # ------------------------------------------------------------------ helpers
     @contextlib.contextmanager
@@ -360,7 +362,7 @@ class Recorder:
         dt = torch.get_default_dtype()
         if dt != self.default_dtype:
             node.meta["default_dtype"] = dt
-        prov, module = current_provenance(sys._getframe(2))
+        prov, module = current_provenance(self.call_site or sys._getframe(2))
         node.meta["prov"] = prov
         if module is not None:
             node.meta["module_ref"] = weakref.ref(module)

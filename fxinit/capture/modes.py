@@ -62,35 +62,39 @@ class CaptureFunctionMode(TorchFunctionMode):
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
         self.recorder = recorder
+        # Where factories without device= build, as set by what is under this mode (a
+        # `with torch.device(...)` around trace_init, torch.set_default_device): fixed while
+        # it is active, as anything entered later sits above it and passes device= down.
+        self._default: torch.device | None = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         recorder = self.recorder
         if recorder.is_suspended:
             return func(*args, **kwargs)
-        if recorder.call_site is not None:
-            return self._call(func, args, kwargs)
-        # Ops recorded during this call come from the code that called it: provenance walks
-        # up from there instead of through the frames inside the call.
-        recorder.call_site = sys._getframe(1)
+        outermost = recorder.call_site is None
+        if outermost:
+            # Ops recorded during this call come from the code that called it: provenance
+            # walks up from there instead of through the frames inside the call.
+            recorder.call_site = sys._getframe(1)
         try:
-            return self._call(func, args, kwargs)
+            if func in _CONSTANT_FACTORIES:
+                return recorder.constant_from(func, args, kwargs)
+            device = kwargs.get("device")
+            if device is None and func in _FACTORIES:
+                if self._default is None:
+                    self._default = _default_device()
+                device = self._default
+            if device is not None and torch.device(device).type not in ("cpu", "meta"):
+                # Building on that device first would touch (or need) it; build on meta and
+                # let the recorder note the intended device for the factory ops inside.
+                kwargs = {**kwargs, "device": "meta"}
+                with recorder.intended_device(torch.device(device)):
+                    return func(*args, **kwargs)
+            return func(*args, **kwargs)
         finally:
-            recorder.call_site = None
-
-    def _call(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        if func in _CONSTANT_FACTORIES:
-            return self.recorder.constant_from(func, args, kwargs)
-        device = kwargs.get("device")
-        if device is None and func in _FACTORIES:
-            device = _default_device()
-        if device is not None and torch.device(device).type not in ("cpu", "meta"):
-            # Building on that device first would touch (or need) it; build on meta and
-            # let the recorder note the intended device for the factory ops inside.
-            kwargs = {**kwargs, "device": "meta"}
-            with self.recorder.intended_device(torch.device(device)):
-                return func(*args, **kwargs)
-        return func(*args, **kwargs)
+            if outermost:
+                recorder.call_site = None
 
 
 def active_modes(recorder: Recorder) -> tuple[Any, Any]:

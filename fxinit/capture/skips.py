@@ -62,10 +62,11 @@ class LazyCpuGenerator:
         mark = struct.pack("=4Q", *self._base, self._count & 0xFFFFFFFF)
         with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
             state = torch.default_generator.get_state()
-            start = self._marks.get(_marker(state))
+            raw = state.numpy()
+            start = self._marks.get(raw[_MARK].tobytes())
             if start is None:
                 start = RngSnapshot("cpu", state.clone())
-            state.numpy()[_MARK] = np.frombuffer(mark, dtype=np.uint8)
+            raw[_MARK] = np.frombuffer(mark, dtype=np.uint8)
             torch.default_generator.set_state(state)
         self._marks[mark] = PendingSnapshot(start, draws)
         return start

@@ -195,6 +195,7 @@ class Recorder:
         self._root: weakref.ReferenceType | None = None
         self._paths: dict[int, str] = {}
         self._intended: torch.device | None = None
+        self._module_ref: weakref.ReferenceType | None = None
         self.call_site: types.FrameType | None = None  # the caller of the torch function being run (modes.py)
 
     # ------------------------------------------------------------------ helpers
@@ -365,7 +366,10 @@ class Recorder:
         prov, module = current_provenance(self.call_site or sys._getframe(2))
         node.meta["prov"] = prov
         if module is not None:
-            node.meta["module_ref"] = weakref.ref(module)
+            ref = self._module_ref
+            if ref is None or ref() is not module:  # consecutive ops mostly share their module
+                ref = self._module_ref = weakref.ref(module)
+            node.meta["module_ref"] = ref
         return node
 
     # ------------------------------------------------------------------ errors
@@ -717,6 +721,17 @@ class Recorder:
         node.meta.update(reads=reads, mutates=mutates, overwrites=self._overwrites(func, inputs, mutated_objs))
         if random:
             node.meta["rng"] = {"gen" if _takes_generator(func) else f"default:{device}": key}
+
+        if isinstance(mout, torch.Tensor):  # most ops: one tensor out
+            same = next((t for t in inputs if t is mout), None)  # in-place / out=: the same Python object
+            if same is not None:
+                self._update_shadows(func, args, kwargs, inputs, mutated_objs, [], random, real_out)
+                return same
+            known = _storage_key(mout) in self._storages
+            w = self._wrap(mout, node, device)
+            self._update_shadows(func, args, kwargs, inputs, mutated_objs, [] if known else [(w, 0)], random,
+                                 real_out)
+            return w
 
         input_ids = {id(t): t for t in inputs}
         flat_out = _leaves(mout)

@@ -28,6 +28,10 @@ _FACTORIES = {
 }
 
 
+_SET_GRAD_ENABLED = torch._C._set_grad_enabled
+_METHOD_WRAPPER = type(torch.Tensor.device.__get__)  # how property reads reach __torch_function__
+
+
 def _default_device() -> torch.device:
     try:
         return torch.get_default_device()
@@ -70,8 +74,8 @@ class CaptureFunctionMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         recorder = self.recorder
-        if recorder.is_suspended:
-            return func(*args, **kwargs)
+        if recorder.is_suspended or func is _SET_GRAD_ENABLED or type(func) is _METHOD_WRAPPER:
+            return func(*args, **kwargs)  # grad mode (every torch.no_grad), property reads: nothing to do
         outermost = recorder.call_site is None
         if outermost:
             # Ops recorded during this call come from the code that called it: provenance

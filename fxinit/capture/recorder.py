@@ -117,7 +117,6 @@ def _schema_value(func: Any, args: tuple, kwargs: dict, i: int) -> Any:
 # Aten arguments and results nest only tuples, lists and dicts (torch.Size is a tuple of
 # ints, which no mapped function changes): walking them directly costs a fraction of
 # torch's general pytree, which dominated capture time per op.
-_CONTAINERS = (tuple, list, dict)
 # Leaves every mapped function returns unchanged: not worth a call each.
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
@@ -825,15 +824,17 @@ def _fill_result(func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
     argument checks: the CPU kernel on one element, drawing from a generator of its own."""
     dtype = args[0].dtype
     options = {k: v for k, v in kwargs.items() if k != "generator"}
-    key = func, dtype, args[1:], tuple(options.items())
-    try:
-        if key in _ACCEPTED:  # the checks depend on the dtype and the scalar arguments only
-            return args[0]
-    except TypeError:
-        key = None
+    key = None
+    if not any(isinstance(v, torch.Tensor) for v in (*args[1:], *options.values())):
+        key = func, dtype, args[1:], tuple(options.items())  # what the checks depend on
+        try:
+            if key in _ACCEPTED:
+                return args[0]
+        except TypeError:  # an unhashable argument: check every time
+            key = None
     probe = torch.empty(1, dtype=dtype)
     func(probe, *args[1:], **options, generator=_PROBE_GENERATOR)
-    if key is not None and not any(isinstance(v, torch.Tensor) for v in (*args[1:], *options.values())):
+    if key is not None:
         _ACCEPTED.add(key)
     return args[0]
 

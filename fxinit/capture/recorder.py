@@ -732,28 +732,24 @@ class Recorder:
                                  real_out)
             return w
 
+        # Several results (a tuple, a list): each new tensor is a getitem of the node.
         input_ids = {id(t): t for t in inputs}
-        flat_out = _leaves(mout)
         fresh: list[tuple[torch.Tensor, int]] = []
         results = []  # one per tensor in the output
-        multi = not isinstance(mout, torch.Tensor)
-        for j, o in enumerate(flat_out):
+        for j, o in enumerate(_leaves(mout)):
             if not isinstance(o, torch.Tensor):
                 continue
             if id(o) in input_ids:
                 results.append(input_ids[id(o)])  # in-place / out=: the same Python object
             else:
-                vnode = node
-                if multi:
-                    vnode = self._node(operator.getitem, (node, j), {})
-                    vnode.meta.update(reads=(), mutates=())
+                vnode = self._node(operator.getitem, (node, j), {})
+                vnode.meta.update(reads=(), mutates=())
                 known = _storage_key(o) in self._storages
                 w = self._wrap(o, vnode, device)
                 if not known:
                     fresh.append((w, j))
                 results.append(w)
-        if multi:
-            node.meta["spec"] = None
+        node.meta["spec"] = None
         self._update_shadows(func, args, kwargs, inputs, mutated_objs, fresh, random, real_out)
         replacements = iter(results)
         return _map(lambda o: next(replacements) if isinstance(o, torch.Tensor) else o, mout)

@@ -120,7 +120,7 @@ class DeferredTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
-        if type(func) is _METHOD_WRAPPER:  # a property: TensorBase.device.__get__ and the like
+        if type(func) is PROPERTY_CALL:
             if func.__name__ in ("__get__", "__set__"):
                 handled = _property(func.__name__, func.__self__, args)
                 if handled is not _NOT_HANDLED:
@@ -140,7 +140,8 @@ class DeferredTensor(torch.Tensor):
 
 
 _NOT_HANDLED = object()
-_METHOD_WRAPPER = type(TensorBase.device.__get__)
+#: How property reads and writes reach ``__torch_function__``: ``TensorBase.device.__get__``...
+PROPERTY_CALL = type(TensorBase.device.__get__)
 
 
 def _recorder_of(args: Any, kwargs: Any) -> Any:

@@ -16,6 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fxinit.capture.deferred import PROPERTY_CALL
 from fxinit.capture.recorder import Recorder
 from fxinit.errors import DeferredInitError
 
@@ -29,7 +30,6 @@ _FACTORIES = {
 
 
 _SET_GRAD_ENABLED = torch._C._set_grad_enabled
-_METHOD_WRAPPER = type(torch.Tensor.device.__get__)  # how property reads reach __torch_function__
 
 
 def _default_device() -> torch.device:
@@ -74,7 +74,7 @@ class CaptureFunctionMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         recorder = self.recorder
-        if recorder.is_suspended or func is _SET_GRAD_ENABLED or type(func) is _METHOD_WRAPPER:
+        if recorder.is_suspended or func is _SET_GRAD_ENABLED or type(func) is PROPERTY_CALL:
             return func(*args, **kwargs)  # grad mode (every torch.no_grad), property reads: nothing to do
         outermost = recorder.call_site is None
         if outermost:

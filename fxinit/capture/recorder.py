@@ -36,7 +36,7 @@ from fxinit.graph import TensorSpec
 from fxinit.ops import call_init_function, resolve_init_function
 from fxinit.rng import Snapshot, default_generator_for, mt19937, snapshot
 from fxinit.passes.dead_init import dead_writes
-from fxinit.rng.draws import cpu_draws
+from fxinit.rng.draws import call_key, cpu_draws
 
 aten = torch.ops.aten
 _META = torch.device("meta")
@@ -340,10 +340,8 @@ class Recorder:
         ``nn.Parameter(...)`` detaches: a node each would be a quarter of a model's graph)."""
         with torch._C._DisableTorchDispatch():
             meta = aten.detach.default(t)
-            out = torch.Tensor._make_subclass(DeferredTensor, meta, False)
         st = state_of(t)
-        out.__dict__[STATE_ATTR] = DeferredState(self, st.node, st.device)
-        return out
+        return self._wrap(meta, st.node, st.device)
 
     def _node(self, target: Any, args: tuple, kwargs: dict, op: str = "call_function") -> fx.Node:
         # Arguments are set after creation: create_node would walk them with torch's general
@@ -520,20 +518,22 @@ class Recorder:
         return self._replaced_storage(mutated[0], [t for t in inputs if t is not mutated[0]])
 
     def _replaced_storage(self, t: torch.Tensor, others: list[torch.Tensor]) -> tuple[int, ...]:
-        sid = self.storage_id(t)
+        info = self._storage(t)
+        sid = info.sid
         if any(self.storage_id(o) == sid for o in others):
             return ()
-        nbytes = self._storage(t).keepalive.nbytes()
         with torch._C.DisableTorchFunctionSubclass():
-            whole = t.is_contiguous() and t.numel() * t.element_size() == nbytes
+            whole = t.is_contiguous() and t.numel() * t.element_size() == info.keepalive.nbytes()
         return (sid,) if whole else ()
 
     # ------------------------------------------------------------------ rng
     def _snapshot(self, gen: torch.Generator) -> str:
         key = f"rng{len(self.rng)}"
-        lazy = gen is torch.default_generator and self.lazy_cpu.active
-        self.rng[key] = self.lazy_cpu.position() if lazy else snapshot(gen)
+        self.rng[key] = self.lazy_cpu.position() if self._lazy(gen) else snapshot(gen)
         return key
+
+    def _lazy(self, gen: torch.Generator) -> bool:
+        return gen is torch.default_generator and self.lazy_cpu.active
 
     def _step_generator(self, func: Any, args: tuple, kwargs: dict, device: torch.device, gen: torch.Generator,
                         filled: list[Any]) -> str:
@@ -548,7 +548,7 @@ class Recorder:
             self._draw_for_real(func, args, kwargs, device)
             return key
         key = f"rng{len(self.rng)}"
-        if gen is torch.default_generator and self.lazy_cpu.active:
+        if self._lazy(gen):
             self.rng[key] = self.lazy_cpu.skip(draws)
         else:
             start = self.rng[key] = snapshot(gen)
@@ -818,18 +818,11 @@ _PROBE_GENERATOR = torch.Generator()  # what probes draw is thrown away
 def _fill_result(func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
     """What the meta kernel of in-place fill ``func`` returns (``args[0]``), after eager's
     argument checks: the CPU kernel on one element, drawing from a generator of its own."""
-    dtype = args[0].dtype
-    options = {k: v for k, v in kwargs.items() if k != "generator"}
-    key = None
-    if not any(isinstance(v, torch.Tensor) for v in (*args[1:], *options.values())):
-        key = func, dtype, args[1:], tuple(options.items())  # what the checks depend on
-        try:
-            if key in _ACCEPTED:
-                return args[0]
-        except TypeError:  # an unhashable argument: check every time
-            key = None
-    probe = torch.empty(1, dtype=dtype)
-    func(probe, *args[1:], **options, generator=_PROBE_GENERATOR)
+    key = call_key(func, args, kwargs, args[0])
+    if key is not None and key in _ACCEPTED:
+        return args[0]
+    probe = torch.empty(1, dtype=args[0].dtype)
+    func(probe, *args[1:], **{**kwargs, "generator": _PROBE_GENERATOR})
     if key is not None:
         _ACCEPTED.add(key)
     return args[0]

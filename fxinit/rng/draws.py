@@ -40,7 +40,7 @@ def draw_model(func: Any, args: tuple, kwargs: dict, target: torch.Tensor) -> _M
     """The calibrated ``(a, r, b, t)`` of this kind of call, or None (see the module doc)."""
     if target.numel() < MIN_ELEMENTS or not target.is_contiguous():
         return None
-    quick = _quick_key(func, args, kwargs, target)
+    quick = call_key(func, args, kwargs, target)
     if quick is not None and quick in _by_call:
         return _by_call[quick]
     made = _probe_maker(func, args, kwargs, target)
@@ -61,8 +61,10 @@ def draw_model(func: Any, args: tuple, kwargs: dict, target: torch.Tensor) -> _M
 _by_call: dict[tuple, _Model | None] = {}
 
 
-def _quick_key(func: Any, args: tuple, kwargs: dict, target: torch.Tensor) -> tuple | None:
-    """``(func, dtype, other arguments)`` if hashable; None where a tensor or a list is among them."""
+def call_key(func: Any, args: tuple, kwargs: dict, target: torch.Tensor) -> tuple | None:
+    """``(func, target dtype, the other arguments, whether a generator was given)``: what a
+    call's draw count and argument checks depend on, hashable; None where a tensor or a list
+    is among the arguments."""
     rest = args[1:] if args and args[0] is target else args
     options = tuple((k, v if k != "generator" else v is not None) for k, v in kwargs.items())
     key = func, target.dtype, rest, options

@@ -51,11 +51,6 @@ static inline uint64_t bits_at(const uint64_t *a, long off) { /* 64 bits startin
   return r ? (a[w] >> r) | (a[w + 1] << (64 - r)) : a[w];
 }
 
-static uint64_t charpoly[PW]; /* bit i: coefficient of x^i */
-static int terms[DEG];        /* exponents < DEG with coefficient 1 */
-static int nterms;
-static int ready;
-
 /* The characteristic polynomial of MT19937 is x^DEG plus these terms. It is a property of
  * the recurrence, the same for every seed: written here, as Berlekamp-Massey takes ~20 ms
  * (fxinit_mt_charpoly_matches recomputes it; the tests check that it agrees). */
@@ -75,16 +70,6 @@ static const int KNOWN_TERMS[] = {
 };
 #define NKNOWN ((int)(sizeof KNOWN_TERMS / sizeof KNOWN_TERMS[0]))
 /* reduce() needs every low term below DEG - 64: the largest is 19314. */
-
-static void load_charpoly(void) {
-  memset(charpoly, 0, sizeof charpoly);
-  charpoly[DEG >> 6] |= (uint64_t)1 << (DEG & 63);
-  for (int t = 0; t < NKNOWN; t++) {
-    terms[t] = KNOWN_TERMS[t];
-    charpoly[terms[t] >> 6] |= (uint64_t)1 << (terms[t] & 63);
-  }
-  nterms = NKNOWN;
-}
 
 /* Berlekamp-Massey on the low bits of 2*DEG consecutive words: the minimal polynomial of
  * the sequence, which for MT19937 is its degree-19937 characteristic polynomial. Writes
@@ -162,7 +147,7 @@ static void reduce(uint64_t *a) {
     hi = lo;
     if (!block) continue;
     xor_bits_at(a, lo, block);
-    for (int t = 0; t < nterms; t++) xor_bits_at(a, lo - DEG + terms[t], block);
+    for (int t = 0; t < NKNOWN; t++) xor_bits_at(a, lo - DEG + KNOWN_TERMS[t], block);
   }
 }
 
@@ -188,7 +173,6 @@ static void square(uint64_t *a) { /* a = a^2 (spread the bits), unreduced */
 
 /* out (DEG/64+1 words) = x^m mod charpoly. Returns 0. */
 int fxinit_mt_xpow(uint64_t m, uint64_t *out) {
-  if (!ready) { load_charpoly(); ready = 1; }
   uint64_t a[PW];
   memset(a, 0, sizeof a);
   a[0] = 1;

@@ -166,11 +166,13 @@ def compare_modules(m: torch.nn.Module, ref: torch.nn.Module, where: str = "") -
 
 
 def check_deferred_metadata(m: torch.nn.Module, ref: torch.nn.Module, where: str = "") -> list[str]:
-    """Before materialize: same names, shapes, dtypes, requires_grad, types and ties as eager."""
+    """Before materialize: same names, shapes, dtypes, requires_grad, types and ties as eager,
+    and an init graph that declares each output's shape and strides as the tensor has them."""
     errs: list[str] = []
     got, want = named_tensors(m), named_tensors(ref)
     if [(k, n) for k, n, _ in got] != [(k, n) for k, n, _ in want]:
         return [f"{where}deferred names {[n for _, n, _ in got]} vs eager {[n for _, n, _ in want]}"]
+    graph = fxinit.init_graph(m) if any(fxinit.is_deferred(t) for _, _, t in got) else None
     for (kind, name, t), (_, _, r) in zip(got, want):
         p = f"{where}deferred {kind} {name}: "
         if r.numel() > 0 and not fxinit.is_deferred(t):
@@ -180,6 +182,10 @@ def check_deferred_metadata(m: torch.nn.Module, ref: torch.nn.Module, where: str
                             f"{tuple(r.shape)}/{r.dtype}/rg={r.requires_grad}")
         if isinstance(t, torch.nn.Parameter) != isinstance(r, torch.nn.Parameter):
             errs.append(p + f"isinstance Parameter {isinstance(t, torch.nn.Parameter)} vs eager {isinstance(r, torch.nn.Parameter)}")
+        spec = graph.spec(name) if graph is not None and name in graph.outputs else None
+        if spec is not None and (spec.shape, spec.stride) != (tuple(t.shape), t.stride()):
+            errs.append(p + f"the init graph declares {spec.shape}/{spec.stride}, the tensor is "
+                            f"{tuple(t.shape)}/{t.stride()}")
     if tie_partition(got) != tie_partition(want):
         errs.append(f"{where}deferred tie structure {tie_partition(got)} vs eager {tie_partition(want)}")
     return errs

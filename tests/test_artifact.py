@@ -43,6 +43,21 @@ def test_round_trip_is_exact_and_keeps_everything(tmp_path: Path) -> None:
     assert values["head.weight"] is values["emb.weight"]
 
 
+def test_round_trip_after_in_place_view_ops(tmp_path: Path) -> None:
+    """``t_()`` and ``unsqueeze_()`` change a tensor's view: the saved graph declares the views
+    the model ends with, and loading checks those declarations against what the ops compute."""
+    from tests.test_traps import InplaceViewOps
+
+    torch.manual_seed(0)
+    fxinit.init_graph(fxinit.trace_init(InplaceViewOps)).save(tmp_path / "g.fxg")
+    values = fxinit.load_graph(tmp_path / "g.fxg").materialize()
+    torch.manual_seed(0)
+    eager = _eager_tensors(InplaceViewOps())
+    assert values.keys() == eager.keys()
+    for k in eager:
+        assert values[k].stride() == eager[k].stride() and same_bits(values[k], eager[k]), k
+
+
 _CHILD = r"""
 import sys
 sys.modules["transformers"] = None          # the model's library is not importable here

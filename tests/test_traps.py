@@ -400,6 +400,24 @@ class ReInitTwice(nn.Module):
             m.weight.data.fill_(1.0)
 
 
+class InplaceViewOps(nn.Module):
+    """``t_()``, ``unsqueeze_()``, ``transpose_()`` make the same tensor object another view."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        w = torch.empty(4, 6)
+        nn.init.kaiming_uniform_(w)
+        w.t_()
+        self.w = nn.Parameter(w)  # detached after the view changed
+        b = torch.randn(6)
+        b.unsqueeze_(0)
+        self.register_buffer("b", b)
+        c = torch.empty(2, 3, 4).normal_()
+        c.transpose_(0, 2)
+        c.mul_(2.0)
+        self.register_buffer("c", c)
+
+
 TRAP_CASES = [
     ("weight_tying", TiedLM, None),
     ("submodule_under_two_names", SharedSubmodule, lambda m: m.layers[2](_x(2, 3))),
@@ -411,6 +429,7 @@ TRAP_CASES = [
     ("param_data_rebind_dtype", DataRebindDtype, None),
     ("no_grad_blocks", NoGradBlocks, None),
     ("inplace_through_views", InplaceThroughViews, None),
+    ("inplace_view_ops", InplaceViewOps, None),
     ("rope_inv_freq", Rotary, None),
     ("causal_mask_position_ids", CausalAndPositions, None),
     ("drop_path_schedule_item_tolist", DropPathSchedule, None),

@@ -119,24 +119,30 @@ class DeferredTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
-        kwargs = kwargs or {}
-        if type(func) is PROPERTY_CALL:
-            if func.__name__ in ("__get__", "__set__"):
-                handled = _property(func.__name__, func.__self__, args)
-                if handled is not _NOT_HANDLED:
-                    return handled
-        elif func in _RAW_ACCESS:
-            _recorder_of(args, kwargs).fail_raw_access(func)
-        elif func in _VALUE_READS:
-            return _recorder_of(args, kwargs).read_values(func, args[0], args[1:], kwargs)
-        elif func is TensorBase.to or func is TensorBase.cpu or func is TensorBase.cuda:
-            result = _maybe_noop_move(func, args, kwargs)
-            if result is not None:
-                return result
-        elif func is TensorBase.new_tensor:
-            return _recorder_of(args, kwargs).new_tensor(args[0], *args[1:], **kwargs)
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **kwargs)
+        return deferred_torch_function(func, args, kwargs or {})
+
+
+def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
+    """DeferredTensor's ``__torch_function__``. The capture function mode calls it directly
+    when deferred tensors are the only overloaded arguments, which saves torch's trip back
+    through the subclass layer."""
+    if type(func) is PROPERTY_CALL:
+        if func.__name__ in ("__get__", "__set__"):
+            handled = _property(func.__name__, func.__self__, args)
+            if handled is not _NOT_HANDLED:
+                return handled
+    elif func in _RAW_ACCESS:
+        _recorder_of(args, kwargs).fail_raw_access(func)
+    elif func in _VALUE_READS:
+        return _recorder_of(args, kwargs).read_values(func, args[0], args[1:], kwargs)
+    elif func is TensorBase.to or func is TensorBase.cpu or func is TensorBase.cuda:
+        result = _maybe_noop_move(func, args, kwargs)
+        if result is not None:
+            return result
+    elif func is TensorBase.new_tensor:
+        return _recorder_of(args, kwargs).new_tensor(args[0], *args[1:], **kwargs)
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **kwargs)
 
 
 _NOT_HANDLED = object()
@@ -172,7 +178,7 @@ def _property(kind: str, owner: Any, args: tuple) -> Any:
             return reported_device(t)
         if owner is _IS_META:
             rec = state_of(t).recorder
-            caller = sys._getframe(2)
+            caller = sys._getframe(3)  # past deferred_torch_function and its caller
             if rec.try_record_opaque(caller, t):
                 return True
             if caller.f_code is _LOAD_FROM_STATE_DICT:

@@ -16,7 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxinit.capture.deferred import PROPERTY_CALL
+from fxinit.capture.deferred import PROPERTY_CALL, DeferredTensor, deferred_torch_function
 from fxinit.capture.recorder import Recorder
 from fxinit.errors import DeferredInitError
 
@@ -30,6 +30,7 @@ _FACTORIES = {
 
 
 _SET_GRAD_ENABLED = torch._C._set_grad_enabled
+_ONLY_DEFERRED = (DeferredTensor,)  # ``types`` when no other subclass takes part in a call
 
 
 def _default_device() -> torch.device:
@@ -74,8 +75,10 @@ class CaptureFunctionMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         recorder = self.recorder
-        if recorder.is_suspended or func is _SET_GRAD_ENABLED or type(func) is PROPERTY_CALL:
-            return func(*args, **kwargs)  # grad mode (every torch.no_grad), property reads: nothing to do
+        if recorder.is_suspended or func is _SET_GRAD_ENABLED:
+            return func(*args, **kwargs)  # grad mode (every torch.no_grad): nothing to do
+        if type(func) is PROPERTY_CALL:  # property reads: DeferredTensor's to answer
+            return deferred_torch_function(func, args, kwargs) if types == _ONLY_DEFERRED else func(*args, **kwargs)
         outermost = recorder.call_site is None
         if outermost:
             # Ops recorded during this call come from the code that called it: provenance
@@ -95,6 +98,8 @@ class CaptureFunctionMode(TorchFunctionMode):
                 kwargs = {**kwargs, "device": "meta"}
                 with recorder.intended_device(torch.device(device)):
                     return func(*args, **kwargs)
+            if types == _ONLY_DEFERRED:
+                return deferred_torch_function(func, args, kwargs)
             return func(*args, **kwargs)
         finally:
             if outermost:

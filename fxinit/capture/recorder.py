@@ -20,7 +20,7 @@ import operator
 import sys
 import types
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 import torch.fx as fx
@@ -87,6 +87,12 @@ def _is_random(func: Any) -> bool:
     if torch.Tag.nondeterministic_seeded in func.tags:
         return True
     return any("Generator" in str(a.type) for a in func._schema.arguments)
+
+
+@functools.lru_cache(maxsize=None)
+def _changes_view(func: Any) -> bool:
+    """``t_()``, ``unsqueeze_()``, ``as_strided_()``...: the tensor object becomes another view."""
+    return torch.Tag.inplace_view in func.tags
 
 
 @functools.lru_cache(maxsize=None)
@@ -213,8 +219,9 @@ class Recorder:
 
     def set_root(self, module: torch.nn.Module) -> None:
         self._root = weakref.ref(module)
-        self._paths = {}
-        self._trace_names = self._current_names()
+        modules = list(module.named_modules(remove_duplicate=False))  # one walk for paths and names
+        self._paths = _paths_of(modules)
+        self._trace_names = self._current_names(modules)
         self.stamp_module_paths()
 
     def stamp_module_paths(self) -> None:
@@ -226,13 +233,13 @@ class Recorder:
             if "module" not in n.meta and ref is not None and ref() is not None and id(ref()) in paths:
                 n.meta["module"] = paths[id(ref())]
 
-    def _current_names(self) -> dict[int, str]:
+    def _current_names(self, modules: list[tuple[str, torch.nn.Module]] | None = None) -> dict[int, str]:
         """``{storage id: smallest fully qualified name of a deferred tensor in it}`` now."""
         names: dict[int, str] = {}
         root = self.root
         if root is None:
             return names
-        for fqn, _, _, _, t in tensor_slots(root):
+        for fqn, _, _, _, t in tensor_slots(root, modules):
             if is_deferred_tensor(t) and state_of(t).recorder is self:
                 sid = self.storage_id(t)
                 if sid not in names or fqn < names[sid]:
@@ -256,8 +263,7 @@ class Recorder:
         """id(module) -> dotted path under the traced root (empty while it is being built)."""
         root = self._root() if self._root is not None else None
         if root is not None and not self._paths:
-            for name, mod in root.named_modules(remove_duplicate=False):
-                self._paths.setdefault(id(mod), name)
+            self._paths = _paths_of(root.named_modules(remove_duplicate=False))
         return self._paths
 
     def _storage(self, t: torch.Tensor) -> StorageInfo:
@@ -329,10 +335,13 @@ class Recorder:
         self._storage(t).shadow = flat
 
     def _wrap(self, meta: torch.Tensor, node: fx.Node, device: torch.device) -> torch.Tensor:
+        node.meta["spec"] = TensorSpec.of(meta, device)
+        return self._deferred(meta, node, device)
+
+    def _deferred(self, meta: torch.Tensor, node: fx.Node, device: torch.device) -> torch.Tensor:
         with torch._C._DisableTorchDispatch():
             t = torch.Tensor._make_subclass(DeferredTensor, meta, meta.requires_grad)
         t.__dict__[STATE_ATTR] = DeferredState(self, node, device)
-        node.meta["spec"] = TensorSpec.of(meta, device)
         return t
 
     def _detached(self, t: torch.Tensor) -> torch.Tensor:
@@ -341,7 +350,7 @@ class Recorder:
         with torch._C._DisableTorchDispatch():
             meta = aten.detach.default(t)
         st = state_of(t)
-        return self._wrap(meta, st.node, st.device)
+        return self._deferred(meta, st.node, st.device)  # the node's spec holds for the same view
 
     def _node(self, target: Any, args: tuple, kwargs: dict, op: str = "call_function") -> fx.Node:
         # Arguments are set after creation: create_node would walk them with torch's general
@@ -724,6 +733,9 @@ class Recorder:
         if isinstance(mout, torch.Tensor):  # most ops: one tensor out
             same = next((t for t in inputs if t is mout), None)  # in-place / out=: the same Python object
             if same is not None:
+                if _changes_view(func):  # the object now holds this node's view
+                    state_of(same).node = node
+                    node.meta["spec"] = TensorSpec.of(same, device)
                 self._update_shadows(func, args, kwargs, inputs, mutated_objs, [], random, real_out)
                 return same
             known = _storage_key(mout) in self._storages
@@ -832,6 +844,14 @@ _ACCEPTED: set[tuple] = set()
 
 
 _NAMES: dict[Any, str] = {}
+
+
+def _paths_of(named_modules: Iterable[tuple[str, torch.nn.Module]]) -> dict[int, str]:
+    """id(module) -> its first dotted path."""
+    paths: dict[int, str] = {}
+    for name, mod in named_modules:
+        paths.setdefault(id(mod), name)
+    return paths
 
 
 def _node_name(graph: fx.Graph, target: Any) -> str | None:

@@ -22,17 +22,17 @@ constructor (not through ``torch.get_rng_state``) for anything but putting them 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import struct
 import threading
 from typing import Iterator
 
-import numpy as np
 import torch
 
 from fxinit.rng import PendingSnapshot, RngSnapshot, Snapshot
 
-_MARK = slice(24, 56)  # the first four word slots of a CPU state (see rng.mt19937)
+_MARK_AT, _MARK_SIZE = 24, 32  # bytes: the first four word slots of a CPU state (see rng.mt19937)
 _active: list["LazyCpuGenerator"] = []  # innermost last
 _patch_lock = threading.Lock()
 _original_get_rng_state = torch.random.get_rng_state
@@ -62,11 +62,10 @@ class LazyCpuGenerator:
         mark = struct.pack("=4Q", *self._base, self._count & 0xFFFFFFFF)
         with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
             state = torch.default_generator.get_state()
-            raw = state.numpy()
-            start = self._marks.get(raw[_MARK].tobytes())
+            start = self._marks.get(_marker(state))
             if start is None:
                 start = RngSnapshot("cpu", state.clone())
-            raw[_MARK] = np.frombuffer(mark, dtype=np.uint8)
+            ctypes.memmove(state.data_ptr() + _MARK_AT, mark, _MARK_SIZE)
             torch.default_generator.set_state(state)
         self._marks[mark] = PendingSnapshot(start, draws)
         return start
@@ -100,7 +99,8 @@ class LazyCpuGenerator:
 
 
 def _marker(state: torch.Tensor) -> bytes:
-    return state.numpy()[_MARK].tobytes()
+    """The bytes where a placeholder's marker sits, of a state read from the generator."""
+    return ctypes.string_at(state.data_ptr() + _MARK_AT, _MARK_SIZE)
 
 
 def _get_rng_state() -> torch.Tensor:

@@ -207,6 +207,18 @@ class NumpyConstants(nn.Module):
         self.n = nn.Parameter(self.w.new_tensor([[9.0, 8.0]]))
 
 
+class SinusoidalTable(nn.Module):
+    """transformers' Marian/Pegasus positions: numpy tables written into slices of a fresh tensor."""
+
+    def __init__(self, n_pos: int = 6, dim: int = 4) -> None:
+        super().__init__()
+        enc = np.array([[pos / np.power(10000, 2 * (j // 2) / dim) for j in range(dim)] for pos in range(n_pos)])
+        out = torch.empty(n_pos, dim, requires_grad=False)
+        out[:, : dim // 2] = torch.FloatTensor(np.sin(enc[:, 0::2]))
+        out[:, dim // 2 :] = torch.FloatTensor(np.cos(enc[:, 1::2]))
+        self.weight = nn.Parameter(out, requires_grad=False)
+
+
 # ----------------------------------------------------------------------------- dtypes, devices
 class ExplicitDeviceDtype(nn.Module):
     def __init__(self) -> None:
@@ -435,6 +447,7 @@ TRAP_CASES = [
     ("drop_path_schedule_item_tolist", DropPathSchedule, None),
     ("values_read_written_read_again", ReadsWrittenValues, None),
     ("numpy_and_python_constants", NumpyConstants, None),
+    ("sinusoidal_table_from_numpy", SinusoidalTable, None),
     ("explicit_device_dtype", ExplicitDeviceDtype, None),
     ("casts_in_init", CastsInInit, lambda m: m.d(_x(1, 2, 3, 3).to(memory_format=torch.channels_last))),
     ("self_to_float64_in_init", CastsWholeSelf, None),

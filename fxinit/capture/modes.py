@@ -30,7 +30,14 @@ _FACTORIES = {
 
 
 _SET_GRAD_ENABLED = torch._C._set_grad_enabled
-_ONLY_DEFERRED = (DeferredTensor,)  # ``types`` when no other subclass takes part in a call
+_ONLY_DEFERRED = (DeferredTensor,)
+_SUBCLASS_TORCH_FUNCTION_ON = torch._C._is_torch_function_enabled
+
+
+def _deferred_only(types: Any) -> bool:
+    """Would torch call DeferredTensor's ``__torch_function__`` next, and no other subclass's?
+    (Not under DisableTorchFunctionSubclass, as the recorder's own reads run.)"""
+    return types == _ONLY_DEFERRED and _SUBCLASS_TORCH_FUNCTION_ON()
 
 
 def _default_device() -> torch.device:
@@ -78,7 +85,7 @@ class CaptureFunctionMode(TorchFunctionMode):
         if recorder.is_suspended or func is _SET_GRAD_ENABLED:
             return func(*args, **kwargs)  # grad mode (every torch.no_grad): nothing to do
         if type(func) is PROPERTY_CALL:  # property reads: DeferredTensor's to answer
-            return deferred_torch_function(func, args, kwargs) if types == _ONLY_DEFERRED else func(*args, **kwargs)
+            return deferred_torch_function(func, args, kwargs) if _deferred_only(types) else func(*args, **kwargs)
         outermost = recorder.call_site is None
         if outermost:
             # Ops recorded during this call come from the code that called it: provenance
@@ -98,7 +105,7 @@ class CaptureFunctionMode(TorchFunctionMode):
                 kwargs = {**kwargs, "device": "meta"}
                 with recorder.intended_device(torch.device(device)):
                     return func(*args, **kwargs)
-            if types == _ONLY_DEFERRED:
+            if _deferred_only(types):
                 return deferred_torch_function(func, args, kwargs)
             return func(*args, **kwargs)
         finally:

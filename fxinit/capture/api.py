@@ -12,6 +12,7 @@ import torch
 from fxinit.capture.deferred import is_deferred_tensor, state_of
 from fxinit.capture.lazy import lazy_module_support
 from fxinit.capture.modes import active_modes
+from fxinit.capture.provenance import source_lines_scope
 from fxinit.capture.recorder import Recorder
 
 M = TypeVar("M", bound=torch.nn.Module)
@@ -31,7 +32,7 @@ def _capturing(recorder: Recorder) -> Iterator[None]:
     recorder.capturing = True
     _local.depth = _depth() + 1
     try:
-        with recorder.lazy_cpu.scope(), fmode, dmode, lazy_module_support(recorder):
+        with source_lines_scope(), recorder.lazy_cpu.scope(), fmode, dmode, lazy_module_support(recorder):
             yield
     finally:
         _local.depth = _depth() - 1

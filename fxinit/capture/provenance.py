@@ -7,6 +7,7 @@ root module exists.
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import re
@@ -56,6 +57,19 @@ def user_frame(start: types.FrameType | None = None) -> types.FrameType | None:
         if not _is_internal(f.f_code.co_filename):
             return f
     return None
+
+
+@contextlib.contextmanager
+def source_lines_scope() -> Iterator[None]:
+    """Files that linecache reads during the block (provenance reads one line of each
+    source file the constructor runs: transformers' modeling_utils.py alone is 0.6 MiB)
+    are dropped from its cache at the end, so capture does not keep them in memory."""
+    before = set(linecache.cache)
+    try:
+        yield
+    finally:
+        for name in [n for n in linecache.cache if n not in before]:
+            linecache.cache.pop(name, None)
 
 
 def format_source(frame: types.FrameType | None) -> str | None:

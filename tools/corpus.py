@@ -4,6 +4,7 @@
     python tools/corpus.py --seeds 0,1 --dtypes float32,bfloat16,float64 --jobs 2
     python tools/corpus.py --models llama,vit --json out.json
     python tools/corpus.py --refresh-list        # rebuild tools/corpus_models.json
+    python tools/corpus.py --device cuda --jobs 1 # eager and trace under `with torch.device("cuda")`
 
 For each architecture (``AutoModel.from_config`` on a tiny config), seed and default
 dtype it builds the eager reference, then with fxinit: trace + materialize whole, and
@@ -11,6 +12,8 @@ trace + materialize leaf module by leaf module in reverse order. Every parameter
 buffer (persistent or not) must match bitwise, with the same dtype, shape, device,
 requires_grad, Parameter type, tying and storage sharing; trace_init must leave the
 global RNG where eager construction leaves it, and materialize must not change it.
+With ``--device D`` both eager construction and the trace run under ``with torch.device(D)``
+(a GPU when D is cuda: values stay on it, and D's generator is checked as well).
 Prints one line per check and the figure N/M bitwise-equal per (seed, dtype, order).
 """
 
@@ -121,13 +124,33 @@ def _materialize(m: Any, order: str, **options: Any) -> None:
     fxinit.materialize(m, **options)
 
 
+def _rng_states(device: str | None) -> list[Any]:
+    """The global CPU generator's state, and ``device``'s when it has its own."""
+    import torch
+
+    states = [torch.get_rng_state()]
+    if device is not None and torch.device(device).type == "cuda":
+        states.append(torch.cuda.get_rng_state(torch.device(device)))
+    return states
+
+
+def _rng_equal(a: list[Any], b: list[Any]) -> bool:
+    import torch
+
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 @_in_default_dtype
 def check_model(model_type: str, seed: int = 0, dtype: str = "float32", variant: str = "tiny",
-                orders: tuple[str, ...] = ("whole", "reverse"), cast: str | None = None) -> dict[str, Any]:
+                orders: tuple[str, ...] = ("whole", "reverse"), cast: str | None = None,
+                device: str | None = None) -> dict[str, Any]:
     """Check one architecture; returns {order: "ok" | "mismatch: ..." | "cannot defer: ..." | "crash: ..."}.
 
     ``cast``: materialize with ``dtype=cast`` and compare with eager construction followed
-    by ``Module.to(cast)``."""
+    by ``Module.to(cast)``. ``device``: eager construction and trace both run under
+    ``with torch.device(device)``."""
+    import contextlib
+
     import torch
     from transformers import AutoModel
 
@@ -135,12 +158,14 @@ def check_model(model_type: str, seed: int = 0, dtype: str = "float32", variant:
 
     cfg = build_config(model_type, variant)
     result: dict[str, Any] = {"model": model_type, "seed": seed, "dtype": dtype}
+    on_device = (lambda: torch.device(device)) if device is not None else contextlib.nullcontext
     try:
         torch.manual_seed(seed)
         t0 = time.perf_counter()
-        ref = AutoModel.from_config(cfg)
+        with on_device():
+            ref = AutoModel.from_config(cfg)
         result["eager_s"] = time.perf_counter() - t0
-        rng_after_eager = torch.get_rng_state()
+        rng_after_eager = _rng_states(device)
         to = {} if cast is None else {"dtype": getattr(torch, cast)}
         if cast is not None:
             ref = ref.to(getattr(torch, cast))
@@ -148,17 +173,18 @@ def check_model(model_type: str, seed: int = 0, dtype: str = "float32", variant:
             try:
                 torch.manual_seed(seed)
                 t0 = time.perf_counter()
-                m = fxinit.trace_init(AutoModel.from_config, cfg)
+                with on_device():
+                    m = fxinit.trace_init(AutoModel.from_config, cfg)
                 result[f"trace_s_{order}"] = time.perf_counter() - t0
                 problems = []
-                if not torch.equal(torch.get_rng_state(), rng_after_eager):
+                if not _rng_equal(_rng_states(device), rng_after_eager):
                     problems.append("global RNG after trace_init differs from eager")
                 torch.manual_seed(seed + 12345)  # materialize must not depend on the global state
-                before = torch.get_rng_state()
+                before = _rng_states(device)
                 t0 = time.perf_counter()
                 _materialize(m, order, **to)
                 result[f"materialize_s_{order}"] = time.perf_counter() - t0
-                if not torch.equal(before, torch.get_rng_state()):
+                if not _rng_equal(before, _rng_states(device)):
                     problems.append("materialize changed the global RNG")
                 if fxinit.is_deferred(m):
                     problems.append("still deferred after materialize")
@@ -217,11 +243,12 @@ def check_model_portable(model_type: str, seed: int = 0, dtype: str = "float32",
 
 
 def check_model_settings(model_type: str, settings: list[tuple[int, str]], variant: str,
-                         orders: tuple[str, ...], rng: str = "exact", cast: str | None = None) -> list[dict[str, Any]]:
+                         orders: tuple[str, ...], rng: str = "exact", cast: str | None = None,
+                         device: str | None = None) -> list[dict[str, Any]]:
     """``check_model`` (or ``check_model_portable``) for several (seed, dtype) settings in
     one process (one import of the model)."""
     if rng == "exact":
-        return [check_model(model_type, seed, dtype, variant, orders, cast) for seed, dtype in settings]
+        return [check_model(model_type, seed, dtype, variant, orders, cast, device) for seed, dtype in settings]
     return [check_model_portable(model_type, seed, dtype, variant, orders) for seed, dtype in settings]
 
 
@@ -366,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="portable: check order independence of the portable stream instead of eager equality")
     ap.add_argument("--cast", choices=["bfloat16", "float16", "float32", "float64"],
                     help="materialize with dtype=CAST and compare with eager followed by Module.to(CAST)")
+    ap.add_argument("--device", help="build eager and trace under `with torch.device(DEVICE)` (cuda: on the GPU)")
     ap.add_argument("--refresh-list", action="store_true", help="re-probe which architectures build")
     ap.add_argument("--reprobe-failed", action="store_true", help="re-probe only those that did not build")
     args = ap.parse_args(argv)
@@ -392,7 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     settings = _settings(args.seeds, args.dtypes, args.pair)
     if args.cast and args.rng != "exact":
         raise SystemExit("--cast checks exact mode against eager + Module.to")
-    jobs = [(n, settings, buildable[n]["variant"], orders, args.rng, args.cast) for n in names]
+    if args.device and args.rng != "exact":
+        raise SystemExit("--device checks exact mode; tools/gpu_check.py compares portable values across devices")
+    jobs = [(n, settings, buildable[n]["variant"], orders, args.rng, args.cast, args.device) for n in names]
     print(f"{len(names)} architectures x {len(settings)} (seed, dtype) x {len(orders)} orders; "
           f"{len(listing) - len(buildable)} of {len(listing)} model types do not build tiny")
     results: list[dict[str, Any]] = []

@@ -1,0 +1,47 @@
+"""tools/gpu_check.py, the GPU checks of the compiled-backends issue, run on the CPU so that
+the script a lent GPU machine runs cannot rot: its ulp measure, its classification of
+tensors by the random ops that wrote them, and a whole small run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+
+import gpu_check  # noqa: E402
+
+import fxinit  # noqa: E402
+
+
+def test_ulp_distance_counts_representable_values() -> None:
+    one = torch.tensor([1.0, -2.0, 0.0, 3.0])
+    up = torch.nextafter(one, torch.full_like(one, float("inf")))
+    assert gpu_check.ulp_distance(one, one) == 0
+    assert gpu_check.ulp_distance(one, up) == 1
+    assert gpu_check.ulp_distance(one, torch.nextafter(up, torch.full_like(one, float("inf")))) == 2
+    assert gpu_check.ulp_distance(torch.tensor([0.0]), torch.tensor([-0.0])) == 0
+    tiny = torch.tensor([torch.finfo(torch.float32).tiny * 2 ** -23])  # the smallest subnormal
+    assert gpu_check.ulp_distance(tiny, -tiny) == 2  # across zero
+    assert gpu_check.ulp_distance(torch.tensor([float("nan")]), torch.tensor([1.0])) == -1
+    b = torch.tensor([1.0, 0.5], dtype=torch.bfloat16)
+    assert gpu_check.ulp_distance(b, b.view(torch.int16).add(3).view(torch.bfloat16)) == 3
+    assert gpu_check.ulp_distance(torch.arange(3), torch.arange(3)) == 0
+
+
+def test_tensors_are_classified_by_the_random_ops_that_run_for_them() -> None:
+    m = fxinit.trace_init(lambda: torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Embedding(5, 4),
+                                                       torch.nn.LayerNorm(4)))
+    graph = fxinit.init_graph(m)
+    families = {name: gpu_check._family(gpu_check.random_kinds(graph, name)) for name in graph.outputs}
+    assert families == {"0.weight": "uniform", "0.bias": "uniform", "1.weight": "normal", "2.weight": "not random",
+                        "2.bias": "not random"}
+
+
+def test_whole_run_on_cpu(capsys) -> None:
+    assert gpu_check.main(["--device", "cpu", "--small", "--dtypes", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert "bitwise equal to eager" in out and "all within bounds" in out
+    assert "llama" in out and "uniform" in out and "normal" in out

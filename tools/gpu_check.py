@@ -1,0 +1,335 @@
+"""The checks and figures of the compiled-backends issue that need a GPU.
+
+Run them on a machine with one (through ``device``, from the work tree):
+
+    PYTHONPATH=. python tools/gpu_check.py                    # portable across devices, then the bench
+    PYTHONPATH=. python tools/gpu_check.py --only portable
+    PYTHONPATH=. python tools/corpus.py --device cuda --jobs 1  # exact mode on the GPU, every architecture
+    python tools/gpu_check.py --device cpu --small            # the same code on CPU (the tests run this)
+
+portable
+    Tiny transformers models and torch.nn modules, traced for DEVICE and for the CPU and
+    materialized with ``rng="portable"``: each tensor's values on DEVICE against the CPU's,
+    as distances in units in the last place, grouped by the random ops that wrote the tensor.
+    Tensors written only by uniform-family ops must be bitwise equal, float32 and bfloat16
+    tensors written by normal-family ops within 2 ulp; anything else is reported, not judged
+    (float64 normals and the rarer samplers use torch's ``log1p``/``exp``, whose last bit
+    may differ between devices; non-random buffers are eager's own arithmetic on each device).
+    With ``--device cpu`` the "device" side runs the torch-op samplers (``FXINIT_NO_NATIVE=1``),
+    the code CUDA runs, against fxinit's C kernels.
+
+bench
+    An 8B Llama (hidden 4096, intermediate 14336, 32 layers, 32 heads, 8 kv heads, vocab
+    128256) built in bfloat16 on DEVICE: eager under ``with torch.device(DEVICE)``, then
+    fxinit traced for DEVICE and materialized there, exact (checked bit for bit against the
+    eager model) and portable. Each row reports its time and the achieved bandwidth (output
+    bytes / materialize time) against DEVICE's copy bandwidth (bytes read + written per
+    second by one large copy). ``--small`` uses a ~25M-parameter Llama instead.
+
+Exit status 1 when a portable tensor breaks its bound or the exact bench model differs from eager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+import fxinit  # noqa: E402
+
+BENCH_CONFIGS = {
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=128256),
+    "small": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
+                  num_key_value_heads=2, vocab_size=8000),
+}
+PORTABLE_MODELS = ("llama", "bert", "gpt2", "t5", "vit", "mixtral")
+UNIFORM_FAMILY = {"uniform_", "rand", "rand_like", "random_", "randint", "randint_like", "randperm", "bernoulli_",
+                  "bernoulli"}
+NORMAL_FAMILY = {"normal_", "normal", "randn", "randn_like", "torch.nn.init.trunc_normal_"}
+MAX_NORMAL_ULP = 2
+
+
+# ----------------------------------------------------------------------------- helpers
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return time.perf_counter() - t0, out
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
+@contextlib.contextmanager
+def _torch_op_samplers() -> Iterator[None]:
+    """The portable samplers as torch ops (what CUDA runs) instead of fxinit's C kernels."""
+    from fxinit.rng import native
+
+    saved = os.environ.get("FXINIT_NO_NATIVE")
+    os.environ["FXINIT_NO_NATIVE"] = "1"
+    native.portable_library.cache_clear()
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["FXINIT_NO_NATIVE"]
+        else:
+            os.environ["FXINIT_NO_NATIVE"] = saved
+        native.portable_library.cache_clear()
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The largest distance between corresponding floats, in representable values (0: the
+    same bits up to the sign of zero); -1 when one is NaN and the other is not."""
+    a, b = a.detach().cpu().reshape(-1), b.detach().cpu().reshape(-1)
+    if not a.is_floating_point():
+        return 0 if torch.equal(a, b) else -1
+    if a.numel() == 0:
+        return 0
+    nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+    if not torch.equal(nan_a, nan_b):
+        return -1
+    keep = ~nan_a
+    bits = {torch.float64: torch.int64, torch.float32: torch.int32, torch.bfloat16: torch.int16,
+            torch.float16: torch.int16}[a.dtype]
+
+    def ordinal(x: torch.Tensor) -> torch.Tensor:  # floats in order as integers, -0.0 == +0.0
+        i = x[keep].view(bits).to(torch.int64)
+        magnitude = i & ((1 << (torch.iinfo(bits).bits - 1)) - 1)
+        return torch.where(i < 0, -magnitude, magnitude)
+
+    return int((ordinal(a) - ordinal(b)).abs().max()) if keep.any() else 0
+
+
+def random_kinds(graph: fxinit.InitGraph, name: str) -> set[str]:
+    """Names of the random ops (and opaque init functions) that run for output ``name``."""
+    kinds = set()
+    for n in graph.required_nodes([name]):
+        if n.meta.get("rng"):
+            kinds.add(n.meta.get("opaque") or getattr(getattr(n.target, "overloadpacket", n.target), "__name__", "?"))
+    return kinds
+
+
+def _rank(dist: int) -> float:
+    return float("inf") if dist < 0 else dist
+
+
+def _family(kinds: set[str]) -> str:
+    if not kinds:
+        return "not random"
+    if kinds <= UNIFORM_FAMILY:
+        return "uniform"
+    if kinds <= UNIFORM_FAMILY | NORMAL_FAMILY:
+        return "normal"
+    return "other"
+
+
+# ----------------------------------------------------------------------------- portable across devices
+def _nn_models() -> dict[str, Callable[[], torch.nn.Module]]:
+    nn = torch.nn
+
+    def orthogonal() -> nn.Module:
+        m = nn.Linear(24, 24, dtype=torch.float32)  # QR has no bfloat16 kernel, in eager either
+        nn.init.orthogonal_(m.weight)
+        return m
+
+    return {
+        "nn.Linear": lambda: nn.Linear(300, 70),
+        "nn.Conv2d": lambda: nn.Conv2d(8, 16, 3),
+        "nn.Embedding": lambda: nn.Embedding(1000, 48, padding_idx=0),
+        "nn.LSTM": lambda: nn.LSTM(16, 32, num_layers=2),
+        "nn.MultiheadAttention": lambda: nn.MultiheadAttention(64, 4),
+        "nn.init.orthogonal_": orthogonal,
+    }
+
+
+def _transformers_models(names: tuple[str, ...]) -> dict[str, Callable[[], torch.nn.Module]]:
+    from transformers import AutoModel
+
+    import corpus
+
+    listing = {r["model"]: r for r in json.loads(corpus.LIST_PATH.read_text()) if r.get("variant")}
+    out = {}
+    for name in names:
+        if name in listing:
+            cfg = corpus.build_config(name, listing[name]["variant"])
+            out[name] = lambda cfg=cfg: AutoModel.from_config(cfg)
+    return out
+
+
+def portable_values(factory: Callable[[], torch.nn.Module], device: torch.device, seed: int,
+                    ) -> tuple[fxinit.InitGraph, dict[str, torch.Tensor]]:
+    """The portable values of a model traced for ``device``, materialized there."""
+    torch.manual_seed(seed)
+    with device:
+        m = fxinit.trace_init(factory)
+    graph = fxinit.init_graph(m)
+    return graph, graph.materialize(rng="portable")
+
+
+def check_portable(device: torch.device, dtypes: list[torch.dtype], seed: int = 0) -> tuple[list[dict], bool]:
+    """Per model, dtype and family of random ops: the worst ulp distance DEVICE vs CPU."""
+    cpu = torch.device("cpu")
+    models = {**_nn_models(), **_transformers_models(PORTABLE_MODELS)}
+    rows, ok = [], True
+    for dtype in dtypes:
+        for label, factory in models.items():
+            with _default_dtype(dtype):
+                graph, ref = portable_values(factory, cpu, seed)
+                with _torch_op_samplers() if device.type == "cpu" else contextlib.nullcontext():
+                    _, got = portable_values(factory, device, seed)
+            worst: dict[str, tuple[int, str]] = {}
+            for name, value in ref.items():
+                family = _family(random_kinds(graph, name))
+                if got[name].dtype != value.dtype or got[name].shape != value.shape:
+                    dist = -1
+                else:
+                    dist = ulp_distance(got[name], value)
+                if family not in worst or _rank(dist) > _rank(worst[family][0]):
+                    worst[family] = (dist, name)
+            for family, (dist, name) in sorted(worst.items()):
+                bound = 0 if family == "uniform" else MAX_NORMAL_ULP if family == "normal" and dtype in (
+                    torch.float32, torch.bfloat16) else None
+                good = dist >= 0 and (bound is None or dist <= bound)
+                ok &= good
+                rows.append({"model": label, "dtype": str(dtype).removeprefix("torch."), "family": family,
+                             "max_ulp": dist, "bound": bound, "worst": name, "ok": good})
+    return rows, ok
+
+
+def print_portable(rows: list[dict], device: torch.device) -> None:
+    side = "cpu (torch-op samplers)" if device.type == "cpu" else str(device)
+    print(f"\nportable values on {side} against the CPU's (ulp: units in the last place; -1: NaN pattern, "
+          f"dtype or shape differs)")
+    print(f"{'model':<24}{'dtype':<10}{'written by':<12}{'max ulp':>8}{'bound':>7}  worst tensor")
+    for r in rows:
+        bound = "-" if r["bound"] is None else str(r["bound"])
+        flag = "" if r["ok"] else "  <-- over the bound"
+        print(f"{r['model']:<24}{r['dtype']:<10}{r['family']:<12}{r['max_ulp']:>8}{bound:>7}  {r['worst']}{flag}")
+
+
+# ----------------------------------------------------------------------------- bench
+def copy_bandwidth(device: torch.device, nbytes: int, repeat: int = 5) -> float:
+    """Bytes read + written per second by one large device-to-device copy (best of ``repeat``)."""
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = min(_timed(lambda: dst.copy_(src), device)[0] for _ in range(repeat))
+    return 2 * nbytes / best
+
+
+def _nbytes(m: torch.nn.Module) -> int:
+    seen, total = set(), 0
+    for t in [*m.parameters(), *m.buffers()]:
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _fxinit_row(label: str, cls: Any, cfg: Any, device: torch.device, **options: Any) -> tuple[dict, Any]:
+    """Trace ``cls(cfg)`` for ``device`` from seed 0 and materialize it there, timing both."""
+    torch.manual_seed(0)
+    with device:
+        trace_s, m = _timed(lambda: fxinit.trace_init(cls, cfg), device)
+    seconds, _ = _timed(lambda: fxinit.materialize(m, **options), device)
+    return {"row": label, "seconds": seconds, "trace_s": trace_s, "bytes": _nbytes(m)}, m
+
+
+def bench(device: torch.device, size: str) -> tuple[list[dict], bool]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**BENCH_CONFIGS[size])
+    rows: list[dict] = []
+    with _default_dtype(torch.bfloat16):
+        with device:  # warm up kernels and allocator on a small model first
+            fxinit.materialize(fxinit.trace_init(LlamaForCausalLM, LlamaConfig(**BENCH_CONFIGS["small"])))
+
+        torch.manual_seed(0)
+        with device:
+            seconds, eager = _timed(lambda: LlamaForCausalLM(cfg), device)
+        nbytes = _nbytes(eager)
+        rows.append({"row": "eager", "seconds": seconds, "trace_s": None, "bytes": nbytes})
+
+        row, m = _fxinit_row("fxinit exact", LlamaForCausalLM, cfg, device)
+        ref = dict(eager.named_parameters()) | dict(eager.named_buffers())
+        row["mismatched"] = [k for k, v in [*m.named_parameters(), *m.named_buffers()]
+                             if v.device != ref[k].device or v.dtype != ref[k].dtype or not torch.equal(
+                                 v.detach().reshape(-1).view(torch.uint8), ref[k].detach().reshape(-1).view(torch.uint8))]
+        rows.append(row)
+        del eager, ref, m
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        rows.append(_fxinit_row("fxinit portable", LlamaForCausalLM, cfg, device, rng="portable")[0])
+    copy = copy_bandwidth(device, min(1 << 30, nbytes))
+    for r in rows:
+        r["gb_s"] = r["bytes"] / r["seconds"] / 1e9
+        r["of_copy"] = r["bytes"] / r["seconds"] / copy
+    print(f"\n{size} Llama in bfloat16 on {device}: {nbytes / 1e9:.2f} GB of parameters and buffers; "
+          f"copy bandwidth {copy / 1e9:.0f} GB/s (read + write)")
+    print(f"{'row':<18}{'build s':>14}{'trace s':>9}{'GB/s':>8}{'of copy':>9}  note  (build: eager construction, or materialize)")
+    for r in rows:
+        trace = "-" if r["trace_s"] is None else f"{r['trace_s']:.3f}"
+        note = ""
+        if "mismatched" in r:
+            note = "bitwise equal to eager" if not r["mismatched"] else f"DIFFERS from eager: {r['mismatched'][:3]}"
+        print(f"{r['row']:<18}{r['seconds']:>14.3f}{trace:>9}{r['gb_s']:>8.1f}{r['of_copy']:>8.0%}  {note}")
+    return rows, not any(r.get("mismatched") for r in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--only", choices=["portable", "bench"])
+    ap.add_argument("--small", action="store_true", help="bench a ~25M-parameter Llama instead of the 8B one")
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="default dtypes of the portable check")
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device here: run on a machine with a GPU, or pass --device cpu")
+    print(f"torch {torch.__version__}, device {device}"
+          + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""))
+    out: dict[str, Any] = {}
+    ok = True
+    if args.only in (None, "portable"):
+        rows, good = check_portable(device, [getattr(torch, d) for d in args.dtypes.split(",")])
+        print_portable(rows, device)
+        out["portable"], ok = rows, ok and good
+    if args.only in (None, "bench"):
+        rows, good = bench(device, "small" if args.small else "8b")
+        out["bench"], ok = rows, ok and good
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+    print("\nall within bounds" if ok else "\nSOME CHECKS FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

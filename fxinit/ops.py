@@ -7,6 +7,7 @@ is what lets a graph be checked, saved and replayed without the model's code.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any, Callable
 
@@ -42,3 +43,11 @@ def call_init_function(qualname: str, tensor: torch.Tensor, **kwargs: Any) -> to
 
 
 call_init_function.__module__ = "fxinit.ops"
+
+
+@functools.lru_cache(maxsize=None)
+def changes_view(target: Any) -> bool:
+    """In-place view ops (``t_``, ``unsqueeze_``, ``as_strided_``...): the tensor object they
+    are given becomes another view of its storage. A graph gives the result its own node,
+    and replay runs the op on an alias, so that values taken before keep their view."""
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.inplace_view in target.tags

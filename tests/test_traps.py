@@ -428,6 +428,12 @@ class InplaceViewOps(nn.Module):
         c.transpose_(0, 2)
         c.mul_(2.0)
         self.register_buffer("c", c)
+        d = torch.empty(3, 5).uniform_()
+        d.t_()
+        self.d = nn.Parameter(d)  # a tensor object of its own, keeping this view
+        d.t_()
+        d.unsqueeze_(0)
+        self.register_buffer("e", d)  # the same storage, the view d ends with
 
 
 TRAP_CASES = [

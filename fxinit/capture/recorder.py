@@ -33,7 +33,7 @@ from fxinit.capture.provenance import current_provenance, format_source, module_
 from fxinit.capture.skips import LazyCpuGenerator
 from fxinit.errors import DeferredInitError
 from fxinit.graph import TensorSpec
-from fxinit.ops import call_init_function, resolve_init_function
+from fxinit.ops import call_init_function, changes_view, resolve_init_function
 from fxinit.rng import Snapshot, default_generator_for, mt19937, snapshot
 from fxinit.passes.dead_init import dead_writes
 from fxinit.rng.draws import call_key, cpu_draws
@@ -87,12 +87,6 @@ def _is_random(func: Any) -> bool:
     if torch.Tag.nondeterministic_seeded in func.tags:
         return True
     return any("Generator" in str(a.type) for a in func._schema.arguments)
-
-
-@functools.lru_cache(maxsize=None)
-def _changes_view(func: Any) -> bool:
-    """``t_()``, ``unsqueeze_()``, ``as_strided_()``...: the tensor object becomes another view."""
-    return torch.Tag.inplace_view in func.tags
 
 
 @functools.lru_cache(maxsize=None)
@@ -733,7 +727,7 @@ class Recorder:
         if isinstance(mout, torch.Tensor):  # most ops: one tensor out
             same = next((t for t in inputs if t is mout), None)  # in-place / out=: the same Python object
             if same is not None:
-                if _changes_view(func):  # the object now holds this node's view
+                if changes_view(func):  # the object now holds this node's view
                     state_of(same).node = node
                     node.meta["spec"] = TensorSpec.of(same, device)
                 self._update_shadows(func, args, kwargs, inputs, mutated_objs, [], random, real_out)

@@ -157,8 +157,9 @@ def _move(values: list[torch.Tensor], device: torch.device) -> list[torch.Tensor
 
 def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dict[int, list[Location]]) -> None:
     # Tensors computed with autograd (a weight_norm'ed ``weight``) hold references to the
-    # parameters they came from; swapping them first releases those references.
-    order = sorted(range(len(tensors)), key=lambda i: tensors[i].grad_fn is None)
+    # parameters they came from, and views (``x = w[1:3]``) to their base: swapping them
+    # first releases those references.
+    order = sorted(range(len(tensors)), key=lambda i: (tensors[i].grad_fn is None, not tensors[i]._is_view()))
     for t, v in ((tensors[i], values[i]) for i in order):
         new = dressed_as(t, v)
         try:

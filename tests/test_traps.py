@@ -436,6 +436,21 @@ class InplaceViewOps(nn.Module):
         self.register_buffer("e", d)  # the same storage, the view d ends with
 
 
+class RegisteredViewOfBuffer(nn.Module):
+    """A buffer and a view of it both registered; a view taken before ``t_()`` written after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        w = torch.empty(4, 4).normal_()
+        x = w[1:3]
+        w.t_()
+        x.mul_(2.0)
+        self.register_buffer("w", w)
+        self.register_buffer("x", x)
+        self.p = nn.Parameter(torch.randn(3, 4))
+        self.register_buffer("row", self.p.data[1])
+
+
 TRAP_CASES = [
     ("weight_tying", TiedLM, None),
     ("submodule_under_two_names", SharedSubmodule, lambda m: m.layers[2](_x(2, 3))),
@@ -448,6 +463,7 @@ TRAP_CASES = [
     ("no_grad_blocks", NoGradBlocks, None),
     ("inplace_through_views", InplaceThroughViews, None),
     ("inplace_view_ops", InplaceViewOps, None),
+    ("registered_view_of_a_buffer", RegisteredViewOfBuffer, None),
     ("rope_inv_freq", Rotary, None),
     ("causal_mask_position_ids", CausalAndPositions, None),
     ("drop_path_schedule_item_tolist", DropPathSchedule, None),

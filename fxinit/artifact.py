@@ -30,7 +30,7 @@ import torch.fx as fx
 from fxinit.capture.provenance import Provenance
 from fxinit.errors import ArtifactError
 from fxinit.graph import InitGraph, OutputInfo, TensorSpec
-from fxinit.ops import OPAQUE_INIT_FUNCTIONS, call_init_function, changes_view, resolve_init_function
+from fxinit.ops import OPAQUE_INIT_FUNCTIONS, call_init_function, replay_args, resolve_init_function
 from fxinit.rng import RngSnapshot
 
 MAGIC = b"FXINIT-GRAPH\n"
@@ -414,8 +414,7 @@ def _check_on_meta(graph: InitGraph) -> None:
             if "device" in kwargs:
                 kwargs["device"] = meta
             kwargs.pop("generator", None)
-            if changes_view(n.target) and args and isinstance(args[0], torch.Tensor):  # as replay runs it
-                args = (torch.ops.aten.alias.default(args[0]), *args[1:])
+            args = replay_args(n.target, args)
             dtype = n.meta.get("default_dtype", graph.default_dtype)
             saved = torch.get_default_dtype()
             try:

@@ -49,5 +49,14 @@ call_init_function.__module__ = "fxinit.ops"
 def changes_view(target: Any) -> bool:
     """In-place view ops (``t_``, ``unsqueeze_``, ``as_strided_``...): the tensor object they
     are given becomes another view of its storage. A graph gives the result its own node,
-    and replay runs the op on an alias, so that values taken before keep their view."""
+    and replay runs the op on an alias (``replay_args``), so that values taken before keep
+    their view."""
     return isinstance(target, torch._ops.OpOverload) and torch.Tag.inplace_view in target.tags
+
+
+def replay_args(target: Any, args: tuple) -> tuple:
+    """The arguments to run graph op ``target`` with when replaying it: ``args``, except that
+    an in-place view op gets an alias of its input instead of the input's own value."""
+    if changes_view(target) and args and isinstance(args[0], torch.Tensor):
+        return (torch.ops.aten.alias.default(args[0]), *args[1:])
+    return args

@@ -21,7 +21,7 @@ from fxinit.backends.partial import fill_piece_exact, fill_whole_in_chunks
 from fxinit.backends.portable import call_portable, fill_piece_portable
 from fxinit.errors import DeferredInitError
 from fxinit.graph import dtype_after_to
-from fxinit.ops import changes_view
+from fxinit.ops import replay_args
 from fxinit.passes.cast_fusion import cast_points, fused_casts
 from fxinit.passes.cse import common_subexpressions
 from fxinit.passes.inplace import in_place_chains
@@ -126,9 +126,7 @@ def run_nodes(
                         elif rng_keys:
                             value = _with_rng(n.target, args, kwargs, rng_keys, rng, "generator")
                         else:
-                            if changes_view(n.target):  # on an alias: earlier values keep their view
-                                args = (torch.ops.aten.alias.default(args[0]), *args[1:])
-                            value = in_place.get(n, n.target)(*args, **kwargs)
+                            value = in_place.get(n, n.target)(*replay_args(n.target, args), **kwargs)
                 except DeferredInitError:
                     raise
                 except Exception as exc:

@@ -34,10 +34,13 @@ _ONLY_DEFERRED = (DeferredTensor,)
 _SUBCLASS_TORCH_FUNCTION_ON = torch._C._is_torch_function_enabled
 
 
-def _deferred_only(types: Any) -> bool:
-    """Would torch call DeferredTensor's ``__torch_function__`` next, and no other subclass's?
-    (Not under DisableTorchFunctionSubclass, as the recorder's own reads run.)"""
-    return types == _ONLY_DEFERRED and _SUBCLASS_TORCH_FUNCTION_ON()
+def _call(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+    """Run ``func`` as torch would next. Where that is DeferredTensor's ``__torch_function__``
+    and no other subclass's, call its logic directly (not under DisableTorchFunctionSubclass,
+    as the recorder's own reads run: then torch calls no subclass at all)."""
+    if types == _ONLY_DEFERRED and _SUBCLASS_TORCH_FUNCTION_ON():
+        return deferred_torch_function(func, args, kwargs)
+    return func(*args, **kwargs)
 
 
 def _default_device() -> torch.device:
@@ -85,7 +88,7 @@ class CaptureFunctionMode(TorchFunctionMode):
         if recorder.is_suspended or func is _SET_GRAD_ENABLED:
             return func(*args, **kwargs)  # grad mode (every torch.no_grad): nothing to do
         if type(func) is PROPERTY_CALL:  # property reads: DeferredTensor's to answer
-            return deferred_torch_function(func, args, kwargs) if _deferred_only(types) else func(*args, **kwargs)
+            return _call(func, types, args, kwargs)
         outermost = recorder.call_site is None
         if outermost:
             # Ops recorded during this call come from the code that called it: provenance
@@ -105,9 +108,7 @@ class CaptureFunctionMode(TorchFunctionMode):
                 kwargs = {**kwargs, "device": "meta"}
                 with recorder.intended_device(torch.device(device)):
                     return func(*args, **kwargs)
-            if _deferred_only(types):
-                return deferred_torch_function(func, args, kwargs)
-            return func(*args, **kwargs)
+            return _call(func, types, args, kwargs)
         finally:
             if outermost:
                 recorder.call_site = None

@@ -1,68 +1,157 @@
-"""Reading tensors by name from a checkpoint: a dict, a safetensors file, a torch.save file.
+"""Reading tensors by name from a checkpoint: a dict, a safetensors file, a torch.save file,
+or a checkpoint sharded over several such files (a ``save_pretrained`` directory, its
+``*.index.json``, or a list of files).
 
 Files are opened lazily and memory-mapped, and only the tensors asked for are read, so a
-checkpoint larger than memory can fill a model one tensor at a time. ``torch.save`` files
-are read with ``weights_only=True``: no pickled code runs.
+checkpoint larger than memory can fill a model one tensor at a time; a shard that holds
+nothing the caller asks for is never opened. ``torch.save`` files are read with
+``weights_only=True``: no pickled code runs.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, Sequence, Union
 
 import torch
 
 from fxinit.errors import DeferredInitError
 
-CheckpointSource = Union[Mapping[str, torch.Tensor], str, os.PathLike]
+CheckpointSource = Union[Mapping[str, torch.Tensor], str, os.PathLike, Sequence[Union[str, os.PathLike]]]
+
+# What ``save_pretrained`` writes, in the order a directory is searched.
+_DIRECTORY_ENTRIES = ("model.safetensors.index.json", "model.safetensors",
+                      "pytorch_model.bin.index.json", "pytorch_model.bin")
+
+
+class _Part:
+    """One mapping, or one file opened on first use."""
+
+    def __init__(self, source: Mapping[str, torch.Tensor] | Path) -> None:
+        self.path = source if isinstance(source, Path) else None
+        self._dict: Mapping[str, torch.Tensor] | None = None if self.path is not None else source
+        self._file: Any = None
+
+    def _open(self) -> None:
+        if self._dict is not None or self._file is not None:
+            return
+        path = self.path
+        assert path is not None
+        if not path.is_file():
+            raise DeferredInitError(f"checkpoint file not found: {path}", hint="pass a path to a file")
+        if _is_safetensors(path):
+            try:
+                from safetensors import safe_open
+            except ImportError as exc:
+                raise DeferredInitError("reading a .safetensors checkpoint needs the safetensors package",
+                                        hint="pip install safetensors") from exc
+            self._file = safe_open(str(path), framework="pt", device="cpu")
+        else:
+            self._dict = _torch_load(path)
+
+    def keys(self) -> list[str]:
+        self._open()
+        return list(self._dict.keys()) if self._dict is not None else list(self._file.keys())
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        self._open()
+        if self._dict is not None:
+            return tuple(self.get(name).shape)
+        return tuple(self._file.get_slice(name).get_shape())
+
+    def get_part(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
+        self._open()
+        if self._dict is not None:
+            return self.get(name)[index]
+        return self._file.get_slice(name)[index]
+
+    def get(self, name: str) -> torch.Tensor:
+        self._open()
+        value = self._dict[name] if self._dict is not None else self._file.get_tensor(name)
+        if not isinstance(value, torch.Tensor):
+            raise DeferredInitError(f"checkpoint entry {name!r} is a {type(value).__name__}, not a tensor",
+                                    hint="pass a state dict that maps names to tensors")
+        return value
 
 
 class Checkpoint:
     """Named tensors, fetched one at a time (each a CPU tensor or the caller's own)."""
 
     def __init__(self, source: CheckpointSource) -> None:
-        self._dict: Mapping[str, torch.Tensor] | None = None
-        self._file: Any = None
         if isinstance(source, Mapping):
-            self._dict = source
+            self._part_of = _names_in([_Part(source)])
         elif isinstance(source, (str, os.PathLike)):
-            path = Path(source)
-            if not path.is_file():
-                raise DeferredInitError(f"checkpoint file not found: {path}", hint="pass a path to a file")
-            if _is_safetensors(path):
-                try:
-                    from safetensors import safe_open
-                except ImportError as exc:
-                    raise DeferredInitError("reading a .safetensors checkpoint needs the safetensors package",
-                                            hint="pip install safetensors") from exc
-                self._file = safe_open(str(path), framework="pt", device="cpu")
-            else:
-                self._dict = _torch_load(path)
+            self._part_of = _names_at(Path(source))
+        elif isinstance(source, Sequence) and source and all(isinstance(p, (str, os.PathLike)) for p in source):
+            self._part_of = _names_in([_Part(Path(p)) for p in source])
         else:
-            raise TypeError(f"state_dict must be a mapping or a file path, got {type(source).__name__}")
+            raise TypeError("state_dict must be a mapping, a file or directory path, or a list of files, "
+                            f"got {type(source).__name__}")
 
     def keys(self) -> set[str]:
-        return set(self._dict.keys()) if self._dict is not None else set(self._file.keys())
+        return set(self._part_of)
 
     def shape(self, name: str) -> tuple[int, ...]:
         """The shape of ``name``, without reading its data."""
-        if self._dict is not None:
-            return tuple(self.get(name).shape)
-        return tuple(self._file.get_slice(name).get_shape())
+        return self._part_of[name].shape(name)
 
     def get_part(self, name: str, index: tuple[slice, ...]) -> torch.Tensor:
         """``get(name)[index]``; from a safetensors file only that part is read."""
-        if self._dict is not None:
-            return self.get(name)[index]
-        return self._file.get_slice(name)[index]
+        return self._part_of[name].get_part(name, index)
 
     def get(self, name: str) -> torch.Tensor:
-        value = self._dict[name] if self._dict is not None else self._file.get_tensor(name)
-        if not isinstance(value, torch.Tensor):
-            raise DeferredInitError(f"checkpoint entry {name!r} is a {type(value).__name__}, not a tensor",
-                                    hint="pass a state dict that maps names to tensors")
-        return value
+        return self._part_of[name].get(name)
+
+
+def _names_at(path: Path) -> dict[str, _Part]:
+    """Where each tensor of a file, an index file or a ``save_pretrained`` directory is."""
+    if path.is_dir():
+        entry = next((path / e for e in _DIRECTORY_ENTRIES if (path / e).is_file()), None)
+        if entry is None:
+            found = sorted(p.name for p in path.iterdir())[:8]
+            raise DeferredInitError(
+                f"checkpoint directory {path} has none of {', '.join(_DIRECTORY_ENTRIES)} (it has {found})",
+                hint="pass the checkpoint file, or a list of its shard files")
+        path = entry
+    if path.name.endswith(".index.json"):
+        return _indexed(path)
+    if not path.is_file():
+        raise DeferredInitError(f"checkpoint file not found: {path}", hint="pass a path to a file or a directory")
+    return _names_in([_Part(path)])
+
+
+def _indexed(index_path: Path) -> dict[str, _Part]:
+    """The shards an ``*.index.json`` names, each opened only when one of its tensors is read."""
+    try:
+        weight_map = json.loads(index_path.read_text())["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise TypeError("weight_map is not an object")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DeferredInitError(
+            f"cannot read checkpoint index {index_path}: {type(exc).__name__}: {exc}",
+            hint='an index is a JSON object with a "weight_map" from tensor names to shard files') from exc
+    parts: dict[str, _Part] = {}
+    for shard in sorted(set(weight_map.values())):
+        shard_path = index_path.parent / shard
+        if not shard_path.is_file():
+            raise DeferredInitError(f"checkpoint index {index_path} names {shard}, which does not exist",
+                                    hint="all shards of a checkpoint must be in the index's directory")
+        parts[shard] = _Part(shard_path)
+    return {name: parts[shard] for name, shard in weight_map.items()}
+
+
+def _names_in(parts: list[_Part]) -> dict[str, _Part]:
+    part_of: dict[str, _Part] = {}
+    for part in parts:
+        for name in part.keys():
+            other = part_of.setdefault(name, part)
+            if other is not part:
+                raise DeferredInitError(
+                    f"checkpoint tensor {name!r} is in both {other.path} and {part.path}",
+                    hint="pass each shard once; shards of one checkpoint hold disjoint names")
+    return part_of
 
 
 def _is_safetensors(path: Path) -> bool:

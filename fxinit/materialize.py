@@ -239,16 +239,17 @@ def _checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], sta
     names; for the deferred DTensors of ``sharded``, a reader of this rank's part only.
 
     Names are ``prefix`` + the name under ``module``; of tied names, the first the
-    checkpoint has wins. Shapes must match; dtypes are converted as ``load_state_dict`` does.
+    checkpoint has wins. Non-persistent buffers are not read, as ``load_state_dict`` reads
+    none. Shapes must match; dtypes are converted as ``load_state_dict`` does.
     """
     ckpt = Checkpoint(state_dict)
     keys = ckpt.keys()
     targets: dict[int, Any] = {id(t): t for t in tensors}
     targets.update({tid: dt for tid, (dt, _) in (sharded or {}).items()})
     names: dict[int, list[str]] = defaultdict(list)
-    for name, _, _, _, t in tensor_slots(module):
-        if id(t) in targets:
-            names[id(t)].append(prefix + name)
+    for name, mod, kind, local, t in tensor_slots(module):
+        if id(t) in targets and not (kind == "_buffers" and local in mod._non_persistent_buffers_set):
+            names[id(t)].append(prefix + name)  # the names load_state_dict reads
     found: dict[int, str] = {}
     for tid, fqns in names.items():
         hit = next((k for k in fqns if k in keys), None)
@@ -315,8 +316,10 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     ``keep_cache=False`` clears the ``meta_init`` cache after materializing a tensor or
     module made under ``meta_init`` (seed semantics); pass True to materialize more later.
 
-    ``state_dict`` (a dict, a ``.safetensors`` file or a ``torch.save`` file; files are
-    memory-mapped and read tensor by tensor) provides values for the tensors it names
+    ``state_dict`` (a dict, a ``.safetensors`` file, a ``torch.save`` file, or a checkpoint
+    sharded over such files: a ``save_pretrained`` directory, its ``*.index.json``, or a list
+    of files; files are memory-mapped and read tensor by tensor, and a shard is opened only
+    when it holds a tensor asked for) provides values for the tensors it names
     (``prefix`` + their name under ``obj``): those are read straight onto their device and
     their init never runs; everything else initializes exactly, as if eager construction
     had been followed by ``load_state_dict``. ``strict=True`` refuses a checkpoint that

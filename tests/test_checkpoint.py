@@ -3,6 +3,7 @@ the rest initializes exactly as eager construction followed by load_state_dict."
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch.nn as nn
 
 import fxinit
 import fxinit.backends.eager as eager_backend
+import fxinit.checkpoint as checkpoint_module
 from fxinit.capture.deferred import state_of
 from fxinit.errors import DeferredInitError
 from tests.conftest import same_bits
@@ -119,6 +121,105 @@ def test_checkpoint_errors_are_clear() -> None:
     assert fxinit.is_deferred(m.model.norm)  # nothing was half done
     with pytest.raises(DeferredInitError, match="not found"):
         fxinit.materialize(m, state_dict="/nonexistent/w.safetensors")
+
+
+def test_non_persistent_buffers_are_not_read_as_load_state_dict_does() -> None:
+    """Older checkpoints hold RoPE ``inv_freq``, now a non-persistent buffer: load_state_dict
+    ignores it (and strict=True calls it unexpected), and so does materialize."""
+    state = _checkpoint()
+    stale = dict(state, **{"model.rotary_emb.inv_freq": torch.full((4,), 7.0)})
+    torch.manual_seed(0)
+    m = fxinit.trace_init(_llama)
+    with pytest.raises(DeferredInitError, match=r"unexpected \['model.rotary_emb.inv_freq'\]"):
+        fxinit.materialize(m, state_dict=stale, strict=True)
+    fxinit.materialize(m, state_dict=stale)
+    _assert_equal_to(m, _eager_then_load(state))
+    torch.manual_seed(0)
+    m = fxinit.trace_init(_llama)
+    fxinit.materialize(m, state_dict=state, strict=True)  # lacks no buffer load_state_dict would read
+    _assert_equal_to(m, _eager_then_load(state))
+
+
+def _save_pretrained_shards(state: dict[str, torch.Tensor], directory: Path) -> Path:
+    """``save_pretrained`` of a model holding ``state``, in several shards with an index."""
+    donor = _llama()
+    donor.load_state_dict(state)
+    donor.save_pretrained(directory, max_shard_size="20KB")
+    assert len(list(directory.glob("model-*.safetensors"))) > 2
+    return directory
+
+
+@pytest.mark.parametrize("form", ["directory", "index", "shard list"])
+def test_sharded_checkpoint(tmp_path: Path, form: str, executed: list) -> None:
+    state = _checkpoint()
+    directory = _save_pretrained_shards(state, tmp_path)
+    source: object = {"directory": directory, "index": directory / "model.safetensors.index.json",
+                      "shard list": sorted(directory.glob("model-*.safetensors"))}[form]
+    torch.manual_seed(0)
+    m = fxinit.trace_init(_llama)
+    fxinit.materialize(m, state_dict=source, strict=True)
+    assert not any(n.meta.get("rng") for n in executed)  # every parameter came from the shards
+    _assert_equal_to(m, _eager_then_load(state))
+
+
+def test_torch_save_shards_with_an_index(tmp_path: Path) -> None:
+    """The ``pytorch_model.bin.index.json`` layout, half of it missing: the rest initializes."""
+    state = _checkpoint(drop=("model.layers.1.",))
+    names = sorted(state)
+    shards = {"pytorch_model-00001-of-00002.bin": names[: len(names) // 2],
+              "pytorch_model-00002-of-00002.bin": names[len(names) // 2:]}
+    for shard, keys in shards.items():
+        torch.save({k: state[k] for k in keys}, tmp_path / shard)
+    weight_map = {k: shard for shard, keys in shards.items() for k in keys}
+    (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    torch.manual_seed(0)
+    m = fxinit.trace_init(_llama)
+    fxinit.materialize(m, state_dict=tmp_path)
+    _assert_equal_to(m, _eager_then_load(state))
+
+
+def test_only_the_shards_holding_requested_tensors_are_opened(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    state = _checkpoint()
+    directory = _save_pretrained_shards(state, tmp_path)
+    weight_map = json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"]
+    opened: list[str] = []
+    real_open = checkpoint_module._Part._open
+
+    def spy(part):  # noqa: ANN001
+        if part.path is not None and part._file is None and part._dict is None:
+            opened.append(part.path.name)
+        real_open(part)
+
+    monkeypatch.setattr(checkpoint_module._Part, "_open", spy)
+    torch.manual_seed(0)
+    m = fxinit.trace_init(_llama)
+    fxinit.materialize(m.model.layers[0], state_dict=directory, prefix="model.layers.0.")
+    wanted = {shard for k, shard in weight_map.items() if k.startswith("model.layers.0.")}
+    assert sorted(opened) == sorted(wanted)
+    assert len(wanted) < len(set(weight_map.values()))
+    assert torch.equal(m.model.layers[0].mlp.up_proj.weight, state["model.layers.0.mlp.up_proj.weight"])
+    assert fxinit.is_deferred(m.model.layers[1])
+
+
+def test_sharded_checkpoint_errors_are_clear(tmp_path: Path) -> None:
+    state = _checkpoint()
+    directory = _save_pretrained_shards(state, tmp_path / "ckpt")
+    torch.manual_seed(0)
+    m = fxinit.trace_init(_llama)
+    shards = sorted(directory.glob("model-*.safetensors"))
+    with pytest.raises(DeferredInitError, match="is in both"):
+        fxinit.materialize(m, state_dict=[shards[0], shards[0]])
+    shards[-1].unlink()
+    with pytest.raises(DeferredInitError, match=f"names {shards[-1].name}, which does not exist"):
+        fxinit.materialize(m, state_dict=directory)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DeferredInitError, match="has none of model.safetensors.index.json"):
+        fxinit.materialize(m, state_dict=tmp_path / "empty")
+    (tmp_path / "bad.index.json").write_text("{}")
+    with pytest.raises(DeferredInitError, match="cannot read checkpoint index"):
+        fxinit.materialize(m, state_dict=tmp_path / "bad.index.json")
+    assert fxinit.is_deferred(m.model.norm)  # nothing was half done
 
 
 class Views(nn.Module):

@@ -44,10 +44,13 @@ MODELS = {
 }
 
 # Each row runs in a fresh interpreter; it prints one JSON line {"seconds", "peak_rss", "base_rss"}.
+# Rows that do not use fxinit do not import it: eager's figures are those of a program
+# without fxinit (importing it costs ~2.5 MiB, which only fxinit's rows should carry).
 _CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
-import torch, fxinit
+import torch
+{import_fxinit}
 from transformers import LlamaConfig, LlamaForCausalLM
 
 def rss():  # current resident set, bytes
@@ -114,7 +117,8 @@ STATS_ROW = (
 
 
 def run_child(cfg: dict, body: str) -> dict:
-    code = _CHILD.format(root=str(ROOT), cfg=cfg, body=body)
+    import_fxinit = "import fxinit" if "fxinit" in body else ""
+    code = _CHILD.format(root=str(ROOT), cfg=cfg, body=body, import_fxinit=import_fxinit)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child failed:\n{proc.stderr[-3000:]}")

@@ -194,6 +194,8 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
         rec = state_of(t).recorder
         by_recorder.setdefault(id(rec), (rec, []))[1].append(t)
     target = torch.device(device) if device is not None else None
+    if init and target is not None and target.type != "meta":
+        _refuse_meta_values(tensors, loaded, target)
     plan: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
     for rec, ts in by_recorder.values():
         sharing = defaultdict(int)
@@ -226,6 +228,21 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
     finally:
         for mod in holders:
             mod._init_flat_weights()
+
+
+def _refuse_meta_values(tensors: list[torch.Tensor], loaded: Mapping[int, Any], target: torch.device) -> None:
+    """Tensors built on meta (by the model, or under ``with torch.device("meta")`` around the
+    trace) have no values in eager construction either: there is nothing exact to put on ``target``."""
+    meta = [t for t in tensors if state_of(t).device.type == "meta" and id(t) not in loaded]
+    if not meta:
+        return
+    rec = state_of(meta[0]).recorder
+    name = rec.storage_names().get(rec.storage_id(meta[0]), "a tensor")
+    raise DeferredInitError(
+        f"{len(meta)} tensor(s), e.g. {name!r}, were built on the meta device, where eager construction "
+        f"computes no values: they cannot be materialized on {target}",
+        hint="trace without `with torch.device('meta')` around trace_init (fxinit defers every tensor by itself); "
+             "or pass init=False to allocate them uninitialized, or state_dict= to load them")
 
 
 def _empty_like(t: torch.Tensor, target: torch.device | None, dtype: torch.dtype | None = None) -> torch.Tensor:

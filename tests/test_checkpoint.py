@@ -222,6 +222,27 @@ def test_sharded_checkpoint_errors_are_clear(tmp_path: Path) -> None:
     assert fxinit.is_deferred(m.model.norm)  # nothing was half done
 
 
+def test_trace_of_from_pretrained_defers_what_the_checkpoint_lacks_exactly(tmp_path: Path) -> None:
+    """transformers builds the skeleton on meta, loads what the checkpoint has and initializes
+    the rest: under trace_init the rest is deferred, and equals eager from_pretrained's."""
+    torch.manual_seed(123)
+    _llama().save_pretrained(tmp_path)
+    ckpt = tmp_path / "model.safetensors"
+    kept = {k: v for k, v in safetensors_torch.load_file(ckpt).items() if not k.startswith("model.layers.1.mlp.")}
+    safetensors_torch.save_file(kept, ckpt, metadata={"format": "pt"})
+    torch.manual_seed(0)
+    ref = transformers.LlamaForCausalLM.from_pretrained(tmp_path)
+    ref_state = torch.get_rng_state()
+    torch.manual_seed(0)
+    m = fxinit.trace_init(transformers.LlamaForCausalLM.from_pretrained, tmp_path)
+    assert torch.equal(torch.get_rng_state(), ref_state)
+    deferred = sorted(k for k, v in m.state_dict().items() if fxinit.is_deferred(v))
+    assert [k for k in deferred if "rotary" not in k] == sorted(
+        f"model.layers.1.mlp.{p}_proj.weight" for p in ("down", "gate", "up"))
+    fxinit.materialize(m)
+    _assert_equal_to(m, ref)
+
+
 class Views(nn.Module):
     """Parameters that are views of one storage, as fused-QKV code makes them."""
 

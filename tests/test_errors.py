@@ -240,6 +240,65 @@ def test_failing_materialize_leaves_everything_deferred() -> None:
     assert_modules_equal(m, ref)
 
 
+class ConstantsForDevice(nn.Module):
+    """Data constants built directly on a device: ``torch.tensor(data, device=...)``."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("table", torch.tensor([[1.0, 2.0], [3.0, 4.0]], device=device))
+        self.register_buffer("scaled", torch.tensor([0.5, 1.5], device=device) * 2)
+
+
+def test_constants_built_for_a_device_this_machine_lacks() -> None:
+    dev = _missing_device()
+    torch.manual_seed(0)
+    ref = ConstantsForDevice("cpu")
+    torch.manual_seed(0)
+    m = fxinit.trace_init(ConstantsForDevice, dev)
+    assert m.table.device.type == "meta" and fxinit.init_graph(m).spec("table").device.type == dev
+    fxinit.materialize(m, device="cpu")
+    assert_modules_equal(m, ref)
+
+
+class BuildsOnMeta(nn.Module):
+    """Model code that builds some tensors on meta itself, as eager would keep them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        with torch.device("meta"):
+            self.seen = torch.tensor([]).device  # model code may branch on it
+            self.lazy = nn.Linear(3, 2)
+        self.register_buffer("shape_only", torch.tensor([1.0, 2.0], device="meta"))
+        self.register_buffer("real", torch.tensor([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("outer", [None, "meta"])
+def test_tensors_the_model_builds_on_meta_stay_meta(outer: str | None) -> None:
+    torch.manual_seed(0)
+    ref = BuildsOnMeta()
+    torch.manual_seed(0)
+    if outer is None:
+        m = fxinit.trace_init(BuildsOnMeta)
+    else:
+        with torch.device(outer):
+            m = fxinit.trace_init(BuildsOnMeta)
+    assert m.seen == ref.seen == torch.device("meta")
+    if outer is not None:  # everything was built on meta, as eager would: no values to move
+        with pytest.raises(fxinit.DeferredInitError, match="built on the meta device"):
+            fxinit.materialize(m, device="cpu")
+        assert _all_deferred(m)
+        fxinit.materialize(m)
+        assert all(t.is_meta for t in m.state_dict().values())
+        return
+    with pytest.raises(fxinit.DeferredInitError, match=r"3 tensor\(s\)"):
+        fxinit.materialize(m, device="cpu")
+    fxinit.materialize(m)
+    assert m.shape_only.is_meta and m.lazy.weight.is_meta and m.shape_only.shape == (2,)
+    assert same_bits(m.lin.weight, ref.lin.weight) and same_bits(m.real, ref.real)
+
+
 def test_failing_materialize_across_two_traces_leaves_everything_deferred() -> None:
     """The first part computes fine, the second cannot be computed any more: nothing is swapped."""
     with fxinit.meta_init():

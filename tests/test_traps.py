@@ -523,6 +523,34 @@ def test_default_dtype_around_trace_but_not_around_materialize() -> None:
         assert_modules_equal(m, ref)
 
 
+class MetaSkeletonThenReal(nn.Module):
+    """Small modules built on meta (as ``from_pretrained`` builds its skeleton), then real ones:
+    eager's meta init draws nothing, so the real layers see the generator untouched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skeleton = nn.Linear(4, 4, device="meta")
+        with torch.device("meta"):
+            self.table = nn.Embedding(16, 4)
+            self.register_buffer("scaled", torch.ones(8).uniform_().mul_(2))  # small: capture has its value
+        self.real = nn.Linear(4, 4)
+        self.register_buffer("noise", torch.randn(3))
+
+
+def test_init_on_meta_inside_the_constructor_draws_nothing() -> None:
+    torch.manual_seed(0)
+    ref = MetaSkeletonThenReal()
+    ref_state = torch.get_rng_state()
+    torch.manual_seed(0)
+    m = fxinit.trace_init(MetaSkeletonThenReal)
+    assert torch.equal(torch.get_rng_state(), ref_state)
+    fxinit.materialize(m)
+    assert m.skeleton.weight.is_meta and m.table.weight.is_meta and m.scaled.is_meta
+    got, want = m.state_dict(), ref.state_dict()
+    for name in ("real.weight", "real.bias", "noise"):
+        assert same_bits(got[name], want[name]), name
+
+
 def test_unregistered_tensor_attribute() -> None:
     """A tensor kept as a plain attribute (not a parameter or buffer) is used by forward."""
 

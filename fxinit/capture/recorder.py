@@ -322,10 +322,10 @@ class Recorder:
     def _set_shadow(self, t: torch.Tensor, real: torch.Tensor) -> None:
         if real.stride() != t.stride() or real.storage_offset() != t.storage_offset() or real.dtype != t.dtype:
             return
-        real = real.detach()
         if real.device.type != "cpu":
             return
-        flat = torch.empty(0, dtype=real.dtype).set_(real.untyped_storage())
+        with self.suspended():  # also reached outside the dispatch mode's handler (lift from a function mode)
+            flat = torch.empty(0, dtype=real.dtype, device=_CPU).set_(real.detach().untyped_storage())
         self._storage(t).shadow = flat
 
     def _wrap(self, meta: torch.Tensor, node: fx.Node, device: torch.device) -> torch.Tensor:
@@ -414,7 +414,13 @@ class Recorder:
         if value.numel() <= SHADOW_LIMIT:
             with self.suspended():
                 self._set_shadow(t, value.to("cpu", copy=True) if value.device.type != "cpu" else value.clone())
-        if device is not None and device != real.device:
+        if device is not None and device.type == "meta":
+            # A copy to meta that eager makes (``torch.tensor(data, device="meta")``): dispatch
+            # would read device=meta on a deferred input as "like the input".
+            with torch._C._DisableTorchDispatch():
+                mout = aten._to_copy.default(t, device=_META)
+            t = self._record(aten._to_copy.default, (t,), {"device": device}, [t], mout, device)
+        elif device is not None and device != real.device:
             t = self.dispatch(aten._to_copy.default, (t,), {"device": device})
         return t
 
@@ -763,7 +769,9 @@ class Recorder:
     def _update_shadows(self, func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
                         mutated: list[torch.Tensor], fresh: list[tuple[torch.Tensor, int]], random: bool,
                         real_out: Any) -> None:
-        if random or not (mutated or (fresh and all(w.numel() <= EAGER_SHADOW_LIMIT for w, _ in fresh))) \
+        # A random op has no shadow, on meta too (``random`` is False there): computing one
+        # would draw from the user's generator, which eager's meta op leaves alone.
+        if random or _is_random(func) or not (mutated or (fresh and all(w.numel() <= EAGER_SHADOW_LIMIT for w, _ in fresh))) \
                 or not all(self.shadow_of(t) is not None for t in inputs):
             for t in mutated:
                 self._storage(t).shadow = None

@@ -107,6 +107,24 @@ class InitGraph:
         dead = self.dead_writes() if eliminate_dead else frozenset()
         return required_nodes(self.nodes, [(self.outputs[n], self.output_storage[n]) for n in names], dead)
 
+    def uninitialized(self) -> list[str]:
+        """Outputs that no op ever writes: allocated (``torch.empty`` & co.) and left as they
+        are, so eager construction gives them whatever the memory held, and so does
+        materialization. A model usually means to initialize them (e.g. parameters that
+        ``from_pretrained`` found missing and ``_init_weights`` does not cover)."""
+        from fxinit.ops import ALLOCATIONS, is_view
+
+        written = {sid for n in self.nodes for sid in n.meta.get("mutates", ())}
+        names = []
+        for name, node in self.outputs.items():
+            if self.output_storage[name] in written:
+                continue
+            while is_view(node.target) and node.args and isinstance(node.args[0], fx.Node):
+                node = node.args[0]
+            if node.target in ALLOCATIONS:
+                names.append(name)
+        return names
+
     def explain(self, name: str) -> str:
         """How the tensor ``name`` is initialized, in words: each op with the init function,
         module and source line it came from, which ops are random, which are dead and why."""

@@ -60,3 +60,19 @@ def replay_args(target: Any, args: tuple) -> tuple:
     if changes_view(target) and args and isinstance(args[0], torch.Tensor):
         return (torch.ops.aten.alias.default(args[0]), *args[1:])
     return args
+
+
+#: Factories whose result holds whatever the memory held (``torch.empty`` & co.).
+ALLOCATIONS = frozenset({
+    torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default, torch.ops.aten.empty_strided.default,
+    torch.ops.aten.new_empty.default, torch.ops.aten.new_empty_strided.default,
+})
+
+
+@functools.lru_cache(maxsize=None)
+def is_view(target: Any) -> bool:
+    """Ops whose result is a view of their first argument (``view``, ``t``, ``slice``, ``detach``...)."""
+    if not isinstance(target, torch._ops.OpOverload) or not target._schema.returns:
+        return False
+    alias = target._schema.returns[0].alias_info
+    return alias is not None and not alias.is_write

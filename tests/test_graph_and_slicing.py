@@ -97,3 +97,21 @@ def test_global_rng_is_neither_read_nor_changed_by_materialize() -> None:
     fxinit.materialize(m)
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.equal(m.weight, ref.weight) and torch.equal(m.bias, ref.bias)
+
+
+class LeavesSomeAsAllocated(nn.Module):
+    """Tensors no op writes hold whatever memory held, in eager too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forgotten = nn.Parameter(torch.empty(3))
+        self.zeroed = nn.Parameter(torch.empty(3))
+        nn.init.zeros_(self.zeroed)
+        self.register_buffer("view_of_empty", torch.empty(4, 4).t()[1])
+        self.lin = nn.Linear(2, 2)
+        self.register_buffer("copied", torch.empty(2).copy_(torch.arange(2.0)))
+
+
+def test_uninitialized_names_the_tensors_no_op_writes() -> None:
+    graph = fxinit.init_graph(fxinit.trace_init(LeavesSomeAsAllocated))
+    assert sorted(graph.uninitialized()) == ["forgotten", "view_of_empty"]

@@ -551,6 +551,28 @@ def test_init_on_meta_inside_the_constructor_draws_nothing() -> None:
         assert same_bits(got[name], want[name]), name
 
 
+def _mixes_real_and_deferred(loaded_g: torch.Tensor, loaded_bias: nn.Parameter) -> nn.Module:
+    m = nn.Module()
+    m.v = nn.Parameter(torch.randn(4, 3))
+    m.register_buffer("w", torch._weight_norm(m.v.detach(), loaded_g, 0))  # checks devices before dispatch
+    m.bias = loaded_bias
+    m.bias.data = F.pad(m.bias.data, (0, 2))  # as transformers' tie_weights adjusts a loaded bias
+    m.after = nn.Parameter(torch.randn(2))
+    return m
+
+
+def test_real_tensors_from_outside_meet_deferred_ones() -> None:
+    """What ``from_pretrained`` does under trace_init: loaded (real) tensors meet deferred ones."""
+    torch.manual_seed(0)
+    ref = _mixes_real_and_deferred(torch.full((4, 1), 2.0), nn.Parameter(torch.ones(3)))
+    torch.manual_seed(0)
+    bias = nn.Parameter(torch.ones(3))
+    m = fxinit.trace_init(_mixes_real_and_deferred, torch.full((4, 1), 2.0), bias)
+    assert m.bias is bias and not fxinit.is_deferred(m.bias) and torch.equal(m.bias, ref.bias)
+    fxinit.materialize(m)
+    assert_modules_equal(m, ref)
+
+
 def test_unregistered_tensor_attribute() -> None:
     """A tensor kept as a plain attribute (not a parameter or buffer) is used by forward."""
 

@@ -141,8 +141,30 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
             return result
     elif func is TensorBase.new_tensor:
         return _recorder_of(args, kwargs).new_tensor(args[0], *args[1:], **kwargs)
+    else:
+        args, kwargs = _lift_real_tensors(func, args, kwargs)
     with torch._C.DisableTorchFunctionSubclass():
         return func(*args, **kwargs)
+
+
+def _lift_real_tensors(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Real tensors passed next to deferred ones, as graph constants: composite functions
+    check devices before the dispatcher would lift them (``torch._weight_norm`` of a loaded
+    ``weight_g`` and a deferred ``weight_v``). Not for functions that may write into their
+    arguments (in-place methods, ``out=``): a lifted copy would take the write."""
+    if not any(type(a) is torch.Tensor or type(a) is torch.nn.Parameter for a in args) and \
+            not any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+        return args, kwargs
+    if getattr(func, "__name__", "_").endswith("_") or "out" in kwargs:
+        return args, kwargs
+    recorder = _recorder_of(args, kwargs)
+
+    def lift(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and not is_deferred_tensor(x) and x.device.type != "meta":
+            return recorder.lift(x)
+        return x
+
+    return tuple(lift(a) for a in args), {k: lift(v) for k, v in kwargs.items()}
 
 
 _NOT_HANDLED = object()
@@ -172,6 +194,9 @@ def reported_device(t: torch.Tensor) -> torch.device:
 def _property(kind: str, owner: Any, args: tuple) -> Any:
     t = args[0]
     if not is_deferred_tensor(t):
+        if kind == "__set__" and owner is _DATA and is_deferred_tensor(args[1]):
+            state_of(args[1]).recorder.set_real_data(t, args[1])
+            return None
         return _NOT_HANDLED
     if kind == "__get__":
         if owner is _DEVICE:

@@ -87,8 +87,11 @@ class CaptureFunctionMode(TorchFunctionMode):
         recorder = self.recorder
         if recorder.is_suspended or func is _SET_GRAD_ENABLED:
             return func(*args, **kwargs)  # grad mode (every torch.no_grad): nothing to do
-        if type(func) is PROPERTY_CALL:  # property reads: DeferredTensor's to answer
-            return _call(func, types, args, kwargs)
+        if type(func) is PROPERTY_CALL:  # property reads and writes: DeferredTensor's to answer
+            # ``types`` holds the owner's type only: `real.data = deferred` is DeferredTensor's too.
+            if (DeferredTensor in types or isinstance(args[-1], DeferredTensor)) and _SUBCLASS_TORCH_FUNCTION_ON():
+                return deferred_torch_function(func, args, kwargs)
+            return func(*args, **kwargs)
         outermost = recorder.call_site is None
         if outermost:
             # Ops recorded during this call come from the code that called it: provenance

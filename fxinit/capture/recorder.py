@@ -281,7 +281,8 @@ class Recorder:
         flat = info.shadow
         if flat is None or flat.dtype != t.dtype:
             return None
-        return flat.as_strided(t.size(), t.stride(), t.storage_offset())
+        with self.suspended():  # also reached outside the dispatch mode's handler (from property hooks)
+            return flat.as_strided(t.size(), t.stride(), t.storage_offset())
 
     def value_of(self, t: torch.Tensor) -> torch.Tensor | None:
         """The exact current value of deferred ``t`` on the CPU, if it is cheap to know.
@@ -473,6 +474,18 @@ class Recorder:
         st = state_of(t)
         st.node = state_of(alias).node
         st.device = state_of(src).device
+
+    def set_real_data(self, t: torch.Tensor, src: torch.Tensor) -> None:
+        """``t.data = src`` for a real ``t`` (a tensor loaded by ``from_pretrained`` during the
+        trace): ``t`` stays real, other code holds it, so ``src``'s value is computed now."""
+        value = self.value_of(src)
+        if value is None:
+            raise self.fail(
+                "fxinit cannot set the .data of a real tensor to a deferred value too large to compute while "
+                "recording", op="Tensor.data",
+                hint="compute this value outside the constructor, or let the tensor be deferred too")
+        with self.suspended(), torch._C.DisableTorchFunctionSubclass():
+            TensorBase.data.__set__(t, value.to(t.device, copy=True))
 
     # ------------------------------------------------------------------ value reads
     def read_values(self, func: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:

@@ -784,7 +784,8 @@ class Recorder:
                         real_out: Any) -> None:
         # A random op has no shadow, on meta too (``random`` is False there): computing one
         # would draw from the user's generator, which eager's meta op leaves alone.
-        if random or _is_random(func) or not (mutated or (fresh and all(w.numel() <= EAGER_SHADOW_LIMIT for w, _ in fresh))) \
+        small_fresh = fresh and all(w.numel() <= EAGER_SHADOW_LIMIT for w, _ in fresh)
+        if random or _is_random(func) or not (mutated or small_fresh) \
                 or not all(self.shadow_of(t) is not None for t in inputs):
             for t in mutated:
                 self._storage(t).shadow = None

@@ -40,7 +40,8 @@ class _Part:
         path = self.path
         assert path is not None
         if not path.is_file():
-            raise DeferredInitError(f"checkpoint file not found: {path}", hint="pass a path to a file")
+            raise DeferredInitError(f"checkpoint file not found: {path}",
+                                    hint="pass an existing file, a checkpoint directory or a list of files")
         if _is_safetensors(path):
             try:
                 from safetensors import safe_open
@@ -117,8 +118,6 @@ def _names_at(path: Path) -> dict[str, _Part]:
         path = entry
     if path.name.endswith(".index.json"):
         return _indexed(path)
-    if not path.is_file():
-        raise DeferredInitError(f"checkpoint file not found: {path}", hint="pass a path to a file or a directory")
     return _names_in([_Part(path)])
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple
+from typing import Any, Iterable, NamedTuple
 
 import torch
 import torch.fx as fx
@@ -76,6 +76,9 @@ class InitGraph:
     default_dtype: torch.dtype = field(default_factory=torch.get_default_dtype)
     seed: int | None = None  # torch.initial_seed() when capture started: portable mode's default
     stream_names: dict[int, str] = field(default_factory=dict)  # storage id -> name for portable keys
+    #: The transformers config the traced model was built from, as plain JSON data (what
+    #: ``config.json`` holds), or None: lets a graph be exported as a loadable checkpoint.
+    hf_config: dict[str, Any] | None = None
 
     def storage_names(self) -> dict[int, str]:
         """``{storage id: name}`` for portable stream keys: the names the storages had when

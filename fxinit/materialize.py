@@ -474,4 +474,19 @@ def init_graph(module: torch.nn.Module) -> InitGraph:
         default_dtype=rec.default_dtype,
         seed=rec.seed,
         stream_names={sid: name for sid, name in rec.storage_names().items() if sid in used_storages},
+        hf_config=_hf_config(module),
     )
+
+
+def _hf_config(module: torch.nn.Module) -> dict[str, Any] | None:
+    """``module.config`` as ``config.json`` would hold it, when the module is a transformers
+    model (``architectures`` filled as ``save_pretrained`` fills it)."""
+    config = getattr(module, "config", None)
+    to_json = getattr(config, "to_json_string", None)
+    if to_json is None or not hasattr(config, "model_type"):
+        return None
+    import json
+
+    data = json.loads(to_json(use_diff=False))
+    data["architectures"] = data.get("architectures") or [type(module).__name__]
+    return data

@@ -15,7 +15,9 @@ from typing import Any, Callable
 
 import torch
 
-from fxinit.capture.deferred import dressed_as, is_deferred_tensor, state_of
+from fxinit.capture.deferred import dressed_as, state_of
+from fxinit.capture.dtensor import is_deferred_dtensor
+from fxinit.capture.layout import Runs, local_runs
 from fxinit.graph import dtype_after_to
 
 try:
@@ -24,10 +26,6 @@ except ImportError:  # torch built without distributed
     DTensor = None  # type: ignore[assignment,misc]
 
 DTensorPlace = tuple[torch.nn.Module, str, str]  # (module, "_parameters" | "_buffers", name)
-
-
-def is_deferred_dtensor(t: Any) -> bool:
-    return DTensor is not None and isinstance(t, DTensor) and is_deferred_tensor(t._local_tensor)
 
 
 def deferred_dtensors(module: torch.nn.Module) -> dict[int, tuple[Any, list[DTensorPlace]]]:
@@ -42,22 +40,31 @@ def deferred_dtensors(module: torch.nn.Module) -> dict[int, tuple[Any, list[DTen
 
 
 def local_part(dt: Any, read: Callable[[tuple[slice, ...]], torch.Tensor]) -> torch.Tensor:
-    """This rank's part of the full tensor behind ``dt``, from ``read(index)`` of the full
-    tensor (a checkpoint reads only that part)."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    """This rank's part of the full tensor behind ``dt``, from ``read(index)`` of blocks of
+    the full tensor (a checkpoint reads only those): one block per run of positions the
+    placements give this rank (``capture.layout``), strided shards included."""
+    runs = local_runs(dt.shape, dt.placements, dt.device_mesh.shape, dt.device_mesh.get_coordinate())
+    return _read_runs(read, runs, [])
 
-    shape, offset = compute_local_shape_and_global_offset(dt.shape, dt.device_mesh, dt.placements)
-    return read(tuple(slice(o, o + s) for o, s in zip(offset, shape)))
+
+def _read_runs(read: Callable[[tuple[slice, ...]], torch.Tensor], runs: list[Runs], fixed: list[slice]
+               ) -> torch.Tensor:
+    dim = len(fixed)
+    if all(len(r) == 1 for r in runs[dim:]):
+        return read(tuple(fixed) + tuple(slice(*r[0]) for r in runs[dim:]))
+    pieces = runs[dim] or [(0, 0)]
+    return torch.cat([_read_runs(read, runs, fixed + [slice(lo, hi)]) for lo, hi in pieces], dim=dim)
 
 
 def materialize_dtensors(entries: dict[int, tuple[Any, list[DTensorPlace]]], device: torch.device | str | None,
-                         init: bool, compute: Callable[[Any, list[torch.Tensor], torch.device | None],
+                         init: bool, compute: Callable[[Any, list[torch.Tensor], Callable[[int], str]],
                                                        list[torch.Tensor]],
                          dtype: torch.dtype | None = None,
                          loaded: dict[int, Callable[[], torch.Tensor]] | None = None) -> None:
-    """Compute every entry's local shard (``compute(recorder, locals, target)``, which applies
-    ``dtype``), or read it (``loaded``: ``id(dtensor)`` -> reader of its local part of a
-    checkpoint tensor), then install new DTensors; nothing is installed if anything fails.
+    """Compute every entry's local shard (``compute(recorder, locals, describe)``, which applies
+    ``dtype``; ``describe(i)`` names the i-th in errors), or read it (``loaded``: ``id(dtensor)``
+    -> reader of its local part of a checkpoint tensor), then install new DTensors; nothing is
+    installed if anything fails.
     ``dtype`` casts floating-point and complex shards, as ``Module.to`` would."""
     loaded = loaded or {}
     by_recorder: dict[int, tuple[Any, list[Any]]] = {}
@@ -73,7 +80,7 @@ def materialize_dtensors(entries: dict[int, tuple[Any, list[DTensorPlace]]], dev
     for rec, items in by_recorder.values():
         locals_ = [dt._local_tensor for dt, _ in items]
         if init:
-            values = compute(rec, locals_, target)
+            values = compute(rec, locals_, lambda i: _describe(rec, *items[i]))
         else:
             values = [torch.empty_strided(t.size(), t.stride(), device=target or state_of(t).device,
                                           dtype=dtype_after_to(t.dtype, dtype)) for t in locals_]
@@ -91,6 +98,13 @@ def materialize_dtensors(entries: dict[int, tuple[Any, list[DTensorPlace]]], dev
                                                 shape=dt.shape, stride=dt.stride()))
         for mod, kind, name in places:
             getattr(mod, kind)[name] = new
+
+
+def _describe(rec: Any, dt: Any, places: list[DTensorPlace]) -> str:
+    mod, _, name = places[0]
+    path = rec.module_paths().get(id(mod))
+    where = f"{path}.{name}" if path else f"{type(mod).__name__}.{name}"
+    return f"{where.lstrip('.')} (placements {tuple(dt.placements)})"
 
 
 def _mesh_device(dt: Any) -> torch.device:

@@ -28,6 +28,7 @@ from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, local_par
 from fxinit.errors import DeferredInitError
 from fxinit.graph import InitGraph, OutputInfo, dtype_after_to
 from fxinit.passes.slicing import required_nodes
+from fxinit.passes.uninitialized import unwritten_reads
 
 _TRACED_SEED = -(1 << 70)  # marker: the portable stream uses the seed each trace saw
 Location = tuple[torch.nn.Module, str, str]  # (module, attribute name, "_parameters" | "_buffers" | "__dict__")
@@ -109,13 +110,18 @@ def _device_map(nodes: list[fx.Node], target: torch.device | None) -> dict[torch
 
 
 def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.device | None = None,
-             seed: int | None = None, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+             seed: int | None = None, dtype: torch.dtype | None = None,
+             describe: Callable[[int], str] | None = None) -> list[torch.Tensor]:
     """Values of ``tensors``: exact replay, or the portable stream when ``seed`` is given;
-    cast to ``dtype`` by ``Module.to``'s rule if given."""
+    cast to ``dtype`` by ``Module.to``'s rule if given. ``describe(i)`` names the i-th
+    tensor in errors."""
     recorder._check_live()
     targets = [(state_of(t).node, recorder.storage_id(t)) for t in tensors]
     all_nodes = list(recorder.graph.nodes)
     nodes = required_nodes(all_nodes, targets, recorder.dead_writes())
+    unwritten = unwritten_reads(nodes, targets)
+    if unwritten:
+        raise _unwritten_error(recorder, targets, unwritten, describe)
     streams = None
     if seed is not None:
         recorder.stamp_module_paths()
@@ -134,6 +140,25 @@ def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.devi
             )
         values.append(v)
     return values
+
+
+def _unwritten_error(recorder: Recorder, targets: list[tuple[fx.Node, int]],
+                     unwritten: list[tuple[fx.Node, fx.Node]], describe: Callable[[int], str] | None
+                     ) -> DeferredInitError:
+    """The safety net of passes.uninitialized: which requested tensors read memory nobody wrote."""
+    names = recorder.storage_names()
+    involved = {n for pair in unwritten for n in pair}
+    hit = [i for i, t in enumerate(targets)
+           if involved & set(required_nodes(list(recorder.graph.nodes), [t], recorder.dead_writes()))]
+    what = [describe(i) if describe is not None else names.get(targets[i][1], f"tensor {i}") for i in hit]
+    alloc = unwritten[0][1]
+    return DeferredInitError(
+        f"{len(hit)} tensor(s) would be materialized from memory no recorded op wrote: {', '.join(what[:4])}"
+        f"{' ...' if len(what) > 4 else ''} (the buffer {alloc.name}, allocated by torch.distributed to receive data, "
+        "was never filled while fxinit recorded)",
+        op=str(alloc.target), source=getattr(alloc.meta.get("prov"), "source", None),
+        hint="a collective or layout step ran on deferred tensors in a way fxinit does not replay; materialize "
+             "before that step, and please report the layout that triggers this")
 
 
 def _move(values: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
@@ -374,9 +399,9 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
         loaded = _checkpoint_values(obj, tensors, state_dict, prefix, strict, sharded)
     from_meta_init = any(state_of(t).recorder.kind == "meta_init" for t in tensors)
     if sharded:
-        def compute(rec: Recorder, locals_: list[torch.Tensor], target: torch.device | None) -> list[torch.Tensor]:
+        def compute(rec: Recorder, locals_: list[torch.Tensor], describe: Callable[[int], str]) -> list[torch.Tensor]:
             traced = None if stream_seed is None else (rec.seed if stream_seed is _TRACED_SEED else stream_seed)
-            return _compute(rec, locals_, None, traced, dtype)
+            return _compute(rec, locals_, None, traced, dtype, describe)
 
         materialize_dtensors(sharded, device, init, compute, dtype,
                              {k: v for k, v in (loaded or {}).items() if k in sharded})

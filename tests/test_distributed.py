@@ -3,40 +3,20 @@ stages, compared with eager construction bit for bit."""
 
 from __future__ import annotations
 
-import io
-import socket
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import fxinit
 from tests import distributed_worker as worker
+from tests.launch import launch
 
 pytest.importorskip("transformers")
 if not torch.distributed.is_available():
     pytest.skip("torch without distributed", allow_module_level=True)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(world: int, scenarios: list[str]) -> dict[int, dict]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = _port()
-    procs = [ctx.Process(target=worker.run, args=(r, world, port, scenarios, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = {rank: torch.load(io.BytesIO(blob), weights_only=True) for rank, blob in (queue.get() for _ in procs)}
-    for p in procs:
-        p.join(timeout=60)
-    for rank, res in results.items():
-        assert "crash" not in res, f"rank {rank}:\n{res['crash']}"
-    return results
+    return launch(worker.run, world, scenarios)
 
 
 @pytest.fixture(scope="module")

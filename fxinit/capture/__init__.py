@@ -2,6 +2,10 @@
 
 from fxinit.capture.api import clear_meta_init_cache, deferred_init, dry_run, is_meta_init, meta_init, recording, trace_init
 from fxinit.capture.deferred import DeferredTensor, is_deferred_tensor
+from fxinit.capture import collectives as _collectives  # noqa: F401  (registers its is_meta answers)
+from fxinit.capture.dtensor import install as _install_deferred_dtensors
+
+_install_deferred_dtensors()
 
 __all__ = [
     "DeferredTensor",

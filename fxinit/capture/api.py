@@ -14,6 +14,7 @@ from fxinit.capture.lazy import lazy_module_support
 from fxinit.capture.modes import active_modes
 from fxinit.capture.provenance import source_lines_scope
 from fxinit.capture.recorder import Recorder
+from fxinit.errors import DeferredInitError
 
 M = TypeVar("M", bound=torch.nn.Module)
 
@@ -56,7 +57,35 @@ def trace_init(fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:
         raise TypeError(f"trace_init expects a callable returning an nn.Module, got {type(module).__name__}")
     recorder.set_root(module)
     _ROOT_RECORDERS[module] = recorder
+    guard_calls(module, recorder)
     return module
+
+
+def guard_calls(module: torch.nn.Module, recorder: Recorder) -> None:
+    """Calling a module of a deferred model raises a clear error until its own tensors are
+    materialized (the hook then removes itself); inside ``recording`` (``dry_run``) it runs."""
+    for path, mod in module.named_modules():
+        holder: list[Any] = []
+
+        def refuse(mod: torch.nn.Module, args: Any, path: str = path, holder: list[Any] = holder) -> None:
+            if recorder.capturing:
+                return
+            deferred = next((name for name, t in (*mod.named_parameters(), *mod.named_buffers()) if _is_deferred(t)),
+                            None)
+            if deferred is None:
+                holder[0].remove()
+                return
+            raise DeferredInitError(
+                f"{path or type(mod).__name__} was called while its tensors are deferred (built by fxinit.trace_init, "
+                f"e.g. {deferred!r}): they have no values yet",
+                hint="call fxinit.materialize(model) (or materialize the part you run) first; to record the dry run "
+                     "that lazy modules need, use fxinit.dry_run(model, ...)")
+
+        holder.append(mod.register_forward_pre_hook(refuse))
+
+
+def _is_deferred(t: Any) -> bool:
+    return t is not None and (is_deferred_tensor(t) or is_deferred_tensor(getattr(t, "_local_tensor", None)))
 
 
 def deferred_init(module_fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:

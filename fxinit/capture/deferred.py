@@ -42,6 +42,10 @@ _RAW_ACCESS = {
 }
 _LOAD_FROM_STATE_DICT = torch.nn.Module._load_from_state_dict.__code__
 _VALUE_READS = {TensorBase.tolist, TensorBase.numpy, torch.Tensor.__array__}
+#: ``{code object: answer(frame, tensor) -> bool | None}``: library functions that ask a
+#: deferred tensor ``is_meta`` to decide whether to communicate (``capture.collectives``);
+#: None lets the usual answer through.
+IS_META_ANSWERS: dict[Any, Any] = {}
 
 
 class DeferredState:
@@ -208,6 +212,11 @@ def _property(kind: str, owner: Any, args: tuple) -> Any:
                 return True
             if caller.f_code is _LOAD_FROM_STATE_DICT:
                 return False  # load_state_dict into a deferred model is recorded, not a no-op
+            answer = IS_META_ANSWERS.get(caller.f_code)
+            if answer is not None:
+                answered = answer(caller, t)
+                if answered is not None:
+                    return answered
             return reported_device(t).type == "meta"
         if owner is _IS_CPU:
             return reported_device(t).type == "cpu"

@@ -72,6 +72,17 @@ def source_lines_scope() -> Iterator[None]:
             linecache.cache.pop(name, None)
 
 
+def called_from(directory: str, start: types.FrameType | None = None) -> bool:
+    """Whether code under ``directory`` is on the stack, below the first user frame."""
+    for f in _frames(start or sys._getframe(1)):
+        filename = f.f_code.co_filename
+        if filename.startswith(directory):
+            return True
+        if not _is_internal(filename):
+            return False
+    return False
+
+
 def format_source(frame: types.FrameType | None) -> str | None:
     if frame is None:
         return None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+import os
 import sys
 import types
 import weakref
@@ -29,13 +30,15 @@ from torch._C import TensorBase
 from fxinit.capture.deferred import STATE_ATTR, DeferredState, DeferredTensor, is_deferred_tensor, state_of
 from fxinit.capture.names import tensor_slots
 from fxinit.capture.opaque import find_opaque_call
-from fxinit.capture.provenance import current_provenance, format_source, module_path_from_stack, user_frame
+from fxinit.capture.provenance import called_from, current_provenance, format_source, module_path_from_stack, user_frame
 from fxinit.capture.skips import LazyCpuGenerator
 from fxinit.errors import DeferredInitError
 from fxinit.graph import TensorSpec
-from fxinit.ops import call_init_function, changes_view, resolve_init_function
+from fxinit.ops import ALLOCATIONS, call_init_function, changes_view, resolve_init_function
 from fxinit.rng import Snapshot, default_generator_for, mt19937, snapshot
 from fxinit.passes.dead_init import dead_writes
+from fxinit.passes.fingerprint import fingerprint
+from fxinit.passes.slicing import required_nodes
 from fxinit.rng.draws import call_key, cpu_draws
 
 aten = torch.ops.aten
@@ -53,6 +56,8 @@ SHADOW_LIMIT = 1 << 16
 EVAL_BUDGET = 16 << 20
 
 _DETACH = aten.detach.default
+_DISTRIBUTED_DIR = os.path.join(os.path.dirname(torch.__file__), "distributed") + os.sep
+_COLLECTIVE_NAMESPACES = {"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd", "_dtensor"}
 _SCALAR_FACTORIES = {aten.scalar_tensor.default, aten.lift_fresh.default}
 # In-place ops whose result does not depend on the old contents of what they write.
 _OVERWRITE_OPS = {
@@ -196,6 +201,8 @@ class Recorder:
         self._intended: torch.device | None = None
         self._module_ref: weakref.ReferenceType | None = None
         self.call_site: types.FrameType | None = None  # the caller of the torch function being run (modes.py)
+        self.on_local_shards = 0  # > 0 while DTensor runs a call on its deferred local tensors (capture.dtensor)
+        self._given_names: dict[int, str] = {}  # storage id -> name (global tensors of DTensors)
 
     # ------------------------------------------------------------------ helpers
     @contextlib.contextmanager
@@ -245,8 +252,19 @@ class Recorder:
         (so that later wrapping, e.g. FSDP's sharding, does not rename them), plus the
         current names of storages created after it."""
         names = self._current_names()
+        names.update(self._given_names)
         names.update(getattr(self, "_trace_names", {}))
         return names
+
+    def name_storage(self, t: torch.Tensor, name: str) -> None:
+        """Name ``t``'s storage for portable stream keys (a tensor the model does not hold)."""
+        self._given_names[self.storage_id(t)] = name
+
+    def fingerprint(self, tensors: list[torch.Tensor]) -> str:
+        """A digest of what computes the current values of ``tensors`` (passes.fingerprint)."""
+        nodes = required_nodes(list(self.graph.nodes), [(state_of(t).node, self.storage_id(t)) for t in tensors],
+                               self.dead_writes())
+        return fingerprint(nodes, self.constants, self.rng)
 
     @property
     def root(self) -> torch.nn.Module | None:
@@ -298,7 +316,6 @@ class Recorder:
             return shadow
         # Evaluating mid-capture means running the graph: the one place capture uses a backend.
         from fxinit.backends.eager import run_nodes
-        from fxinit.passes.slicing import required_nodes
 
         node = state_of(t).node
         nodes = required_nodes(list(self.graph.nodes), [(node, self.storage_id(t))])
@@ -603,6 +620,13 @@ class Recorder:
     # ------------------------------------------------------------------ the op
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         self._check_live()
+        if getattr(func, "namespace", None) in _COLLECTIVE_NAMESPACES:
+            raise self.fail(
+                f"fxinit cannot record the collective {func} on a deferred tensor: replaying communication would need "
+                "every rank to materialize the same tensors in the same order",
+                op=str(func),
+                hint="materialize before redistributing (redistribute, full_tensor, dist.broadcast of a parameter); "
+                     "parallelize_module, distribute_tensor and fully_shard on a deferred model need no collective")
         if func in _LIFT_OPS:
             return self.lift(args[0])
         inputs = self._own_inputs(args, kwargs)
@@ -727,6 +751,13 @@ class Recorder:
         gargs, gkwargs = self._graph_args(func, args, kwargs, device, inputs)
         random = _is_random(func) and device.type != "meta"
         if random:
+            if self.on_local_shards:
+                raise self.fail(
+                    f"fxinit cannot record {func} on the local shards of a deferred DTensor: each rank would draw "
+                    "its shard from its own generator, which no single-process run does",
+                    op=str(func),
+                    hint="call the init function on the DTensor itself (nn.init.*, Tensor.normal_ & co. act on its "
+                         "global tensor), or materialize before calling this")
             gen = kwargs.get("generator")
             if gen is None and device.type != "cpu" and not _device_available(device):
                 raise self.fail(
@@ -753,6 +784,9 @@ class Recorder:
                 return same
             known = _storage_key(mout) in self._storages
             w = self._wrap(mout, node, device)
+            if func in ALLOCATIONS and not self.capturing and called_from(_DISTRIBUTED_DIR):
+                # a buffer torch.distributed fills by communicating (passes.uninitialized)
+                node.meta.update(fill_expected=True, allocates=(self.storage_id(w),))
             self._update_shadows(func, args, kwargs, inputs, mutated_objs, [] if known else [(w, 0)], random,
                                  real_out)
             return w

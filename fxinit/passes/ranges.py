@@ -27,7 +27,7 @@ _METADATA_ONLY = {aten.new_zeros, aten.new_empty, aten.new_ones, aten.new_full, 
                   aten.empty_like, aten.zeros_like, aten.ones_like, aten.full_like, aten.rand_like, aten.randn_like}
 
 
-def _reads_no_data(n: fx.Node) -> bool:
+def reads_no_data(n: fx.Node) -> bool:
     return getattr(n.target, "overloadpacket", None) in _METADATA_ONLY
 
 
@@ -65,7 +65,7 @@ def partial_fills(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node]) -> dict[
         lo, hi, ok = numel, 0, True
         for a in aliases:
             for u in users[a]:
-                if u is r or is_view(u) or _reads_no_data(u) or pos.get(u, -1) < pos[r]:
+                if u is r or is_view(u) or reads_no_data(u) or pos.get(u, -1) < pos[r]:
                     continue
                 ext = _extent(a.meta.get("spec"))
                 if ext is None:

@@ -1,0 +1,195 @@
+"""DTensors whose local tensor is deferred: init code on them acts on the global tensor.
+
+``parallelize_module``, ``distribute_tensor`` and ``fully_shard`` turn a traced model's
+parameters into DTensors whose local tensors are deferred. Deterministic ops on such a
+DTensor mean the same on the global tensor and on each shard, and DTensor runs them on the
+local tensors, where they are recorded. Random init does not: eager construction on one
+process draws the *global* tensor from the stream, and DTensor would draw each shard from
+its rank's own generator. A ``DeferredDTensor`` therefore runs random init (``normal_``,
+``nn.init.kaiming_uniform_``, ``trunc_normal_``...) on a fresh deferred tensor of the global
+shape, and records that its local tensor is this rank's slice of it
+(``fxinit.capture.layout``). Materializing then fills only that slice where the stream
+allows it, exactly as the single-process run would have it, for any layout.
+
+Every DTensor whose local tensor is deferred becomes a DeferredDTensor when it is created
+(``install`` wraps ``DTensor.__init__``): DTensors are made by torch's own code
+(``distribute_tensor``, FSDP2, DTensor's op dispatcher), so no other point sees them all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any, Callable, Iterator
+
+import torch
+from torch._C import TensorBase
+
+from fxinit.capture.deferred import PROPERTY_CALL, is_deferred_tensor, state_of
+from fxinit.capture.layout import local_runs, local_shape, take
+from fxinit.capture.names import tensor_slots
+from fxinit.capture.opaque import find_opaque_call
+from fxinit.errors import DeferredInitError
+from fxinit.ops import resolve_init_function
+
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch built without distributed
+    DTensor = None  # type: ignore[assignment,misc]
+
+aten = torch.ops.aten
+
+# Tensor methods that fill their tensor with random numbers without reading it.
+_RANDOM_FILLS = {TensorBase.uniform_, TensorBase.normal_, TensorBase.random_, TensorBase.exponential_,
+                 TensorBase.cauchy_, TensorBase.log_normal_, TensorBase.geometric_, TensorBase.bernoulli_}
+# torch.nn.init functions that fill from their tensor's values alone (every shard alike).
+_ELEMENTWISE_INITS = {torch.nn.init.constant_, torch.nn.init.ones_, torch.nn.init.zeros_}
+_RANDOM_LIKE = {torch.rand_like, torch.randn_like, torch.randint_like}
+
+
+def is_deferred_dtensor(t: Any) -> bool:
+    return DTensor is not None and isinstance(t, DTensor) and is_deferred_tensor(t._local_tensor)
+
+
+if DTensor is not None:
+    class DeferredDTensor(DTensor):
+        """A DTensor whose local tensor is deferred (see the module docstring)."""
+
+        __slots__ = ()
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+            return _on_call(func, args, kwargs or {}, sys._getframe(1))
+else:  # pragma: no cover
+    DeferredDTensor = None  # type: ignore[assignment,misc]
+
+
+def install() -> None:
+    """Make every DTensor created with a deferred local tensor a DeferredDTensor (idempotent)."""
+    if DTensor is None or getattr(DTensor.__init__, "_fxinit", False):
+        return
+    original = DTensor.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if type(self) is DTensor and is_deferred_tensor(self._local_tensor):
+            self.__class__ = DeferredDTensor
+
+    __init__._fxinit = True  # type: ignore[attr-defined]
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    DTensor.__init__ = __init__
+
+
+def _on_call(func: Any, args: tuple, kwargs: dict, caller: Any) -> Any:
+    if not args and "tensor" in kwargs:  # nn.init functions hand their arguments over as keywords
+        kwargs = dict(kwargs)
+        args = (kwargs.pop("tensor"),)
+    target = args[0] if args else None
+    if type(func) is PROPERTY_CALL:
+        if func.__name__ == "__get__" and func.__self__ is TensorBase.is_meta and isinstance(target, DeferredDTensor):
+            call = find_opaque_call(caller, target)
+            if call is not None:  # trunc_normal_ & co. ask is_meta first: run them on the global tensor
+                fn = resolve_init_function(call.qualname)
+                _on_global(target, lambda g: fn(g, **call.kwargs))
+                return True
+    elif isinstance(target, DeferredDTensor) and (func in _RANDOM_FILLS or _is_random_init(func)):
+        _check_reads_nothing_else(func, args, kwargs)
+        _on_global(target, lambda g: func(g, *args[1:], **kwargs))
+        return target
+    elif func in _RANDOM_LIKE and isinstance(target, DeferredDTensor):
+        return _random_like(func, target, args[1:], kwargs)
+    with _local_semantics(args, kwargs), torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **kwargs)
+
+
+def _is_random_init(func: Any) -> bool:
+    """``torch.nn.init`` functions other than the element-wise constant fills."""
+    return getattr(func, "__module__", None) == "torch.nn.init" and func not in _ELEMENTWISE_INITS
+
+
+def _check_reads_nothing_else(func: Any, args: tuple, kwargs: dict) -> None:
+    if any(isinstance(a, torch.Tensor) for a in (*args[1:], *kwargs.values())):
+        raise _refuse(args[0], f"{getattr(func, '__name__', func)} with tensor arguments",
+                      "its values would depend on how the tensor arguments are laid out; call it on the global "
+                      "tensor before parallelizing, or materialize first")
+
+
+def _on_global(dt: Any, init: Callable[[torch.Tensor], Any]) -> None:
+    """Run ``init`` on a fresh deferred tensor of ``dt``'s global shape, then record that
+    ``dt``'s local tensor is this rank's slice of it."""
+    local = dt._local_tensor
+    rec = state_of(local).recorder
+    full = rec.dispatch(aten.empty_strided.default, (list(dt.shape), list(dt.stride())),
+                        {"dtype": dt.dtype, "device": state_of(local).device, "layout": torch.strided,
+                         "pin_memory": False})
+    name = _name_in_model(rec, dt)
+    if name is not None:
+        rec.name_storage(full, name)  # portable streams are keyed by it, as the single-process run's are
+    init(full)
+    _assign_local(dt, full)
+
+
+def _assign_local(dt: Any, full: torch.Tensor) -> None:
+    runs = local_runs(dt.shape, dt.placements, dt.device_mesh.shape, dt.device_mesh.get_coordinate())
+    local = dt._local_tensor
+    if local_shape(runs) != tuple(local.shape):
+        raise _refuse(dt, "an init call", f"its local tensor has shape {tuple(local.shape)} where its placements "
+                      f"give {local_shape(runs)}")
+    with torch.no_grad():
+        local.copy_(take(full, runs))
+
+
+def _random_like(func: Any, dt: Any, rest: tuple, kwargs: dict) -> Any:
+    local = dt._local_tensor
+    rec = state_of(local).recorder
+    out_dtype = kwargs.get("dtype") or dt.dtype
+    full = rec.dispatch(aten.empty_strided.default, (list(dt.shape), list(dt.stride())),
+                        {"dtype": out_dtype, "device": state_of(local).device, "layout": torch.strided,
+                         "pin_memory": False})
+    value = func(full, *rest, **kwargs)
+    new_local = rec.dispatch(aten.empty_strided.default, (list(local.shape), list(local.stride())),
+                             {"dtype": out_dtype, "device": state_of(local).device, "layout": torch.strided,
+                              "pin_memory": False})
+    out = DTensor.from_local(new_local, dt.device_mesh, dt.placements, run_check=False, shape=dt.shape,
+                             stride=dt.stride())
+    _assign_local(out, value)
+    return out
+
+
+@contextlib.contextmanager
+def _local_semantics(args: tuple, kwargs: dict) -> Iterator[None]:
+    """DTensor runs the call on local tensors: a random op among them would draw each shard
+    from its rank's generator, which eager construction on one process never does."""
+    recs = {id(r): r for r in (state_of(a._local_tensor).recorder for a in _dtensors_in(args, kwargs))}
+    for rec in recs.values():
+        rec.on_local_shards += 1
+    try:
+        yield
+    finally:
+        for rec in recs.values():
+            rec.on_local_shards -= 1
+
+
+def _dtensors_in(args: tuple, kwargs: dict) -> list[Any]:
+    found = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, DeferredDTensor):
+            found.append(a)
+        elif isinstance(a, (list, tuple)):
+            found.extend(b for b in a if isinstance(b, DeferredDTensor))
+    return found
+
+
+def _name_in_model(rec: Any, dt: Any) -> str | None:
+    """The smallest name ``dt`` has in the traced model, if it is there."""
+    root = rec.root
+    if root is None:
+        return None
+    names = [fqn for fqn, _, _, _, t in tensor_slots(root) if t is dt]
+    return min(names) if names else None
+
+
+def _refuse(dt: Any, what: str, why: str) -> DeferredInitError:
+    return DeferredInitError(
+        f"fxinit cannot record {what} on a deferred DTensor (placements {tuple(dt.placements)}): {why}",
+        hint="see 'Distributed layouts' in docs/failure-modes.md")

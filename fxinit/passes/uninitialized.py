@@ -1,0 +1,40 @@
+"""Reads of memory that no recorded op wrote, where eager construction would have written it.
+
+A model's own ``torch.empty`` holds garbage in eager construction too, and so may its
+materialized value. Buffers that library code allocates to receive data (a scatter's
+output, a gather's) are different: eager fills them by communicating, and if capture
+missed that write, the value read from them is memory nobody wrote. The recorder marks
+such allocations (``meta["fill_expected"]``: made by torch.distributed code after the
+trace); a slice that reads one before any op writes it must not run.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch.fx as fx
+
+from fxinit.passes.ranges import reads_no_data
+from fxinit.passes.walk import is_view
+
+
+def unwritten_reads(nodes: Sequence[fx.Node], targets: Iterable[tuple[fx.Node, int]] = ()
+                    ) -> list[tuple[fx.Node, fx.Node]]:
+    """``[(reader, allocation)]``: nodes of the slice ``nodes`` (program order) that read the
+    storage of an allocation marked ``fill_expected`` before any node wrote it, and the
+    ``targets`` (``(value node, storage id)``, as for slicing) whose storage is still unwritten."""
+    pending: dict[int, fx.Node] = {}  # storage id -> its allocation, until something writes it
+    found: list[tuple[fx.Node, fx.Node]] = []
+    for n in nodes:
+        if n.meta.get("fill_expected"):
+            pending.update((sid, n) for sid in n.meta.get("allocates", ()))
+            continue
+        if not pending:
+            continue
+        if not is_view(n) and not reads_no_data(n):
+            written = set(n.meta.get("mutates", ()))
+            found.extend((n, pending[sid]) for sid in n.meta.get("reads", ()) if sid in pending and sid not in written)
+        for sid in n.meta.get("mutates", ()):
+            pending.pop(sid, None)
+    found.extend((node, pending[sid]) for node, sid in targets if sid in pending)
+    return found

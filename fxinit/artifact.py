@@ -1,11 +1,9 @@
 """The saved form of an InitGraph: versioned, checksummed, and safe to load.
 
-File layout (documented for users in docs/artifact-format.md)::
-
-    b"FXINIT-GRAPH\\n"                 magic
-    b"sha256:<64 hex digits>\\n"       checksum of everything after this line
-    <torch.save zip>                  a plain dict: str, int, float, bool, None, lists,
-                                      dicts and tensors only
+A file is a torch.save archive of one plain dict (str, int, float, bool, None, lists, dicts
+and tensors only) with a checksum record of its own (``fxinit.archive``; documented for
+users in docs/artifact-format.md), so ``torch.load(path, weights_only=True)`` reads it
+without fxinit.
 
 Loading never runs pickled code: the checksum is verified first, the payload is read
 with ``torch.load(weights_only=True)``, every field is type-checked, every op must be an
@@ -16,9 +14,7 @@ shapes it computes. Anything else raises ``ArtifactError``.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import io
 import operator
 import os
 import re
@@ -27,16 +23,18 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
+from fxinit.archive import pack, short_message, unpack
 from fxinit.capture.provenance import Provenance
 from fxinit.errors import ArtifactError
 from fxinit.graph import InitGraph, OutputInfo, TensorSpec
 from fxinit.ops import OPAQUE_INIT_FUNCTIONS, call_init_function, replay_args, resolve_init_function
 from fxinit.rng import RngSnapshot
 
-MAGIC = b"FXINIT-GRAPH\n"
 FORMAT = "fxinit-init-graph"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: hf_config; 1: the payload of the older header layout, still read
 MAX_NODES = 10_000_000
+MAX_CONFIG_DEPTH = 32
+MAX_CONFIG_ITEMS = 1_000_000
 
 # aten ops that touch anything but tensors (files) are never allowed in a saved graph.
 _DENIED_ATEN = {"from_file"}
@@ -72,14 +70,12 @@ def save_graph(graph: InitGraph, path: str | os.PathLike) -> None:
         "constants": {k: v.detach().cpu().contiguous() if v.device.type != "cpu" else v.detach()
                       for k, v in graph.constants.items()},
         "rng": {k: {"device": s.device, "state": s.state.cpu()} for k, s in graph.rng.items()},
+        "hf_config": _checked_config(graph.hf_config, "cannot save this graph"),
     }
-    buf = io.BytesIO()
-    torch.save(payload, buf)
-    body = buf.getvalue()
-    digest = hashlib.sha256(body).hexdigest().encode()
+    data = pack(payload)
     tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:
-        f.write(MAGIC + b"sha256:" + digest + b"\n" + body)
+        f.write(data)
     os.replace(tmp, path)
 
 
@@ -158,35 +154,15 @@ def load_graph(path: str | os.PathLike) -> InitGraph:
 
 def loads(data: bytes, source: str = "<bytes>") -> InitGraph:
     """``load_graph`` from the bytes of a file."""
-    if not data.startswith(MAGIC):
-        raise ArtifactError(f"{source} is not an fxinit init graph (bad magic)",
-                            hint="init graphs are written by InitGraph.save / `fxinit trace`")
-    header_end = data.find(b"\n", len(MAGIC))
-    header = data[len(MAGIC):header_end] if header_end > 0 else b""
-    if not re.fullmatch(rb"sha256:[0-9a-f]{64}", header):
-        raise ArtifactError(f"{source}: damaged header", hint="the file is truncated or corrupted")
-    body = data[header_end + 1:]
-    if hashlib.sha256(body).hexdigest().encode() != header[7:]:
-        raise ArtifactError(f"{source}: checksum mismatch", hint="the file is truncated or corrupted; save it again")
-    try:
-        payload = torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
-    except Exception as exc:  # any unpickling or zip failure, including refused globals
-        raise ArtifactError(f"{source}: unreadable payload ({type(exc).__name__}: {_short(exc)})",
-                            hint="only plain data is accepted in an init graph file") from exc
+    payload = unpack(data, source)
     try:
         graph = _decode(payload)
         _check_on_meta(graph)
     except ArtifactError as exc:
         raise ArtifactError(f"{source}: {exc}") from exc
     except Exception as exc:  # a value of a wrong kind deep inside: refuse, never crash
-        raise ArtifactError(f"{source}: invalid init graph ({type(exc).__name__}: {_short(exc)})") from exc
+        raise ArtifactError(f"{source}: invalid init graph ({type(exc).__name__}: {short_message(exc)})") from exc
     return graph
-
-
-def _short(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
-    named = [ln for ln in lines if "error:" in ln.lower()]  # torch.load puts the cause on its own line
-    return (named or lines or [""])[0][:300]
 
 
 def _expect(cond: bool, what: str) -> None:
@@ -206,7 +182,9 @@ def _decode(p: Any) -> InitGraph:
     if version > SCHEMA_VERSION:
         raise ArtifactError(f"schema version {version} is newer than this fxinit reads ({SCHEMA_VERSION})",
                             hint="upgrade fxinit to load it")
-    _expect(version == SCHEMA_VERSION, f"unknown schema version {version}")
+    _expect(version in (1, SCHEMA_VERSION), f"unknown schema version {version}")
+    _expect(("hf_config" in p) == (version >= 2),
+            f"a schema {version} payload {'without' if version >= 2 else 'with'} hf_config")
     _expect(p.get("default_dtype") in _DTYPES, "bad default dtype")
     _expect(p.get("seed") is None or (isinstance(p["seed"], int) and not isinstance(p["seed"], bool)), "bad seed")
     names = p.get("stream_names")
@@ -258,7 +236,39 @@ def _decode(p: Any) -> InitGraph:
         _expect(isinstance(g, list) and len(g) > 1 and all(n in outputs for n in g), "tie group")
     return InitGraph(graph=graph, outputs=outputs, output_storage=dict(storage), info=info,
                      ties=[list(g) for g in ties], constants=dict(constants), rng=rng,
-                     default_dtype=_DTYPES[p["default_dtype"]], seed=p.get("seed"), stream_names=dict(names))
+                     default_dtype=_DTYPES[p["default_dtype"]], seed=p.get("seed"), stream_names=dict(names),
+                     hf_config=_checked_config(p.get("hf_config"), "invalid init graph"))
+
+
+def _checked_config(config: Any, problem: str) -> dict[str, Any] | None:
+    """``config`` if it is None or plain JSON data (a dict with str keys; str, int, float,
+    bool, None, lists and dicts inside) of bounded depth and size, else ArtifactError."""
+    if config is None:
+        return None
+    if type(config) is not dict:
+        raise ArtifactError(f"{problem}: hf_config is a {type(config).__name__}, not a dict")
+    items = 0
+    pending: list[tuple[Any, str, int]] = [(config, "hf_config", 0)]
+    while pending:
+        value, where, depth = pending.pop()
+        items += 1
+        if items > MAX_CONFIG_ITEMS:
+            raise ArtifactError(f"{problem}: hf_config holds more than {MAX_CONFIG_ITEMS} values")
+        if depth > MAX_CONFIG_DEPTH:
+            raise ArtifactError(f"{problem}: {where[:200]} is nested deeper than {MAX_CONFIG_DEPTH} levels")
+        if type(value) is dict:
+            for k, v in value.items():
+                if type(k) is not str:
+                    raise ArtifactError(f"{problem}: {where} has a key of type {type(k).__name__}: {k!r}",
+                                        hint="hf_config holds config.json data: keys are strings")
+                pending.append((v, f"{where}[{k!r:.60}]", depth + 1))
+        elif type(value) is list:
+            pending.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value))
+        elif value is not None and type(value) not in (str, int, float, bool):
+            raise ArtifactError(f"{problem}: {where} is a {type(value).__name__}, not JSON data",
+                                hint="hf_config holds config.json data: str, int, float, bool, None, lists "
+                                     "and dicts")
+    return config
 
 
 _NODE_KEYS = {"name", "op", "target", "args", "kwargs", "pos", "spec", "reads", "mutates", "overwrites", "rng",
@@ -424,7 +434,7 @@ def _check_on_meta(graph: InitGraph) -> None:
                 raise
             except Exception as exc:
                 raise ArtifactError(f"invalid init graph: node {n.name} ({n.target}) fails on its own "
-                                    f"arguments: {type(exc).__name__}: {_short(exc)}") from exc
+                                    f"arguments: {type(exc).__name__}: {short_message(exc)}") from exc
             finally:
                 torch.set_default_dtype(saved)
         if spec is not None:

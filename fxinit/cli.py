@@ -1,12 +1,12 @@
 """The ``fxinit`` command: trace a model to an init-graph file, show it, draw it, and
 materialize it to safetensors, in a process that needs nothing of the model's code.
 
-    fxinit trace my_pkg.models:build -o init.fxg --kwargs '{"layers": 4}'
-    fxinit trace transformers:AutoModelForCausalLM.from_config -o llama.fxg \\
+    fxinit trace my_pkg.models:build -o init.pt --kwargs '{"layers": 4}'
+    fxinit trace transformers:AutoModelForCausalLM.from_config -o llama.pt \\
         --hf-config '{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2}'
-    fxinit show init.fxg [--only 'model.layers.0.*'] [--explain NAME]
-    fxinit viz init.fxg -o deps.svg [--only NAME] [--no-collapse]
-    fxinit materialize init.fxg -o weights.safetensors [--only PATTERN] [--device cpu]
+    fxinit show init.pt [--only 'model.layers.0.*'] [--explain NAME]
+    fxinit viz init.pt -o deps.svg [--only NAME] [--no-collapse]
+    fxinit materialize init.pt -o weights.safetensors [--only PATTERN] [--device cpu]
 
 Exit codes: 0 success, 1 fxinit refused or failed (the message says why and what to do),
 2 bad command line.
@@ -189,14 +189,17 @@ def _materialize_with_progress(graph: Any, names: list[str], device: str | None,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fxinit", description=__doc__.split("\n\n")[0],
-                                     epilog="Run `fxinit COMMAND --help` for the options of a command.")
+    summary, examples = __doc__.split("\n\n")[:2]
+    parser = argparse.ArgumentParser(prog="fxinit", description=summary,
+                                     epilog=f"examples:\n{examples}\n\nRun `fxinit COMMAND --help` for the options "
+                                            "of a command.", formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("trace", help="trace a model constructor to an init-graph file",
                        description="Call TARGET under fxinit.trace_init (nothing is allocated) and save its init graph.")
     p.add_argument("target", metavar="TARGET", help="module:callable or path/to/file.py:callable returning an nn.Module")
-    p.add_argument("-o", "--output", required=True, help="the init-graph file to write")
+    p.add_argument("-o", "--output", required=True,
+                   help="the init-graph file to write, e.g. init.pt (a torch.save archive)")
     p.add_argument("--args", help="JSON list of positional arguments")
     p.add_argument("--kwargs", help="JSON object of keyword arguments")
     p.add_argument("--hf-config", help='JSON of a transformers config, passed first: {"model_type": "llama", ...}')
@@ -206,20 +209,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_trace)
 
     p = sub.add_parser("show", help="print the tensors of an init-graph file and how each is initialized")
-    p.add_argument("graph", metavar="GRAPH", help="an init-graph file")
+    p.add_argument("graph", metavar="GRAPH", help="an init-graph file (init.pt) written by `fxinit trace`")
     p.add_argument("--only", metavar="PATTERN", help="glob over tensor names, or a module prefix")
     p.add_argument("--explain", metavar="NAME", help="explain one tensor op by op")
     p.set_defaults(run=cmd_show)
 
     p = sub.add_parser("viz", help="draw the init dependencies with graphviz")
-    p.add_argument("graph", metavar="GRAPH", help="an init-graph file")
+    p.add_argument("graph", metavar="GRAPH", help="an init-graph file (init.pt) written by `fxinit trace`")
     p.add_argument("-o", "--output", required=True, help="the drawing: .svg, .png, .pdf or .dot")
     p.add_argument("--only", metavar="PATTERN", help="draw only the ancestry of the matching tensors")
     p.add_argument("--no-collapse", action="store_true", help="draw every repeated layer instead of one with a count")
     p.set_defaults(run=cmd_viz)
 
     p = sub.add_parser("materialize", help="compute the tensors and write them to a safetensors file")
-    p.add_argument("graph", metavar="GRAPH", help="an init-graph file")
+    p.add_argument("graph", metavar="GRAPH", help="an init-graph file (init.pt) written by `fxinit trace`")
     p.add_argument("-o", "--output", required=True, help="the .safetensors file to write")
     p.add_argument("--only", metavar="PATTERN", help="glob over tensor names, or a module prefix")
     p.add_argument("--device", help="compute where eager would, then move here (default: the recorded device)")

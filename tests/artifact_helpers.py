@@ -5,18 +5,26 @@ from __future__ import annotations
 import copy
 import hashlib
 import io
-import pickle
+import struct
+import zipfile
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.nn as nn
 
 import fxinit
-from fxinit.artifact import MAGIC
+from fxinit.archive import HEADER_MAGIC, pack
+
+#: A file the release before issue 19 wrote (the header layout: ``FXINIT-GRAPH``, a sha256
+#: line, a torch.save archive), traced from ``Small`` with seed 0 at commit b5f76c0.
+HEADER_LAYOUT_FILE = Path(__file__).resolve().parent / "data" / "small_header_layout.fxg"
 
 
 class Small(nn.Module):
-    """Random, opaque, constant, computed and tied tensors in a few hundred bytes."""
+    """Random, opaque, constant, computed and tied tensors in a few hundred bytes.
+
+    HEADER_LAYOUT_FILE was traced from this class: changing it breaks that file's test."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -36,23 +44,31 @@ def small_graph() -> fxinit.InitGraph:
     return fxinit.init_graph(fxinit.trace_init(Small))
 
 
-def signed(body: bytes) -> bytes:
-    return MAGIC + b"sha256:" + hashlib.sha256(body).hexdigest().encode() + b"\n" + body
-
-
 def dumps(payload: Any) -> bytes:
+    """An init-graph file holding ``payload``, with a correct checksum."""
+    return pack(payload)
+
+
+def header_layout(payload: Any) -> bytes:
+    """A file in the older header layout holding ``payload``, with a correct checksum."""
     buf = io.BytesIO()
     torch.save(payload, buf)
-    return signed(buf.getvalue())
+    body = buf.getvalue()
+    return HEADER_MAGIC + b"sha256:" + hashlib.sha256(body).hexdigest().encode() + b"\n" + body
 
 
 def payload_of(data: bytes) -> dict:
-    body = data[data.index(b"\n", len(MAGIC)) + 1:]
-    return torch.load(io.BytesIO(body), weights_only=True)
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def record_data_at(data: bytes, info: zipfile.ZipInfo) -> int:
+    """Offset in ``data`` of the first byte of a zip record's data (after its local header)."""
+    name_len, extra_len = struct.unpack_from("<HH", data, info.header_offset + 26)
+    return info.header_offset + 30 + name_len + extra_len
 
 
 def valid_bytes(tmp_path) -> bytes:
-    path = tmp_path / "ok.fxg"
+    path = tmp_path / "ok.pt"
     small_graph().save(path)
     return path.read_bytes()
 
@@ -69,11 +85,14 @@ class _Evil:
         return os.system, (f"touch {self.marker}",)
 
 
+def hostile_payload(marker: str) -> dict:
+    """A payload whose pickle calls os.system (``touch marker``)."""
+    return {"format": "fxinit-init-graph", "x": _Evil(marker)}
+
+
 def hostile(marker: str) -> bytes:
-    """A torch.save zip whose pickle calls os.system, correctly signed."""
-    buf = io.BytesIO()
-    torch.save({"format": "fxinit-init-graph", "x": _Evil(marker)}, buf, pickle_module=pickle)
-    return signed(buf.getvalue())
+    """An init-graph file whose pickle calls os.system, with a correct checksum."""
+    return pack(hostile_payload(marker))
 
 
 def mutated(data: bytes, edit: Callable[[dict], None]) -> bytes:

@@ -3,8 +3,12 @@ they are damaged, hostile or inconsistent (never a crash, never code execution).
 
 from __future__ import annotations
 
+import io
+import json
+import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -13,9 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fxinit
-from fxinit.artifact import SCHEMA_VERSION, loads
+from fxinit.artifact import MAX_CONFIG_DEPTH, SCHEMA_VERSION, loads
 from fxinit.errors import ArtifactError
-from tests.artifact_helpers import Small, dumps, hostile, mutated, payload_of, small_graph, valid_bytes
+from tests.artifact_helpers import (HEADER_LAYOUT_FILE, Small, dumps, header_layout, hostile, mutated, payload_of,
+                                    record_data_at, small_graph, valid_bytes)
+from tests.data.make_bad_graphs import REFUSALS
 from tests.conftest import same_bits
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,8 +34,8 @@ def _eager_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def test_round_trip_is_exact_and_keeps_everything(tmp_path: Path) -> None:
     g = small_graph()
-    g.save(tmp_path / "g.fxg")
-    h = fxinit.load_graph(tmp_path / "g.fxg")
+    g.save(tmp_path / "g.pt")
+    h = fxinit.load_graph(tmp_path / "g.pt")
     assert h.outputs.keys() == g.outputs.keys() and h.ties == g.ties and h.info == g.info
     assert h.stats() == g.stats()
     assert [n.meta["prov"] for n in h.nodes] == [n.meta["prov"] for n in g.nodes]
@@ -49,8 +55,8 @@ def test_round_trip_after_in_place_view_ops(tmp_path: Path) -> None:
     from tests.test_traps import InplaceViewOps
 
     torch.manual_seed(0)
-    fxinit.init_graph(fxinit.trace_init(InplaceViewOps)).save(tmp_path / "g.fxg")
-    values = fxinit.load_graph(tmp_path / "g.fxg").materialize()
+    fxinit.init_graph(fxinit.trace_init(InplaceViewOps)).save(tmp_path / "g.pt")
+    values = fxinit.load_graph(tmp_path / "g.pt").materialize()
     torch.manual_seed(0)
     eager = _eager_tensors(InplaceViewOps())
     assert values.keys() == eager.keys()
@@ -73,9 +79,9 @@ def test_materializes_in_a_process_without_the_model_code(tmp_path: Path) -> Non
     cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=2, vocab_size=64)
     torch.manual_seed(3)
-    fxinit.init_graph(fxinit.trace_init(transformers.LlamaForCausalLM, cfg)).save(tmp_path / "llama.fxg")
-    subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "llama.fxg"), str(tmp_path / "out.pt")],
-                   check=True, cwd=tmp_path)
+    fxinit.init_graph(fxinit.trace_init(transformers.LlamaForCausalLM, cfg)).save(tmp_path / "llama.pt")
+    subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "llama.pt"), str(tmp_path / "out.pt")],
+                   check=True, cwd=tmp_path, env=os.environ | {"PYTHONPATH": str(ROOT)})  # this checkout's fxinit
     got = torch.load(tmp_path / "out.pt", weights_only=True)
     torch.manual_seed(3)
     eager = _eager_tensors(transformers.LlamaForCausalLM(cfg))
@@ -91,13 +97,149 @@ def _refused(data: bytes, match: str = "") -> None:
 
 def test_damaged_files_are_refused(tmp_path: Path) -> None:
     data = valid_bytes(tmp_path)
-    _refused(b"PK\x03\x04" + data[4:], "bad magic")
-    _refused(data[: len(data) // 2], "checksum")
-    _refused(data[:20], "header")
+    _refused(b"\x00" + data[1:], "not an fxinit init graph")
+    _refused(data[: len(data) // 2], "damaged archive")
+    _refused(data[:20], "damaged archive")
     flipped = bytearray(data)
     flipped[len(data) // 3] ^= 0x10
-    _refused(bytes(flipped), "checksum")
-    _refused(b"", "bad magic")
+    _refused(bytes(flipped), "checksum mismatch")
+    _refused(b"", "not an fxinit init graph")
+
+
+def _zip_structure(data: bytes) -> list[int]:
+    """Offsets of every byte of ``data`` that is zip structure (headers, data descriptors,
+    central directory), not record data, plus the digest of the checksum record."""
+    archive = zipfile.ZipFile(io.BytesIO(data))
+    positions = list(range(archive.start_dir, len(data)))
+    for info in archive.infolist():
+        start = record_data_at(data, info)
+        positions += range(info.header_offset, start)
+        positions += range(start + info.compress_size, start + info.compress_size + 16)  # data descriptor
+        if info.filename.endswith("/fxinit_sha256"):
+            positions += range(start, start + info.compress_size)
+    return sorted(set(positions))
+
+
+def test_a_flipped_bit_anywhere_in_the_zip_structure_is_refused(tmp_path: Path) -> None:
+    """The checksum covers the archive's headers, not only its records' data: a file that
+    any byte differs in is refused, even where zip readers would not notice (timestamps,
+    padding, the checksum record's own CRC)."""
+    data = valid_bytes(tmp_path)
+    positions = _zip_structure(data)
+    assert len(positions) > 500
+    for pos in positions:
+        for bit in (0, 7):
+            flipped = bytearray(data)
+            flipped[pos] ^= 1 << bit
+            with pytest.raises(ArtifactError):
+                loads(bytes(flipped))
+
+
+def test_torch_load_reads_a_saved_graph_without_fxinit(tmp_path: Path) -> None:
+    """The file is a torch.save archive of the documented dict: plain torch reads it."""
+    g = small_graph()
+    g.hf_config = {"model_type": "small", "hidden_size": 4}
+    g.save(tmp_path / "init.pt")
+    child = (
+        "import json, sys\n"
+        "sys.modules['fxinit'] = None  # importing fxinit would fail\n"
+        "import torch\n"
+        "d = torch.load(sys.argv[1], weights_only=True)\n"
+        "node = d['nodes'][0]\n"
+        "print(json.dumps({'keys': sorted(d), 'format': d['format'], 'version': d['schema_version'],\n"
+        "                  'node_keys': sorted(node), 'outputs': sorted(d['outputs']),\n"
+        "                  'constants': {k: list(v.shape) for k, v in d['constants'].items()},\n"
+        "                  'rng': sorted({str(v['state'].dtype) for v in d['rng'].values()}),\n"
+        "                  'hf_config': d['hf_config']}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", child, str(tmp_path / "init.pt")], check=True, cwd=tmp_path,
+                         capture_output=True, text=True).stdout
+    shown = json.loads(out)
+    assert shown["keys"] == sorted(["format", "schema_version", "torch_version", "default_dtype", "seed",
+                                    "stream_names", "nodes", "outputs", "output_storage", "info", "ties",
+                                    "constants", "rng", "hf_config"])
+    assert shown["format"] == "fxinit-init-graph" and shown["version"] == SCHEMA_VERSION
+    assert {"name", "op", "target", "args", "spec", "rng", "prov"} <= set(shown["node_keys"])
+    assert shown["outputs"] == sorted(g.outputs) and shown["constants"] and shown["rng"] == ["torch.uint8"]
+    assert shown["hf_config"] == g.hf_config
+
+
+def test_a_graph_re_saved_by_torch_save_is_refused_with_a_way_out(tmp_path: Path) -> None:
+    data = valid_bytes(tmp_path)
+    torch.save(payload_of(data), tmp_path / "resaved.pt")
+    with pytest.raises(ArtifactError, match="no fxinit_sha256 record") as exc:
+        fxinit.load_graph(tmp_path / "resaved.pt")
+    assert "InitGraph.save" in str(exc.value)
+
+
+def test_files_in_the_header_layout_still_load(tmp_path: Path) -> None:
+    """A file the previous release wrote (``FXINIT-GRAPH``, a sha256 line, a torch.save
+    archive) loads, checksum verified, materializes exactly, and saves in the new layout."""
+    data = HEADER_LAYOUT_FILE.read_bytes()
+    assert data.startswith(b"FXINIT-GRAPH\nsha256:")
+    g = fxinit.load_graph(HEADER_LAYOUT_FILE)
+    assert g.hf_config is None
+    torch.manual_seed(0)
+    eager = _eager_tensors(Small())
+    values = g.materialize()
+    assert values.keys() == eager.keys()
+    for k in eager:
+        assert same_bits(values[k], eager[k]), k
+    g.save(tmp_path / "init.pt")
+    assert torch.load(tmp_path / "init.pt", weights_only=True)["schema_version"] == SCHEMA_VERSION
+    resaved = fxinit.load_graph(tmp_path / "init.pt").materialize()
+    assert all(same_bits(resaved[k], eager[k]) for k in eager)
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x01
+    _refused(bytes(flipped), "checksum mismatch")
+    old_payload = payload_of(data[data.index(b"\n", 13) + 1:])
+    _refused(header_layout(old_payload | {"schema_version": SCHEMA_VERSION + 1}), "newer")
+
+
+def test_the_transformers_config_travels_with_the_graph(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=64)
+    g = fxinit.init_graph(fxinit.trace_init(transformers.LlamaForCausalLM, cfg))
+    assert g.hf_config is not None
+    g.save(tmp_path / "llama.pt")
+    loaded = fxinit.load_graph(tmp_path / "llama.pt")
+    assert loaded.hf_config == g.hf_config and loaded.hf_config is not g.hf_config
+    assert loaded.hf_config["model_type"] == "llama" and loaded.hf_config["architectures"] == ["LlamaForCausalLM"]
+    assert json.loads(json.dumps(loaded.hf_config)) == loaded.hf_config
+    assert torch.load(tmp_path / "llama.pt", weights_only=True)["hf_config"] == g.hf_config
+    no_config = small_graph()
+    no_config.save(tmp_path / "small.pt")
+    assert fxinit.load_graph(tmp_path / "small.pt").hf_config is None
+
+
+def _deep(depth: int) -> dict:
+    config: dict = {"model_type": "x"}
+    for _ in range(depth):
+        config = {"x": config}
+    return config
+
+
+@pytest.mark.parametrize("config, match", [
+    ({1: "x"}, "key of type int"),
+    ({"x": (1, 2)}, r"hf_config\['x'\] is a tuple"),
+    ({"x": torch.tensor(1.0)}, "is a Tensor"),
+    ({"x": {"y": {1.5}}}, r"hf_config\['x'\]\['y'\] is a set"),
+    (["model_type"], "is a list, not a dict"),
+    (_deep(MAX_CONFIG_DEPTH + 1), "nested deeper than"),
+])
+def test_hf_config_must_be_plain_json_data(tmp_path: Path, config: object, match: str) -> None:
+    """Refused when saving (so every saved file loads) and when loading (so a file cannot
+    hand a checkpoint exporter anything but config.json data)."""
+    g = small_graph()
+    g.hf_config = config  # type: ignore[assignment]
+    with pytest.raises(ArtifactError, match="cannot save this graph: .*" + match):
+        g.save(tmp_path / "g.pt")
+    assert not (tmp_path / "g.pt").exists()
+    _refused(mutated(valid_bytes(tmp_path), lambda p: p.update(hf_config=config)), match)
+    g.hf_config = _deep(MAX_CONFIG_DEPTH - 1)
+    g.save(tmp_path / "g.pt")
+    assert fxinit.load_graph(tmp_path / "g.pt").hf_config == g.hf_config
 
 
 def test_newer_schema_and_foreign_ops_are_refused(tmp_path: Path) -> None:
@@ -154,11 +296,11 @@ def test_a_huge_declared_allocation_is_refused_before_running(tmp_path: Path) ->
 
 
 def test_bad_file_corpus_is_refused() -> None:
-    files = sorted(BAD.glob("*.fxg"))
-    assert len(files) >= 10
-    for f in files:
-        with pytest.raises(ArtifactError):
-            fxinit.load_graph(f)
+    files = {f.name for f in [*BAD.glob("*.pt"), *BAD.glob("*.fxg")]}
+    assert files == set(REFUSALS), "run python tests/data/make_bad_graphs.py"
+    for name, phrase in REFUSALS.items():
+        with pytest.raises(ArtifactError, match=phrase):
+            fxinit.load_graph(BAD / name)
 
 
 _VALID: dict[str, bytes] = {}

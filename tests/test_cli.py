@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _trace(tmp_path: Path, layers: int = 2, seed: int = 0) -> Path:
-    out = tmp_path / f"stack{layers}.fxg"
+    out = tmp_path / f"stack{layers}.pt"
     assert main(["trace", "tests.cli_models:build", "-o", str(out), "--kwargs", json.dumps({"layers": layers}),
                  "--seed", str(seed)]) == EXIT_OK
     return out
@@ -85,7 +85,7 @@ def test_only_and_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_trace_from_a_file_path(tmp_path: Path) -> None:
-    out = tmp_path / "f.fxg"
+    out = tmp_path / "f.pt"
     target = f"{ROOT / 'tests' / 'cli_models.py'}:Stack"
     assert main(["trace", target, "-o", str(out), "--args", "[3]"]) == EXIT_OK
     import fxinit
@@ -113,12 +113,14 @@ def test_viz_collapses_repeated_layers_and_focuses(tmp_path: Path) -> None:
 
 
 def test_errors_are_one_line_with_meaningful_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["trace", "no_such_module:thing", "-o", str(tmp_path / "x.fxg")]) == EXIT_USAGE
-    assert main(["trace", "tests.cli_models:build", "-o", str(tmp_path / "x.fxg"), "--kwargs", "{bad"]) == EXIT_USAGE
-    broken = tmp_path / "broken.fxg"
-    broken.write_bytes(b"FXINIT-GRAPH\nsha256:" + b"0" * 64 + b"\nrest")
-    assert main(["show", str(broken)]) == EXIT_FAILED
+    assert main(["trace", "no_such_module:thing", "-o", str(tmp_path / "x.pt")]) == EXIT_USAGE
+    assert main(["trace", "tests.cli_models:build", "-o", str(tmp_path / "x.pt"), "--kwargs", "{bad"]) == EXIT_USAGE
     graph = _trace(tmp_path)
+    broken = tmp_path / "broken.pt"
+    data = bytearray(graph.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    broken.write_bytes(bytes(data))
+    assert main(["show", str(broken)]) == EXIT_FAILED
     assert main(["show", str(graph), "--only", "nothing.here"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "checksum mismatch" in err and "hint:" in err and "Traceback" not in err
@@ -132,3 +134,11 @@ def test_help_everywhere(command: list[str]) -> None:
     script = Path(sys.executable).parent / "fxinit"  # the console script pip installed
     proc = subprocess.run([str(script), *command, "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "usage: fxinit" in proc.stdout
+
+
+def test_help_shows_pt_examples() -> None:
+    from fxinit.cli import build_parser
+
+    top = build_parser().format_help()
+    assert "trace my_pkg.models:build -o init.pt" in top and "materialize init.pt -o weights.safetensors" in top
+    assert ".fxg" not in top

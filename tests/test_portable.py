@@ -150,8 +150,8 @@ def test_normal_follows_the_normal_cdf() -> None:
 def test_artifact_round_trip_keeps_portable_values(tmp_path: Path) -> None:
     torch.manual_seed(2)
     g = fxinit.init_graph(fxinit.trace_init(Net))
-    g.save(tmp_path / "n.fxg")
-    h = fxinit.load_graph(tmp_path / "n.fxg")
+    g.save(tmp_path / "n.pt")
+    h = fxinit.load_graph(tmp_path / "n.pt")
     a, b = g.materialize(rng="portable"), h.materialize(rng="portable")
     assert all(torch.equal(a[k], b[k]) for k in a)
 

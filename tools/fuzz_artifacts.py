@@ -4,7 +4,8 @@ count the outcomes.
     python tools/fuzz_artifacts.py --examples 3000
 
 Runs the two property tests of ``tests/test_artifact.py`` (raw byte mutations of a valid
-file; correctly signed files whose payload is edited) under a fixed Hypothesis seed.
+file; files with a correct checksum whose payload is edited) under a fixed Hypothesis seed,
+then flips one bit in every byte of a valid file, and of a file in the older header layout.
 Any outcome other than a clean refusal (``ArtifactError``), or for an accepted payload a
 run that succeeds or raises ``DeferredInitError``, fails the property and this script.
 """
@@ -22,7 +23,24 @@ from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import tests.test_artifact as cases  # noqa: E402
-from fxinit.artifact import ArtifactError  # noqa: E402
+from fxinit.artifact import ArtifactError, loads  # noqa: E402
+from tests.artifact_helpers import HEADER_LAYOUT_FILE  # noqa: E402
+
+
+def every_bit_flip(data: bytes) -> tuple[int, list[int]]:
+    """Flip bit ``pos % 8`` of each byte in turn: how many were refused, and the positions
+    that were accepted (any other exception propagates)."""
+    refused, accepted = 0, []
+    for pos in range(len(data)):
+        flipped = bytearray(data)
+        flipped[pos] ^= 1 << (pos % 8)
+        try:
+            loads(bytes(flipped))
+        except ArtifactError:
+            refused += 1
+        else:
+            accepted.append(pos)
+    return refused, accepted
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     for what, n in sorted(counts.items()):
         print(f"{n:>6}  {what}")
     print(f"{sum(counts.values()):>6}  inputs, none crashed, hung or ran code")
-    return 0
+    failed = False
+    for what, data in (("a valid file", cases._valid()), ("a header-layout file", HEADER_LAYOUT_FILE.read_bytes())):
+        refused, accepted = every_bit_flip(data)
+        print(f"{refused:>6}  of {len(data)} one-bit flips (one per byte) of {what} refused with ArtifactError")
+        if accepted:
+            failed = True
+            print(f"        accepted at bytes {accepted[:20]}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

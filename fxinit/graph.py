@@ -103,12 +103,14 @@ class InitGraph:
 
         return dead_writes(self.nodes)
 
-    def required_nodes(self, names: Iterable[str], eliminate_dead: bool = True) -> list[fx.Node]:
-        """The nodes, in program order, that the named outputs need (a slice)."""
+    def required_nodes(self, names: Iterable[str], eliminate_dead: bool = True, to_run: bool = False
+                       ) -> list[fx.Node]:
+        """The nodes, in program order, that the named outputs need (a slice); ``to_run``: only
+        what the backend runs (see ``passes.slicing.required_nodes``)."""
         from fxinit.passes.slicing import required_nodes
 
         dead = self.dead_writes() if eliminate_dead else frozenset()
-        return required_nodes(self.nodes, [(self.outputs[n], self.output_storage[n]) for n in names], dead)
+        return required_nodes(self.nodes, [(self.outputs[n], self.output_storage[n]) for n in names], dead, to_run)
 
     def uninitialized(self) -> list[str]:
         """Outputs that no op ever writes: allocated (``torch.empty`` & co.) and left as they
@@ -168,7 +170,7 @@ class InitGraph:
         unknown = [n for n in wanted if n not in self.outputs]
         if unknown:
             raise KeyError(f"not outputs of this init graph: {unknown[:5]}")
-        nodes = self.required_nodes(wanted)
+        nodes = self.required_nodes(wanted, to_run=True)
         need = sum(n.meta["spec"].nbytes for n in nodes if _allocates(n))
         limit = max_bytes if max_bytes is not None else _physical_memory()
         if need > limit:
@@ -207,7 +209,7 @@ class InitGraph:
 
         wanted = list(self.outputs) if names is None else list(names)
         captured = self.required_nodes(wanted, eliminate_dead=False)
-        run = self.required_nodes(wanted)
+        run = self.required_nodes(wanted, to_run=True)
         out_nodes = {self.outputs[n] for n in wanted}
         out = {"outputs": len(self.outputs), "constants": len(self.constants),
                "output_bytes": sum(self.spec(g[0]).nbytes for g in self._tie_representatives()),

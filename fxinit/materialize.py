@@ -118,7 +118,7 @@ def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.devi
     recorder._check_live()
     targets = [(state_of(t).node, recorder.storage_id(t)) for t in tensors]
     all_nodes = list(recorder.graph.nodes)
-    nodes = required_nodes(all_nodes, targets, recorder.dead_writes())
+    nodes = required_nodes(all_nodes, targets, recorder.dead_writes(), to_run=True)
     unwritten = unwritten_reads(nodes, targets)
     if unwritten:
         raise _unwritten_error(recorder, targets, unwritten, describe)
@@ -149,7 +149,7 @@ def _unwritten_error(recorder: Recorder, targets: list[tuple[fx.Node, int]],
     names = recorder.storage_names()
     involved = {n for pair in unwritten for n in pair}
     hit = [i for i, t in enumerate(targets)
-           if involved & set(required_nodes(list(recorder.graph.nodes), [t], recorder.dead_writes()))]
+           if involved & set(required_nodes(list(recorder.graph.nodes), [t], recorder.dead_writes(), to_run=True))]
     what = [describe(i) if describe is not None else names.get(targets[i][1], f"tensor {i}") for i in hit]
     alloc = unwritten[0][1]
     return DeferredInitError(

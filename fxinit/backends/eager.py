@@ -27,6 +27,7 @@ from fxinit.passes.cse import common_subexpressions
 from fxinit.passes.inplace import in_place_chains
 from fxinit.passes.partition import independent_groups
 from fxinit.passes.ranges import partial_fills
+from fxinit.passes.slicing import metadata_only
 from fxinit.rng import Snapshot, private_generator, swapped_default_generators
 from fxinit.rng.snapshot import resolve
 from fxinit.rng.portable import serial_fills
@@ -96,6 +97,13 @@ def run_nodes(
     def load(a: object) -> object:
         return env[a] if isinstance(a, fx.Node) else a
 
+    def load_spec(a: object) -> object:  # inputs of metadata-only nodes may not have run (passes.slicing)
+        if not isinstance(a, fx.Node) or a in env:
+            return load(a)
+        spec = a.meta["spec"]
+        device = device_map.get(spec.device, spec.device) if device_map else spec.device
+        return torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=device)
+
     with torch.no_grad(), _default_dtype(default_dtype):
         for n in nodes:
             if n in skipped:
@@ -109,7 +117,7 @@ def run_nodes(
             elif n.op == "get_attr":
                 value = _copy(constants[n.target])
             elif n.op == "call_function":
-                args = fx.node.map_aggregate(n.args, load)
+                args = fx.node.map_aggregate(n.args, load_spec if metadata_only(n) else load)
                 kwargs = dict(fx.node.map_aggregate(n.kwargs, load))
                 if device_map and kwargs.get("device") in device_map:
                     kwargs["device"] = device_map[kwargs["device"]]
@@ -180,29 +188,37 @@ def run_parallel(
     streams: Mapping[fx.Node, int] | None = None,
     output_dtype: torch.dtype | None = None,
 ) -> dict[fx.Node, object]:
-    """``run_nodes``, with independent groups of nodes on ``workers`` threads.
+    """``run_nodes`` group by group: independent groups of nodes, on ``workers`` threads.
 
-    Exact in any interleaving: groups share no value and no storage, and every random
-    op draws from its own snapshot. Slices whose ops were recorded under different
-    default dtypes run serially (the default dtype is process-global).
+    Exact in any order and interleaving: groups share no value and no storage, and every
+    random op draws from its own snapshot. Running a group to its end before the next
+    starts also bounds memory: a model allocates all its tensors before it initializes any
+    (``post_init``), and a layout step (a rank's shard copied out of a full tensor) comes
+    after all of that, so program order would hold every full tensor at once. Slices whose
+    ops were recorded under different default dtypes run on one thread (the default dtype
+    is process-global).
     """
     workers = workers or torch.get_num_threads()
     if streams is None:  # exact mode: compute the snapshots' states in program order, one short jump each
         resolve([rng[k] for n in nodes for k in n.meta.get("rng", {}).values()])
     dtypes = {n.meta.get("default_dtype", default_dtype) for n in nodes}
     shared = common_subexpressions(nodes, keep)
-    groups = []
-    if workers > 1 and len(dtypes) == 1:  # a CSE duplicate runs in the group of the value it reuses
-        groups = independent_groups(nodes, [(dup, first) for dup, (first, _) in shared.items()])
+    # a CSE duplicate runs in the group of the value it reuses
+    groups = independent_groups(nodes, [(dup, first) for dup, (first, _) in shared.items()])
     if len(groups) < 2:
         return run_nodes(nodes, constants, rng, default_dtype, keep, device_map, streams, output_dtype, shared)
-    (dtype,) = dtypes
+    jobs = [(g, {d: v for d, v in shared.items() if d in members}) for g, members in ((g, set(g)) for g in groups)]
     env: dict[fx.Node, object] = {}
+    if workers == 1 or len(dtypes) > 1:
+        for g, group_shared in jobs:
+            env.update(run_nodes(g, constants, rng, default_dtype, keep, device_map, streams, output_dtype,
+                                 group_shared))
+        return env
+    (dtype,) = dtypes
     run = _serial_fills(run_nodes) if len(groups) >= workers else run_nodes  # every core has a group
     with _default_dtype(dtype), ThreadPoolExecutor(min(workers, len(groups)), "fxinit") as pool:
-        futures = [pool.submit(run, g, constants, rng, dtype, keep, device_map, streams, output_dtype,
-                               {d: v for d, v in shared.items() if d in members})
-                   for g, members in ((g, set(g)) for g in groups)]
+        futures = [pool.submit(run, g, constants, rng, dtype, keep, device_map, streams, output_dtype, group_shared)
+                   for g, group_shared in jobs]
         for f in futures:
             env.update(f.result())
     return env

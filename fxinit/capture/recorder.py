@@ -318,7 +318,7 @@ class Recorder:
         from fxinit.backends.eager import run_nodes
 
         node = state_of(t).node
-        nodes = required_nodes(list(self.graph.nodes), [(node, self.storage_id(t))])
+        nodes = required_nodes(list(self.graph.nodes), [(node, self.storage_id(t))], to_run=True)
         cost = sum(n.meta["spec"].nbytes for n in nodes if n.meta.get("spec") is not None)
         if cost > EVAL_BUDGET:
             return None

@@ -15,20 +15,9 @@ from __future__ import annotations
 
 from typing import AbstractSet, Sequence
 
-import torch
 import torch.fx as fx
 
-from fxinit.passes.walk import is_view, users_of, view_closure
-
-aten = torch.ops.aten
-
-# Ops that read only the shape, dtype and device of their tensor argument.
-_METADATA_ONLY = {aten.new_zeros, aten.new_empty, aten.new_ones, aten.new_full, aten.new_empty_strided,
-                  aten.empty_like, aten.zeros_like, aten.ones_like, aten.full_like, aten.rand_like, aten.randn_like}
-
-
-def reads_no_data(n: fx.Node) -> bool:
-    return getattr(n.target, "overloadpacket", None) in _METADATA_ONLY
+from fxinit.passes.walk import is_view, reads_no_data, users_of, view_closure
 
 
 def _extent(spec) -> tuple[int, int] | None:

@@ -14,16 +14,25 @@ from typing import AbstractSet, Iterable, Sequence
 
 import torch.fx as fx
 
+from fxinit.passes.walk import reads_no_data
+
 _END = float("inf")
 
 
+def metadata_only(n: fx.Node) -> bool:
+    """``n`` reads nothing but the spec of its inputs, and the graph knows those specs."""
+    return reads_no_data(n) and all(i.meta.get("spec") is not None for i in n.all_input_nodes)
+
+
 def required_nodes(nodes: Sequence[fx.Node], targets: Iterable[tuple[fx.Node, int]],
-                   dead: AbstractSet[fx.Node] = frozenset()) -> list[fx.Node]:
+                   dead: AbstractSet[fx.Node] = frozenset(), to_run: bool = False) -> list[fx.Node]:
     """Nodes (in program order) needed for the final values of ``targets``.
 
     ``targets`` are ``(value node, storage id)`` pairs; the storage id is the one the
     tensor has *now*, which differs from its node's if ``.data =`` or ``set_`` rebound it.
-    ``dead`` writes (see ``dead_init``) are never needed.
+    ``dead`` writes (see ``dead_init``) are never needed. ``to_run``: the slice is for the
+    backend, which stands in for the inputs of ``metadata_only`` nodes with their specs, so
+    those inputs are left out (a self-contained graph keeps them).
     """
     writer_pos: dict[int, list[int]] = defaultdict(list)
     writer_node: dict[int, list[fx.Node]] = defaultdict(list)
@@ -55,6 +64,8 @@ def required_nodes(nodes: Sequence[fx.Node], targets: Iterable[tuple[fx.Node, in
         need_writes(sid, _END)
     while stack:
         n = stack.pop()
+        if to_run and metadata_only(n):  # ``empty_like(x)`` needs x's spec, which the graph has, not its value
+            continue
         for inp in n.all_input_nodes:
             need(inp)
         pos = n.meta.get("pos", 0)

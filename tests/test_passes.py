@@ -148,6 +148,11 @@ class ReadsAPiece(nn.Module):
         wide = torch.empty(64, 96, dtype=torch.float64)
         nn.init.normal_(wide)
         self.register_buffer("rows", wide[16:40].clone())
+        block = torch.empty(40, 100)  # a row-parallel shard: a block of every row
+        nn.init.normal_(block)
+        self.register_buffer("columns", block[:, 50:100].clone())
+        strided = torch.empty(80, 33).uniform_()  # FSDP over tensor parallel: rows of two blocks
+        self.register_buffer("strided", torch.cat([strided[10:20], strided[50:60]]))
 
 
 PIECES = ((4099, 512, 800), (4103, 1024, 4103), (3000, 7, 1500))
@@ -163,7 +168,9 @@ def test_only_the_read_range_of_a_random_fill_is_computed() -> None:
     nodes = g.required_nodes(list(g.outputs))
     found = partial_fills(nodes, set(g.outputs.values()))
     by_shape = {n.args[0].meta["spec"].shape: v for n, v in found.items()}
-    assert by_shape == {(4099,): (512, 800), (4103,): (1024, 4103), (3000,): (7, 1500), (64, 96): (16 * 96, 40 * 96)}
+    assert by_shape == {(4099,): [(512, 800)], (4103,): [(1024, 4103)], (3000,): [(7, 1500)],
+                        (64, 96): [(16 * 96, 40 * 96)], (40, 100): [(r * 100 + 50, r * 100 + 100) for r in range(40)],
+                        (80, 33): [(10 * 33, 20 * 33), (50 * 33, 60 * 33)]}
     assert_same_as_eager(ReadsAPiece)  # exact pieces: the same bits as the whole fill
 
     keys = stream_keys(g.nodes, g.storage_names())

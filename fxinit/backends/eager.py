@@ -125,7 +125,7 @@ def run_nodes(
                 node_dtype = n.meta.get("default_dtype", default_dtype)
                 try:
                     with _default_dtype(node_dtype):
-                        if n in pieces and _fill_piece(n, args, kwargs, rng, streams, *pieces[n]):
+                        if n in pieces and _fill_piece(n, args, kwargs, rng, streams, pieces[n]):
                             value = args[0]
                         elif rng_keys and streams is not None:
                             value = call_portable(n, args, kwargs, streams[n])
@@ -170,11 +170,11 @@ def _cast(value: object, dtype: torch.dtype) -> object:
 
 
 def _fill_piece(n: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str, Snapshot],
-                streams: Mapping[fx.Node, int] | None, lo: int, hi: int) -> bool:
-    """Fill only elements ``lo .. hi`` of random node ``n``'s target; False if it must run whole."""
+                streams: Mapping[fx.Node, int] | None, ranges: list[tuple[int, int]]) -> bool:
+    """Fill only the elements in ``ranges`` of random node ``n``'s target; False if it must run whole."""
     if streams is not None:
-        return fill_piece_portable(n, args, kwargs, streams[n], lo, hi)
-    return fill_piece_exact(n, args, kwargs, rng, lo, hi)
+        return fill_piece_portable(n, args, kwargs, streams[n], ranges)
+    return fill_piece_exact(n, args, kwargs, rng, ranges)
 
 
 def run_parallel(

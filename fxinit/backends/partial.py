@@ -25,9 +25,12 @@ CHUNK = 1 << 16  # elements per piece of a chunked fill: a multiple of 16, cache
 
 
 def fill_piece_exact(node: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str, Snapshot],
-                     lo: int, hi: int) -> bool:
-    """Fill elements ``lo .. hi`` (widened as the sampler needs) of ``args[0]`` as the whole
-    op would; False (nothing done) when that cannot be done exactly."""
+                     ranges: list[tuple[int, int]]) -> bool:
+    """Fill the elements in ``ranges`` (sorted, disjoint; widened as the sampler needs) of
+    ``args[0]`` as the whole op would; False (nothing done) when that cannot be done exactly.
+
+    One private generator goes from range to range: past the elements between two ranges
+    it is advanced without generating them (``mt19937.advance``, a fraction of the cost)."""
     target = args[0]
     keys = node.meta.get("rng") or {}
     if set(keys) != {"gen"} or not isinstance(target, torch.Tensor) or target.device.type != "cpu":
@@ -39,12 +42,21 @@ def fill_piece_exact(node: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str,
     if split is None:
         return False
     a, t = split
-    lo, hi = _widen(lo, hi, n, t)
-    if hi - lo < MIN_ELEMENTS or (lo, hi) == (0, n):
+    pieces: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        lo, hi = _widen(lo, hi, n, t)
+        if pieces and lo <= pieces[-1][1]:
+            pieces[-1] = (pieces[-1][0], max(hi, pieces[-1][1]))
+        else:
+            pieces.append((lo, hi))
+    if sum(hi - lo for lo, hi in pieces) < MIN_ELEMENTS or pieces == [(0, n)]:
         return False
-    start = mt19937.advance(rng[keys["gen"]].state, a * lo)
-    gen = private_generator(RngSnapshot(device="cpu", state=start))
-    node.target(target.view(-1)[lo:hi], *args[1:], **{**kwargs, "generator": gen})
+    state, at = rng[keys["gen"]].state, 0
+    flat = target.view(-1)
+    for lo, hi in pieces:
+        gen = private_generator(RngSnapshot(device="cpu", state=mt19937.advance(state, a * (lo - at))))
+        node.target(flat[lo:hi], *args[1:], **{**kwargs, "generator": gen})
+        state, at = gen.get_state(), hi
     return True
 
 

@@ -67,15 +67,17 @@ def call_portable(node: fx.Node, args: tuple, kwargs: dict, stream: int) -> Any:
     raise _unsupported(node, str(node.target))
 
 
-def fill_piece_portable(node: fx.Node, args: tuple, kwargs: dict, stream: int, lo: int, hi: int) -> bool:
-    """Fill elements ``lo .. hi`` of in-place random ``node``'s contiguous target with the
-    stream's elements ``lo .. hi``; False when the op is not a plain in-place sampler."""
+def fill_piece_portable(node: fx.Node, args: tuple, kwargs: dict, stream: int, ranges: list[tuple[int, int]]) -> bool:
+    """Fill the elements in ``ranges`` of in-place random ``node``'s contiguous target with
+    the stream's same elements; False when the op is not a plain in-place sampler."""
     target = args[0]
     if getattr(node.target, "overloadpacket", None) not in _INPLACE or not isinstance(target, torch.Tensor) \
             or not target.is_contiguous():
         return False
     kind, params = _sampler(node, target, args[1:], kwargs)
-    fill_(target.view(-1)[lo:hi], kind, stream, first=lo, **params)
+    flat = target.view(-1)
+    for lo, hi in ranges:
+        fill_(flat[lo:hi], kind, stream, first=lo, **params)
     return True
 
 

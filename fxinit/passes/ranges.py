@@ -1,14 +1,15 @@
 """Read ranges: which elements of a randomly filled tensor a slice actually reads.
 
-A rank that owns one shard of a sharded parameter reads only that shard's rows of the
-full tensor (FSDP2 splits it and copies its chunk out). If the random op that fills the
-tensor fills only the elements that are read, the rest of the allocation is never touched
-(so never resident) and never computed: per-rank cost follows the shard, not the model.
+A rank that owns one shard of a sharded parameter reads only that shard of the full
+tensor: rows (FSDP2, column-parallel), a block of every row (row-parallel), rows of two
+blocks (FSDP2 over tensor parallel). If the random op that fills the tensor fills only
+the elements that are read, the rest of the allocation is never computed (and pages it
+never touches are never resident): per-rank cost follows the shard, not the model.
 
 ``partial_fills(nodes, keep)`` maps each random node that can be restricted to the
-half-open element range ``(lo, hi)`` of its target that later nodes read. Anything the
-analysis does not understand (a kept alias, a reader without a spec, a non-contiguous
-target) leaves the node out, i.e. filled whole.
+half-open element ranges of its target that later nodes read (sorted, disjoint).
+Anything the analysis does not understand (a kept alias, a reader without a spec, a
+non-contiguous target) leaves the node out, i.e. filled whole.
 """
 
 from __future__ import annotations
@@ -20,19 +21,48 @@ import torch.fx as fx
 from fxinit.passes.walk import is_view, reads_no_data, users_of, view_closure
 
 
-def _extent(spec) -> tuple[int, int] | None:
-    if spec is None:
-        return None
-    if any(s == 0 for s in spec.shape):
-        return (spec.storage_offset, spec.storage_offset)
-    if any(st < 0 for st in spec.stride):
-        return None
-    last = spec.storage_offset + sum((s - 1) * st for s, st in zip(spec.shape, spec.stride))
-    return (spec.storage_offset, last + 1)
+Ranges = list[tuple[int, int]]
+#: Above this many runs a view is taken as its whole extent (a column of a matrix...).
+MAX_RUNS = 1 << 14
 
 
-def partial_fills(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node]) -> dict[fx.Node, tuple[int, int]]:
-    """``{random node: (lo, hi)}`` for random ops whose target is only partly read."""
+def _element_ranges(spec) -> Ranges | None:  # noqa: ANN001
+    """The storage elements a strided view covers, as sorted disjoint half-open ranges."""
+    if spec is None or any(st < 0 for st in spec.stride):
+        return None
+    dims = [(n, st) for n, st in zip(spec.shape, spec.stride) if n != 1]
+    if any(n == 0 for n, _ in dims):
+        return []
+    dims.sort(key=lambda d: d[1])  # innermost first; merge dimensions that continue each other
+    run, inner = 1, 0
+    while inner < len(dims) and dims[inner][1] == run:
+        run *= dims[inner][0]
+        inner += 1
+    outer = dims[inner:]
+    count = 1
+    for n, _ in outer:
+        count *= n
+    if count > MAX_RUNS:
+        last = spec.storage_offset + sum((n - 1) * st for n, st in dims)
+        return [(spec.storage_offset, last + 1)]
+    starts = [spec.storage_offset]
+    for n, st in outer:
+        starts = [s + i * st for s in starts for i in range(n)]
+    return _merge([(s, s + run) for s in starts])
+
+
+def _merge(ranges: Ranges) -> Ranges:
+    out: Ranges = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        elif hi > lo:
+            out.append((lo, hi))
+    return out
+
+
+def partial_fills(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node]) -> dict[fx.Node, Ranges]:
+    """``{random node: ranges}`` for random ops whose target is only partly read."""
     users = users_of(nodes)
     pos = {n: i for i, n in enumerate(nodes)}
     out: dict[fx.Node, tuple[int, int]] = {}
@@ -51,18 +81,16 @@ def partial_fills(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node]) -> dict[
         aliases = view_closure(root, users)
         if aliases & keep:
             continue
-        lo, hi, ok = numel, 0, True
+        read: Ranges = []
+        ok = True
         for a in aliases:
-            for u in users[a]:
-                if u is r or is_view(u) or reads_no_data(u) or pos.get(u, -1) < pos[r]:
-                    continue
-                ext = _extent(a.meta.get("spec"))
-                if ext is None:
+            if any(not (u is r or is_view(u) or reads_no_data(u) or pos.get(u, -1) < pos[r]) for u in users[a]):
+                covered = _element_ranges(a.meta.get("spec"))
+                if covered is None:
                     ok = False
                     break
-                lo, hi = min(lo, ext[0]), max(hi, ext[1])
-            if not ok:
-                break
-        if ok and (lo, hi) != (0, numel) and hi > lo:
-            out[r] = (lo, hi)
+                read += covered
+        read = _merge(read)
+        if ok and read and read != [(0, numel)]:
+            out[r] = read
     return out

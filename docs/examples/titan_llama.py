@@ -154,20 +154,21 @@ def parallelize(model: Transformer, tp_mesh=None, dp_mesh=None) -> Transformer: 
     """torchtitan's layout: tensor (and sequence) parallel inside, FSDP2 (or HSDP) outside."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
+                                                   RowwiseParallel, SequenceParallel, parallelize_module)
 
     if tp_mesh is not None:
         parallelize_module(model, tp_mesh, {
             "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
             "norm": SequenceParallel(),
-            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate(), use_local_output=False),
         })
         for block in model.layers.values():
             parallelize_module(block, tp_mesh, {
                 "attention_norm": SequenceParallel(),
-                "attention": PrepareModuleInput(input_layouts=(Shard(1), None),
-                                                desired_input_layouts=(Replicate(), None)),
+                "attention": PrepareModuleInputOutput(input_layouts=(Shard(1), None),
+                                                      desired_input_layouts=(Replicate(), None),
+                                                      output_layouts=Shard(1), desired_output_layouts=Shard(1)),
                 "attention.wq": ColwiseParallel(),
                 "attention.wk": ColwiseParallel(),
                 "attention.wv": ColwiseParallel(),

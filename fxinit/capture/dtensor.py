@@ -18,9 +18,9 @@ Every DTensor whose local tensor is deferred becomes a DeferredDTensor when it i
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from typing import Any, Callable, Iterator
+import weakref
+from typing import Any, Callable
 
 import torch
 from torch._C import TensorBase
@@ -98,7 +98,7 @@ def _on_call(func: Any, args: tuple, kwargs: dict, caller: Any) -> Any:
         return target
     elif func in _RANDOM_LIKE and isinstance(target, DeferredDTensor):
         return _random_like(func, target, args[1:], kwargs)
-    with _local_semantics(args, kwargs), torch._C.DisableTorchFunctionSubclass():
+    with torch._C.DisableTorchFunctionSubclass():  # DTensor runs it on the local tensors
         return func(*args, **kwargs)
 
 
@@ -156,37 +156,34 @@ def _random_like(func: Any, dt: Any, rest: tuple, kwargs: dict) -> Any:
     return out
 
 
-@contextlib.contextmanager
-def _local_semantics(args: tuple, kwargs: dict) -> Iterator[None]:
-    """DTensor runs the call on local tensors: a random op among them would draw each shard
-    from its rank's generator, which eager construction on one process never does."""
-    recs = {id(r): r for r in (state_of(a._local_tensor).recorder for a in _dtensors_in(args, kwargs))}
-    for rec in recs.values():
-        rec.on_local_shards += 1
-    try:
-        yield
-    finally:
-        for rec in recs.values():
-            rec.on_local_shards -= 1
-
-
-def _dtensors_in(args: tuple, kwargs: dict) -> list[Any]:
-    found = []
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, DeferredDTensor):
-            found.append(a)
-        elif isinstance(a, (list, tuple)):
-            found.extend(b for b in a if isinstance(b, DeferredDTensor))
-    return found
-
-
 def _name_in_model(rec: Any, dt: Any) -> str | None:
-    """The smallest name ``dt`` has in the traced model, if it is there."""
+    """The smallest name ``dt`` has in the traced model, if it is there (cached per trace:
+    init code asks for every parameter; an entry is checked against the model when used)."""
     root = rec.root
     if root is None:
         return None
-    names = [fqn for fqn, _, _, _, t in tensor_slots(root) if t is dt]
-    return min(names) if names else None
+    names = _NAMES.get(rec)
+    name = names.get(id(dt)) if names is not None else None
+    if name is None or _at(root, name) is not dt:
+        names = {}
+        for fqn, _, _, _, t in tensor_slots(root):
+            if id(t) not in names or fqn < names[id(t)]:
+                names[id(t)] = fqn
+        _NAMES[rec] = names
+        name = names.get(id(dt))
+    return name
+
+
+def _at(root: torch.nn.Module, fqn: str) -> Any:
+    module_path, _, attr = fqn.rpartition(".")
+    try:
+        module = root.get_submodule(module_path)
+    except AttributeError:
+        return None
+    return module._parameters.get(attr, module._buffers.get(attr))
+
+
+_NAMES: "weakref.WeakKeyDictionary[Any, dict[int, str]]" = weakref.WeakKeyDictionary()  # recorder -> names
 
 
 def _refuse(dt: Any, what: str, why: str) -> DeferredInitError:

@@ -57,6 +57,7 @@ EVAL_BUDGET = 16 << 20
 
 _DETACH = aten.detach.default
 _DISTRIBUTED_DIR = os.path.join(os.path.dirname(torch.__file__), "distributed") + os.sep
+_DTENSOR_DIR = os.path.join(_DISTRIBUTED_DIR, "tensor") + os.sep
 _COLLECTIVE_NAMESPACES = {"c10d", "_c10d_functional", "c10d_functional", "_c10d_functional_autograd", "_dtensor"}
 _SCALAR_FACTORIES = {aten.scalar_tensor.default, aten.lift_fresh.default}
 # In-place ops whose result does not depend on the old contents of what they write.
@@ -201,7 +202,6 @@ class Recorder:
         self._intended: torch.device | None = None
         self._module_ref: weakref.ReferenceType | None = None
         self.call_site: types.FrameType | None = None  # the caller of the torch function being run (modes.py)
-        self.on_local_shards = 0  # > 0 while DTensor runs a call on its deferred local tensors (capture.dtensor)
         self._given_names: dict[int, str] = {}  # storage id -> name (global tensors of DTensors)
 
     # ------------------------------------------------------------------ helpers
@@ -751,7 +751,7 @@ class Recorder:
         gargs, gkwargs = self._graph_args(func, args, kwargs, device, inputs)
         random = _is_random(func) and device.type != "meta"
         if random:
-            if self.on_local_shards:
+            if called_from(_DTENSOR_DIR):  # DTensor runs the op on the local tensors (capture.dtensor)
                 raise self.fail(
                     f"fxinit cannot record {func} on the local shards of a deferred DTensor: each rank would draw "
                     "its shard from its own generator, which no single-process run does",

@@ -3,16 +3,13 @@ of failures, empty when every rank's tensors match eager construction bit for bi
 
 from __future__ import annotations
 
-import io
-import os
-import traceback
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 import fxinit
+from tests.launch import serve
 
 
 class Net(nn.Module):
@@ -199,33 +196,25 @@ def pipeline_stage(rank: int, world: int) -> list[str]:
 
 
 def run(rank: int, world: int, port: int, scenarios: list[str], queue: Any) -> None:
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    results: dict[str, Any] = {}
+    serve(rank, world, port, queue, lambda: {name: _scenario(name, rank, world) for name in scenarios})
+
+
+def _scenario(name: str, rank: int, world: int) -> Any:
     llama_blocks = lambda m: list(m.model.layers)  # noqa: E731
     net_blocks = lambda m: list(m.layers)  # noqa: E731
-    try:
-        for name in scenarios:
-            if name == "fsdp2_exact":
-                results[name] = (fsdp2_exact(Net, net_blocks, 37) + fsdp2_exact(llama, llama_blocks, 61)
-                                 + fsdp2_exact(tied_llama, llama_blocks, 61))
-            elif name == "fsdp2_bf16":
-                results[name] = fsdp2_bf16(llama, llama_blocks, 61) + fsdp2_bf16(tied_llama, llama_blocks, 61)
-            elif name == "fsdp2_checkpoint":
-                results[name] = fsdp2_checkpoint(llama, llama_blocks, rank) + fsdp2_checkpoint(Net, net_blocks, rank)
-            elif name == "fsdp2_portable":
-                results[name] = {"net": fsdp2_portable(Net, net_blocks)[1], "llama": fsdp2_portable(llama, llama_blocks)[1]}
-            elif name == "fsdp1":
-                results[name] = [e for f in (Simple, Net) for aw in (True, False) for fn in (True, False)
-                                 for e in fsdp1(f, aw, fn, mixed=False)]
-                results[name] += [e for fn in (True, False) for e in fsdp1(Simple, True, fn, mixed=True)]  # CPU layer_norm has no bf16 mixed mode
-            elif name == "pipeline":
-                results[name] = pipeline_stage(rank, world)
-    except Exception:
-        results["crash"] = traceback.format_exc()
-    finally:
-        dist.destroy_process_group()
-    buf = io.BytesIO()  # plain bytes: tensors shared through the queue would die with this process
-    torch.save(results, buf)
-    queue.put((rank, buf.getvalue()))
+    if name == "fsdp2_exact":
+        return (fsdp2_exact(Net, net_blocks, 37) + fsdp2_exact(llama, llama_blocks, 61)
+                + fsdp2_exact(tied_llama, llama_blocks, 61))
+    if name == "fsdp2_bf16":
+        return fsdp2_bf16(llama, llama_blocks, 61) + fsdp2_bf16(tied_llama, llama_blocks, 61)
+    if name == "fsdp2_checkpoint":
+        return fsdp2_checkpoint(llama, llama_blocks, rank) + fsdp2_checkpoint(Net, net_blocks, rank)
+    if name == "fsdp2_portable":
+        return {"net": fsdp2_portable(Net, net_blocks)[1], "llama": fsdp2_portable(llama, llama_blocks)[1]}
+    if name == "fsdp1":
+        errors = [e for f in (Simple, Net) for aw in (True, False) for fn in (True, False)
+                  for e in fsdp1(f, aw, fn, mixed=False)]
+        return errors + [e for fn in (True, False) for e in fsdp1(Simple, True, fn, mixed=True)]  # CPU layer_norm has no bf16 mixed mode
+    if name == "pipeline":
+        return pipeline_stage(rank, world)
+    raise KeyError(name)

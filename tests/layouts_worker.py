@@ -8,11 +8,8 @@ for the portable ones, the gathered full tensors."""
 from __future__ import annotations
 
 import importlib.util
-import io
-import os
 import pathlib
 import sys
-import traceback
 from typing import Any, Callable
 
 import torch
@@ -23,6 +20,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_modul
 from torch.distributed.tensor.placement_types import _StridedShard
 
 import fxinit
+from tests.launch import serve
 
 _EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "examples" / "titan_llama.py"
 
@@ -335,17 +333,4 @@ SCENARIOS: dict[str, Callable[[int], Any]] = {
 
 
 def run(rank: int, world: int, port: int, scenarios: list[str], queue: Any) -> None:
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    results: dict[str, Any] = {}
-    try:
-        for name in scenarios:
-            results[name] = SCENARIOS[name](world)
-    except Exception:
-        results["crash"] = traceback.format_exc()
-    finally:
-        dist.destroy_process_group()
-    buf = io.BytesIO()  # plain bytes: tensors shared through the queue would die with this process
-    torch.save(results, buf)
-    queue.put((rank, buf.getvalue()))
+    serve(rank, world, port, queue, lambda: {name: SCENARIOS[name](world) for name in scenarios})

@@ -208,8 +208,6 @@ def single_process_reference(args: ModelArgs, seed: int) -> dict[str, torch.Tens
 
 
 def main() -> None:
-    import os
-
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, distribute_tensor

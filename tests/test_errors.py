@@ -350,3 +350,17 @@ def test_invalid_init_arguments_fail_at_trace_time_as_in_eager(init, message: st
     with pytest.raises(fxinit.DeferredInitError, match=re.escape(message)) as info:
         fxinit.trace_init(Bad)
     assert "eager construction raises this error too" in str(info.value)
+
+
+def test_calling_a_deferred_model_says_so_until_it_is_materialized() -> None:
+    net = fxinit.trace_init(lambda: nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)))
+    x = torch.ones(1, 4)
+    with pytest.raises(fxinit.DeferredInitError, match=r"was called while its tensors are deferred .*'0.weight'"):
+        net(x)
+    fxinit.materialize(net[0])
+    net[0](x)  # a materialized part runs
+    with pytest.raises(fxinit.DeferredInitError, match=r"^2 was called while"):
+        net[2](x)
+    fxinit.materialize(net)
+    assert net(x).shape == (1, 2)
+    assert not any(m._forward_pre_hooks for m in net.modules())  # the guards removed themselves

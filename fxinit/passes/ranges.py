@@ -9,15 +9,22 @@ tensor fills only the elements that are read, the rest of the allocation is neve
 half-open element range ``(lo, hi)`` of its target that later nodes read. Anything the
 analysis does not understand (a kept alias, a reader without a spec, a non-contiguous
 target) leaves the node out, i.e. filled whole.
+
+A caller that reads only part of a kept value (rows ``start .. stop`` of a tensor too
+large to hold whole, see ``InitGraph.materialize(rows=...)``) says so with ``exposed``:
+the kept value then counts as a reader of that extent only, and ``written_elements``
+tells how much of a storage such a run still writes (to decide whether computing a
+tensor in pieces costs in proportion to the pieces).
 """
 
 from __future__ import annotations
 
-from typing import AbstractSet, Sequence
+from typing import AbstractSet, Mapping, Sequence
 
 import torch
 import torch.fx as fx
 
+from fxinit.ops import ALLOCATIONS
 from fxinit.passes.walk import is_view, users_of, view_closure
 
 aten = torch.ops.aten
@@ -31,7 +38,10 @@ def reads_no_data(n: fx.Node) -> bool:
     return getattr(n.target, "overloadpacket", None) in _METADATA_ONLY
 
 
-def _extent(spec) -> tuple[int, int] | None:
+Extent = tuple[int, int]  # half-open range of storage elements
+
+
+def _extent(spec) -> Extent | None:
     if spec is None:
         return None
     if any(s == 0 for s in spec.shape):
@@ -42,8 +52,22 @@ def _extent(spec) -> tuple[int, int] | None:
     return (spec.storage_offset, last + 1)
 
 
-def partial_fills(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node]) -> dict[fx.Node, tuple[int, int]]:
-    """``{random node: (lo, hi)}`` for random ops whose target is only partly read."""
+def rows_extent(spec, start: int, stop: int) -> Extent | None:
+    """The storage elements that rows ``start .. stop`` (of dimension 0) of a tensor of
+    ``spec`` span, or None for a layout this analysis does not follow."""
+    if spec is None or not spec.shape:
+        return None
+    rows = spec._replace(shape=(stop - start, *spec.shape[1:]),
+                         storage_offset=spec.storage_offset + start * spec.stride[0])
+    return _extent(rows)
+
+
+def partial_fills(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
+                  exposed: Mapping[fx.Node, Extent] | None = None) -> dict[fx.Node, Extent]:
+    """``{random node: (lo, hi)}`` for random ops whose target is only partly read.
+
+    ``exposed``: kept nodes of which the caller reads only this storage extent."""
+    exposed = exposed or {}
     users = users_of(nodes)
     pos = {n: i for i, n in enumerate(nodes)}
     out: dict[fx.Node, tuple[int, int]] = {}
@@ -60,9 +84,12 @@ def partial_fills(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node]) -> dict[
         while is_view(root) and root.args and isinstance(root.args[0], fx.Node):
             root = root.args[0]
         aliases = view_closure(root, users)
-        if aliases & keep:
+        kept = aliases & keep
+        if any(k not in exposed for k in kept):
             continue
         lo, hi, ok = numel, 0, True
+        for k in kept:
+            lo, hi = min(lo, exposed[k][0]), max(hi, exposed[k][1])
         for a in aliases:
             for u in users[a]:
                 if u is r or is_view(u) or reads_no_data(u) or pos.get(u, -1) < pos[r]:
@@ -77,3 +104,30 @@ def partial_fills(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node]) -> dict[
         if ok and (lo, hi) != (0, numel) and hi > lo:
             out[r] = (lo, hi)
     return out
+
+
+def written_elements(nodes: Sequence[fx.Node], value: fx.Node, storage: int,
+                     restricted: Mapping[fx.Node, Extent]) -> int:
+    """How many elements of ``storage`` (``value``'s) running ``nodes`` writes: random
+    fills in ``restricted`` count their range, other in-place writes the whole tensor they
+    write, and the allocation of ``value``'s storage its size unless it leaves the memory
+    unwritten (``torch.empty``)."""
+    root = value
+    while is_view(root) and root.args and isinstance(root.args[0], fx.Node):
+        root = root.args[0]
+    total = 0 if root.target in ALLOCATIONS else _numel(root)
+    for n in nodes:
+        if storage not in n.meta.get("mutates", ()):
+            continue
+        if n in restricted:
+            total += restricted[n][1] - restricted[n][0]
+        else:
+            written = next((a for a in n.args if isinstance(a, fx.Node)), None)
+            total += _numel(written) if written is not None else 0
+    return total
+
+
+
+def _numel(n: fx.Node) -> int:
+    spec = n.meta.get("spec")
+    return 0 if spec is None else spec.numel

@@ -157,9 +157,11 @@ class InitGraph:
         ``dtype`` casts the floating-point and complex outputs as ``Module.to(dtype)`` would, each as
         soon as it is final (random fills read only through the cast run in chunks).
         ``rows={name: (start, stop)}`` asks for rows ``start .. stop`` of dimension 0 of
-        that output only (``value[start:stop]``, in a storage of its own): the random fills
-        it comes from fill only what those rows need where they can (the same bits as the
-        whole tensor's rows), so a tensor too large to hold can be produced in pieces.
+        that output only: the random fills it comes from fill only what those rows need
+        where they can (the same bits as the whole tensor's rows), so a tensor too large to
+        hold can be produced in pieces. The value is ``whole[start:stop]``, a view whose
+        storage is the whole tensor's, of which only those rows were computed (memory never
+        written takes none); ``.clone()`` it to keep it apart from that storage.
         """
         from fxinit.backends.eager import run_parallel
         from fxinit.backends.portable import streams_for
@@ -191,9 +193,9 @@ class InitGraph:
             value = env[self.outputs[n]]
             if n in (rows or {}):
                 start, stop = rows[n]  # type: ignore[index]
-                value = value[start:stop]  # then a storage of its own, not a view of a mostly unfilled one
-                cast = dtype_after_to(value.dtype, dtype)  # exposed values are not cast yet
-                value = value.to(cast) if cast != value.dtype else value.clone()
+                value = value[start:stop]
+                if dtype_after_to(value.dtype, dtype) != value.dtype:  # exposed values are not cast yet
+                    value = value.to(dtype_after_to(value.dtype, dtype))
             if device is not None:
                 value = value.to(device)
             out[n] = value

@@ -44,7 +44,9 @@ def fill_piece_exact(node: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str,
         return False
     start = mt19937.advance(rng[keys["gen"]].state, a * lo)
     gen = private_generator(RngSnapshot(device="cpu", state=start))
-    node.target(target.view(-1)[lo:hi], *args[1:], **{**kwargs, "generator": gen})
+    flat = target.view(-1)
+    for first, last in chunk_bounds(hi - lo, bool(t)):  # cache-sized, as fill_in_chunks_exact (lo is 16-aligned)
+        node.target(flat[lo + first:lo + last], *args[1:], **{**kwargs, "generator": gen})
     return True
 
 

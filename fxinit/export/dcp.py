@@ -53,9 +53,12 @@ class DcpFile(FilePlan):
 
 
 def plan_files(export: Export) -> list[DcpFile]:
-    """Every file of the checkpoint, ``__<k>_0.distcp`` as DCP names the file of plan ``k``."""
+    """Every file of the checkpoint, ``__<k>_0.distcp`` as DCP names the file of plan ``k``.
+    DCP's writer holds every tensor of a file until the file is written, so files are
+    also kept to half of the memory budget."""
     source = export.source
-    groups = split_files([(n, source.nbytes(n, export.dtype)) for n in source.names], export.max_shard_size)
+    limit = min(export.max_shard_size, export.memory // 2)
+    groups = split_files([(n, source.nbytes(n, export.dtype)) for n in source.names], limit)
     files = []
     for k, group in enumerate(groups):
         pieces = tuple(p for n, _ in group for p in export.pieces(n))
@@ -75,7 +78,7 @@ def write_dcp(export: Export) -> Exported:
     writer = FileSystemWriter(export.directory, single_file_per_rank=True, sync_files=True, thread_count=1,
                               overwrite=True)
     writer.fs = fs
-    with closing(export.produce([p for f in todo for p in f.pieces])) as values:
+    with closing(export.produce([p for f in todo for p in f.pieces], compact=True)) as values:
         planner = _Planner(export, [p for f in files for p in f.pieces], values)
         global_plans, metadata = _global_plan(export, files, planner, writer)
         for k, f in enumerate(files):

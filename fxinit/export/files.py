@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import glob
 import json
+import mmap
 import os
 import shutil
 import zlib
@@ -24,42 +25,93 @@ from fxinit.errors import ExportError
 
 INCOMPLETE = ".incomplete"
 _WRITE_CHUNK = 256 << 20  # bytes per write call (Linux writes at most ~2 GiB per call)
+_STAGE = 16 << 20  # bytes per direct write
+_BLOCK = 4096  # direct writes start and end on multiples of this
 
 
 class SinkFile:
-    """An open ``.incomplete`` file: raw writes, a running CRC-32 of everything written
-    (the checksums resume verifies), and a callback with each byte count (progress)."""
+    """An open ``.incomplete`` file: writes, a running CRC-32 of everything written (the
+    checksums resume verifies), and a callback with each byte count (progress).
+
+    Where the file system allows, the file is opened with ``O_DIRECT`` and written from
+    an aligned staging buffer: the bytes go to the device without passing through the
+    page cache, which on the machines measured costs a fifth of the CPU time per byte
+    (copying into the cache and allocating it cost more than generating the numbers) and
+    leaves other processes' cached files alone."""
 
     def __init__(self, path: Path, on_write: Callable[[int], None] | None = None) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.fd, self.direct = _open_for_writing(path)
         self.size = 0
         self.crc = 0
         self._on_write = on_write
+        self._stage = mmap.mmap(-1, _STAGE) if self.direct else None  # page-aligned
+        self._staged = 0
 
     def write(self, data: "bytes | memoryview") -> int:
         view = memoryview(data).cast("B")
         for lo in range(0, len(view), _WRITE_CHUNK):
             part = view[lo:lo + _WRITE_CHUNK]
             self.crc = zlib.crc32(part, self.crc)
-            while len(part):
-                n = os.write(self.fd, part)
-                part = part[n:]
-                self.size += n
-                if self._on_write is not None:
-                    self._on_write(n)
+            if self._stage is not None:
+                self._stage_bytes(part)
+            else:
+                _write_all(self.fd, part)
+            self.size += len(part)
+            if self._on_write is not None:
+                self._on_write(len(part))
         return len(view)
 
+    def _stage_bytes(self, part: memoryview) -> None:
+        assert self._stage is not None
+        while len(part):
+            n = min(_STAGE - self._staged, len(part))
+            self._stage[self._staged:self._staged + n] = part[:n]
+            self._staged += n
+            part = part[n:]
+            if self._staged == _STAGE:
+                _write_all(self.fd, memoryview(self._stage))
+                self._staged = 0
+
     def write_tensor(self, t: torch.Tensor) -> int:
-        """The bytes of contiguous CPU tensor ``t``, without copying them."""
+        """The bytes of contiguous CPU tensor ``t``."""
         if t.numel() == 0:
             return 0
         return self.write(t.reshape(-1).view(torch.uint8).numpy().data)
 
+    def sync(self) -> None:
+        """Everything written is on the device (the last direct block padded, then cut)."""
+        if self._stage is not None and self._staged:
+            padded = -(-self._staged // _BLOCK) * _BLOCK
+            self._stage[self._staged:padded] = bytes(padded - self._staged)
+            _write_all(self.fd, memoryview(self._stage)[:padded])
+            self._staged = 0
+            os.ftruncate(self.fd, self.size)
+        os.fdatasync(self.fd)
+
     def close(self) -> None:
+        self._stage = None  # unmapped once no view of it is left (an error's traceback may hold one)
         if self.fd >= 0:
             fd, self.fd = self.fd, -1
             os.close(fd)
+
+
+def _open_for_writing(path: Path) -> tuple[int, bool]:
+    """The file descriptor, and whether it writes directly to the device (``O_DIRECT``)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    direct = getattr(os, "O_DIRECT", 0)
+    if direct:
+        try:
+            return os.open(path, flags | direct, 0o644), True
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:  # EINVAL: this file system has no direct I/O
+                raise
+    return os.open(path, flags, 0o644), False
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while len(view):
+        view = view[os.write(fd, view):]
 
 
 @contextmanager
@@ -71,7 +123,7 @@ def incomplete_file(final: Path, on_write: Callable[[int], None] | None = None) 
         sink = SinkFile(temp, on_write)
         try:
             yield sink
-            os.fdatasync(sink.fd)
+            sink.sync()
             sink.close()
             os.replace(temp, final)
             sync_directory(final.parent)

@@ -73,18 +73,25 @@ class Export:
         return Exported([], [f.file for f in skipped], Progress(sum(sizes), self.quiet, desc=f"export {self.format}"))
 
     @property
+    def ahead(self) -> int:
+        """Bytes computed ahead of the writer. DCP's writer keeps every tensor of a file
+        until the file is done: there, half of ``memory`` goes to that, half to this."""
+        return self.memory // 2 if self.format == "dcp" else self.memory
+
+    @property
     def piece_bytes(self) -> int:
         """Tensors above this size are computed in pieces (if they can be)."""
-        return max(1 << 20, self.memory // (2 * self.workers + 2))
+        return max(1 << 20, self.ahead // (2 * self.workers + 2))
 
     def pieces(self, name: str) -> list[Piece]:
         return self.source.pieces(name, self.dtype, self.rng, self.piece_bytes)
 
-    def produce(self, pieces: Sequence[Piece]) -> Iterator[tuple[Piece, torch.Tensor]]:
-        """``(piece, value)`` in the order of ``pieces``, computed ahead on worker threads."""
+    def produce(self, pieces: Sequence[Piece], compact: bool = False) -> Iterator[tuple[Piece, torch.Tensor]]:
+        """``(piece, value)`` in the order of ``pieces``, computed ahead on worker threads;
+        ``compact``: each value in a storage of its own (not a view of a larger one)."""
         workers = self.workers if _uniform_default_dtype(self.source) else 1
-        producer = Producer(lambda batch: self.source.compute(batch, self.rng, self.seed, self.dtype),
-                            batches(pieces, self.piece_bytes), self.memory, workers)
+        producer = Producer(lambda batch: self.source.compute(batch, self.rng, self.seed, self.dtype, compact),
+                            batches(pieces, self.piece_bytes), self.ahead, workers)
         with _default_dtype(self.source):
             yield from producer
 

@@ -105,9 +105,9 @@ class Source:
         return written <= _PIECE_OVERHEAD * rows * (spec.numel // spec.shape[0])
 
     def compute(self, pieces: Sequence[Piece], rng: str, seed: int | None,
-                dtype: torch.dtype | None) -> list[torch.Tensor]:
+                dtype: torch.dtype | None, compact: bool = False) -> list[torch.Tensor]:
         """The values of ``pieces`` (contiguous CPU tensors in the written dtype), computed
-        together."""
+        together; with ``compact``, each in a storage of its own."""
         from_graph = [p for p in pieces if p.name not in self.real]
         values: dict[str, torch.Tensor] = {}
         if from_graph:
@@ -122,7 +122,10 @@ class Source:
                 value = (t if p.whole else t[p.start:p.stop]).to("cpu", self.written_dtype(p.name, dtype))
             else:
                 value = values[p.name].to("cpu")
-            out.append(value.contiguous())
+            value = value.contiguous()
+            if compact and value.untyped_storage().nbytes() != value.nbytes:
+                value = value.clone()
+            out.append(value)
         return out
 
     def select(self, names: Sequence[str]) -> "Source":

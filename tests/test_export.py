@@ -55,6 +55,21 @@ class Odd(nn.Module):
         self.big = nn.Parameter(torch.empty(1031, 193).normal_())  # pieces of several 64K-element chunks
 
 
+def _assert_dcp_equal(directory: Path, ref: dict[str, torch.Tensor]) -> set[str]:
+    """``dcp.load`` of ``directory`` into zeros of ``ref``'s shapes gives ``ref``, for the
+    tensors the checkpoint holds (returned; all of them are in ``ref``)."""
+    stored = set(dcp.FileSystemReader(directory).read_metadata().state_dict_metadata)
+    assert stored <= set(ref)
+    ref = {k: v for k, v in ref.items() if k in stored}
+    state = {k: torch.zeros_like(v) for k, v in ref.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no process group: loading in one process"
+        dcp.load(state, checkpoint_id=directory)
+    for name, value in ref.items():
+        assert same_bits(state[name], value), name
+    return stored
+
+
 def _files(directory: Path) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for f in sorted(directory.glob("*.safetensors")):
@@ -138,12 +153,7 @@ def test_tensors_written_in_pieces_equal_materialize(tmp_path: Path, monkeypatch
     for name, value in got.items():
         assert same_bits(value, ref[name]), name
     fxinit.save(graph, tmp_path / "dcp", format="dcp", rng=rng, dtype=dtype)
-    state = {k: torch.zeros_like(ref[k]) for k in source.names}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dcp.load(state, checkpoint_id=tmp_path / "dcp")
-    for name, value in state.items():
-        assert same_bits(value, ref[name]), name
+    assert _assert_dcp_equal(tmp_path / "dcp", ref) == set(source.names)
 
 
 def test_dcp_checkpoint_loads_with_dcp_load(tmp_path: Path) -> None:
@@ -152,12 +162,7 @@ def test_dcp_checkpoint_loads_with_dcp_load(tmp_path: Path) -> None:
     assert done.finished and len(done.files) > 2
     assert (tmp_path / "step-0" / ".metadata").is_file()
     eager = _llama(seed=1, traced=False, tie_word_embeddings=True)
-    state = {k: torch.zeros_like(v) for k, v in eager.state_dict().items()}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dcp.load(state, checkpoint_id=tmp_path / "step-0")
-    for name, value in eager.state_dict().items():
-        assert same_bits(state[name], value), name
+    assert _assert_dcp_equal(tmp_path / "step-0", eager.state_dict()) == set(eager.state_dict())
 
 
 @pytest.mark.parametrize("fmt", ["hf", "dcp"])
@@ -192,10 +197,10 @@ def test_resume_keeps_verified_files_and_rewrites_the_rest(tmp_path: Path, monke
     assert sorted(again.skipped) == complete[1:]
     assert sorted(again.files) == sorted(set(full.files) - set(complete[1:]))
     assert again.finished
-    for name in full.files + ["model.safetensors.index.json" if fmt == "hf" else ".metadata"]:
-        if fmt == "dcp" and name == ".metadata":
-            continue  # holds the save id, different on every run
+    for name in full.files + (["model.safetensors.index.json"] if fmt == "hf" else []):
         assert (out / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name
+    if fmt == "dcp":  # .metadata holds a save id of its own: load it instead
+        assert _assert_dcp_equal(out, graph.materialize()) == set(Source.of(graph).names)
 
 
 def test_resume_refuses_a_directory_of_another_plan(tmp_path: Path) -> None:
@@ -220,6 +225,8 @@ def test_parts_make_one_checkpoint(tmp_path: Path, fmt: str) -> None:
     assert sorted(written) == sorted(whole.files)
     for name in whole.files + (["model.safetensors.index.json", "config.json"] if fmt == "hf" else []):
         assert (tmp_path / "parts" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    if fmt == "dcp":
+        assert _assert_dcp_equal(tmp_path / "parts", graph.materialize()) == set(Source.of(graph).names)
 
 
 def test_only_writes_a_checkpoint_of_the_matching_tensors(tmp_path: Path) -> None:

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="fxinit-bench-export-", dir=args.dir.parent if args.dir else None))
     out = args.dir or work / "ckpt"
-    graph = work / "llama.fxg"
+    graph = work / "llama.pt"
     figures: dict[str, object] = {"model": args.model, "format": args.format, "rng": args.rng, "dtype": args.dtype}
     try:
         t0 = time.perf_counter()

@@ -36,9 +36,9 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
+from fxinit.errors import DeferredInitError
 from fxinit.export.files import SinkFile, incomplete_file
 from fxinit.export.plan import FilePlan, split_files
-from fxinit.export.resume import Record
 from fxinit.export.run import Export, Exported
 from fxinit.export.source import Piece
 
@@ -86,6 +86,10 @@ def write_dcp(export: Export) -> Exported:
                 continue
             record.forget(f.file)
             results = writer.write_data(planner.finish_plan(global_plans[k]), planner).value()
+            wrote = {r.storage_data.relative_path for r in results}
+            if wrote != {f.file}:
+                raise DeferredInitError(f"DCP wrote {sorted(wrote)} where fxinit planned {f.file}",
+                                        hint="this torch names its checkpoint files differently; please report it")
             size, crc = fs.written.pop(str(export.directory / f.file))
             record.done(f.file, size, crc, results=[_result_json(r) for r in results])
             written.files.append(f.file)

@@ -17,7 +17,6 @@ from typing import Any
 
 from fxinit.export.files import incomplete_file, write_json
 from fxinit.export.plan import FilePlan, split_files
-from fxinit.export.resume import Record
 from fxinit.export.run import Export, Exported
 from fxinit.export.safetensors_format import header, read_header
 from fxinit.export.source import tied_to
@@ -73,12 +72,12 @@ def write_hf(export: Export) -> Exported:
             written.files.append(shard.file)
     written.progress.close()
     if all(record.recorded(s.file) is not None for s in shards):
-        _finish(export, shards, record)
+        _finish(export, shards)
         written.finished = True
     return written
 
 
-def _finish(export: Export, shards: list[Shard], record: Record) -> None:
+def _finish(export: Export, shards: list[Shard]) -> None:
     """``config.json``, then the index: last, when every shard is complete."""
     source = export.source
     if source.hf_config is not None:

@@ -29,33 +29,26 @@ _READ_CHUNK = 64 << 20
 
 
 def fingerprint(source: Source, settings: dict[str, Any], files: Sequence[Any]) -> str:
-    """A digest of everything that decides the exported bytes."""
+    """A digest of everything that decides the exported bytes: the settings, the file
+    plan, the tensors' names, shapes and dtypes, the graph's ops, constants and generator
+    states (``passes.fingerprint``) and which node each name reads, and real tensors' bytes."""
+    from fxinit.passes.fingerprint import fingerprint as graph_fingerprint
+
     h = hashlib.blake2b(digest_size=16)
     h.update(json.dumps({"settings": settings, "files": [repr(f) for f in files]}, sort_keys=True).encode())
     for name in source.names:
         h.update(f"{name}{source.shapes[name]}{source.dtypes[name]}".encode())
-    if source.graph is not None:
-        _graph_digest(source.graph, h, settings.get("rng") == "exact")
+    graph = source.graph
+    if graph is not None:
+        nodes = graph.nodes
+        h.update(graph_fingerprint(nodes, graph.constants, graph.rng).encode())
+        index = {n: i for i, n in enumerate(nodes)}
+        h.update(repr(sorted((k, index[v], graph.output_storage[k]) for k, v in graph.outputs.items())).encode())
     for name, t in source.real.items():
         h.update(name.encode())
         h.update(zlib.crc32(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().data)
                  .to_bytes(4, "little"))
     return h.hexdigest()
-
-
-def _graph_digest(graph: Any, h: Any, with_states: bool) -> None:
-    """The graph's ops, arguments and shapes, and (exact mode) every generator state."""
-    for n in graph.graph.nodes:
-        h.update(f"{n.op}|{n.target}|{n.args}|{sorted(n.kwargs.items())}|{n.meta.get('spec')}".encode())
-    h.update(repr(sorted((k, graph.output_storage[k]) for k in graph.outputs)).encode())
-    for key in sorted(graph.constants):
-        t = graph.constants[key]
-        h.update(key.encode())
-        h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    if with_states:
-        for key in sorted(graph.rng):
-            h.update(key.encode())
-            h.update(graph.rng[key].state.numpy().tobytes())
 
 
 class Record:

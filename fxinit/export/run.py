@@ -99,20 +99,24 @@ class Export:
 def _uniform_default_dtype(source: Source) -> bool:
     """Whether every op of the graph was recorded under one default dtype: then it can be
     set for the whole run, and materializations on several threads never switch it."""
+    return len(_default_dtypes(source)) <= 1
+
+
+def _default_dtypes(source: Source) -> set[torch.dtype]:
     graph = source.graph
     if graph is None:
-        return True
-    return len({n.meta.get("default_dtype", graph.default_dtype) for n in graph.nodes}) <= 1
+        return set()
+    return {n.meta.get("default_dtype", graph.default_dtype) for n in graph.nodes} or {graph.default_dtype}
 
 
 @contextlib.contextmanager
 def _default_dtype(source: Source) -> Iterator[None]:
-    graph = source.graph
-    saved = torch.get_default_dtype()
-    if graph is None or not _uniform_default_dtype(source):
+    """torch's default dtype set to the graph's for the run, when it has one."""
+    dtypes = _default_dtypes(source)
+    if len(dtypes) != 1:
         yield
         return
-    dtypes = {n.meta.get("default_dtype", graph.default_dtype) for n in graph.nodes} or {graph.default_dtype}
+    saved = torch.get_default_dtype()
     torch.set_default_dtype(next(iter(dtypes)))
     try:
         yield

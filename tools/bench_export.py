@@ -7,8 +7,12 @@ is its ``ru_maxrss`` (from ``wait4``); then check the result in another process:
 present with its shape and dtype, sampled tensors (the largest included, which is written in
 pieces) equal to ``load_graph(...).materialize(names)``, or for dcp, ``dcp.load`` of them.
 
+``rate_vs_disk`` is the bytes over the export command's whole time (start-up, planning and
+``--resume``'s verification included) against ``dd``'s rate; ``writing_vs_disk`` over the
+time from the first byte written to the last.
+
     python tools/bench_export.py --model 8b                 # the judged run: 32 GB of float32
-    python tools/bench_export.py --model tiny --check 0     # a quick look (CI)
+    python tools/bench_export.py --model tiny --dd-gb 0.2   # a quick look (CI)
     python tools/bench_export.py --model 8b --kill-after 30 # kill the export, then --resume it
     python tools/bench_export.py --model 405b --only model.layers.0.mlp.down_proj.weight
                                                             # one 3.5 GB tensor of a 405B, in pieces
@@ -180,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         figures.update(files=int(match.group(1)), bytes=written, process_s=round(seconds, 1),
                        writing_s=float(match.group(3)), rate_gb_s=round(written / seconds / 1e9, 3),
                        disk_gb_s=round(rate_disk / 1e9, 3), rate_vs_disk=round(written / seconds / rate_disk, 3),
+                       writing_vs_disk=round(written / float(match.group(3)) / rate_disk, 3),
                        peak_rss_gb=round(peak / 1e9, 3), output=text.strip().splitlines()[-1])
         if args.check >= 0:
             check = subprocess.run([sys.executable, "-c", _CHECK, str(graph), str(out), args.format, str(args.check),

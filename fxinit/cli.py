@@ -169,15 +169,22 @@ def _export(args: argparse.Namespace) -> int:
 
     import fxinit
 
+    from fxinit.export.plan import parse_part, parse_size
+
     if args.device:
         raise UsageError("--device is for the single safetensors file; a checkpoint is written from the CPU")
     try:
-        done = fxinit.save(args.graph, args.output, format=args.format, rng=args.rng, seed=args.seed,
-                           dtype=getattr(torch, args.dtype) if args.dtype else None, only=args.only, part=args.part,
-                           max_shard_size=args.max_shard_size or "5GB", resume=args.resume,
-                           memory=args.memory or "1GiB", workers=args.workers, quiet=args.quiet)
+        part = parse_part(args.part)
+        max_shard_size = parse_size(args.max_shard_size or "5GB")
+        memory = parse_size(args.memory or "1GiB")
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    if args.workers is not None and args.workers < 1:
+        raise UsageError("--workers must be at least 1")
+    done = fxinit.save(args.graph, args.output, format=args.format, rng=args.rng, seed=args.seed,
+                       dtype=getattr(torch, args.dtype) if args.dtype else None, only=args.only, part=part,
+                       max_shard_size=max_shard_size, resume=args.resume, memory=memory, workers=args.workers,
+                       quiet=args.quiet)
     rate = done.bytes / done.seconds / 1e9 if done.seconds else 0.0
     line = f"wrote {_count(done.files, 'file')} ({done.bytes:,} bytes) to {args.output} in {done.seconds:.1f} s " \
            f"({rate:.2f} GB/s)"
@@ -285,8 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "(verified by size and checksum), write the others")
     p.add_argument("--part", metavar="K/N", help="hf, dcp: write the K-th of N parts of the checkpoint (consecutive "
                                                  "files of about equal size); N runs into one directory make it whole")
-    p.add_argument("--memory", metavar="SIZE", help="hf, dcp: bytes of tensors computed and not yet written "
-                                                    "(default 1GiB); larger tensors are written in pieces")
+    p.add_argument("--memory", metavar="SIZE", help="hf, dcp: bytes of tensors held at once (default 1GiB); "
+                                                    "larger tensors are computed and written in pieces")
     p.add_argument("--workers", type=int, help="hf, dcp: threads computing tensors (default: torch's thread count)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=cmd_materialize)

@@ -189,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.check >= 0:
             check = subprocess.run([sys.executable, "-c", _CHECK, str(graph), str(out), args.format, str(args.check),
                                     args.only or "none", args.rng, args.dtype or "none"],
-                                   capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                   capture_output=True, text=True, cwd=ROOT,
+                                   env={**os.environ, "PYTHONPATH": str(ROOT)})
             if check.returncode != 0:
                 print(check.stderr, file=sys.stderr)
                 return 1

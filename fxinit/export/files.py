@@ -150,7 +150,8 @@ def sync_directory(path: Path) -> None:
 def prepare_directory(path: Path) -> None:
     """Create ``path`` (and its parents) and check it can be written."""
     if path.exists() and not path.is_dir():
-        raise ExportError(f"{path} exists and is not a directory", hint="give -o a directory to write the checkpoint in")
+        raise ExportError(f"{path} exists and is not a directory",
+                          hint="give -o a directory to write the checkpoint in")
     with translated_errors(path):
         path.mkdir(parents=True, exist_ok=True)
         if not os.access(path, os.W_OK | os.X_OK):

@@ -160,7 +160,8 @@ def _of_module(module: torch.nn.Module) -> Source:
             continue
         if isinstance(t, DTensor):
             raise DeferredInitError(f"{fqn} is a DTensor: fxinit exports whole tensors",
-                                    hint="export the model before sharding it, or its init graph: fxinit.save(graph, ...)")
+                                    hint="export the model before sharding it, or its init graph "
+                                         "(fxinit.save(graph, ...))")
         tensors[fqn] = t
         groups.setdefault(id(t), []).append(fqn)
         if kind == "_parameters":

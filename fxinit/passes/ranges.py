@@ -127,7 +127,6 @@ def written_elements(nodes: Sequence[fx.Node], value: fx.Node, storage: int,
     return total
 
 
-
 def _numel(n: fx.Node) -> int:
     spec = n.meta.get("spec")
     return 0 if spec is None else spec.numel

@@ -3,11 +3,13 @@
     m = fxinit.trace_init(MyModel, *args)     # deferred: shapes, dtypes, no storage
     fxinit.materialize(m.layers[3])           # bit-for-bit what eager construction gives
     graph = fxinit.init_graph(m)              # the recorded torch.fx init graph
+    fxinit.save(m, "ckpt/", format="hf")      # a checkpoint on disk, in bounded memory
 """
 
 from fxinit.capture import DeferredTensor, clear_meta_init_cache, deferred_init, dry_run, is_meta_init, meta_init, recording, trace_init
 from fxinit.artifact import load_graph
-from fxinit.errors import ArtifactError, DeferredInitError
+from fxinit.errors import ArtifactError, DeferredInitError, ExportError
+from fxinit.export import Exported, save
 from fxinit.graph import InitGraph
 from fxinit.materialize import init_graph, is_deferred, materialize, materialize_module, materialize_tensor
 
@@ -17,6 +19,8 @@ __all__ = [
     "ArtifactError",
     "DeferredInitError",
     "DeferredTensor",
+    "ExportError",
+    "Exported",
     "InitGraph",
     "clear_meta_init_cache",
     "deferred_init",
@@ -30,5 +34,6 @@ __all__ = [
     "materialize_tensor",
     "meta_init",
     "recording",
+    "save",
     "trace_init",
 ]

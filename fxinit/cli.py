@@ -1,5 +1,6 @@
 """The ``fxinit`` command: trace a model to an init-graph file, show it, draw it, and
-materialize it to safetensors, in a process that needs nothing of the model's code.
+materialize it to safetensors or a checkpoint directory (Hugging Face or
+torch.distributed.checkpoint), in a process that needs nothing of the model's code.
 
     fxinit trace my_pkg.models:build -o init.pt --kwargs '{"layers": 4}'
     fxinit trace transformers:AutoModelForCausalLM.from_config -o llama.pt \\
@@ -7,6 +8,8 @@ materialize it to safetensors, in a process that needs nothing of the model's co
     fxinit show init.pt [--only 'model.layers.0.*'] [--explain NAME]
     fxinit viz init.pt -o deps.svg [--only NAME] [--no-collapse]
     fxinit materialize init.pt -o weights.safetensors [--only PATTERN] [--device cpu]
+    fxinit materialize init.pt -o llama/ --format hf [--max-shard-size 5GB] [--resume] [--part 2/8]
+    fxinit materialize init.pt -o step-0/ --format dcp [--only 'model.layers.31.*']
 
 Exit codes: 0 success, 1 fxinit refused or failed (the message says why and what to do),
 2 bad command line.
@@ -140,6 +143,13 @@ def cmd_materialize(args: argparse.Namespace) -> int:
     from fxinit.report import select
     from fxinit.tensors_io import save_safetensors
 
+    if args.format in ("hf", "dcp"):
+        return _export(args)
+    for option in ("max_shard_size", "part", "memory", "workers"):
+        if getattr(args, option) is not None:
+            raise UsageError(f"--{option.replace('_', '-')} is for --format hf or dcp")
+    if args.resume:
+        raise UsageError("--resume is for --format hf or dcp")
     graph = fxinit.load_graph(args.graph)
     names = select(graph, args.only)
     if not names:
@@ -151,6 +161,43 @@ def cmd_materialize(args: argparse.Namespace) -> int:
     save_safetensors(values, graph, Path(args.output))
     print(f"wrote {len(values)} tensors to {args.output}")
     return EXIT_OK
+
+
+def _export(args: argparse.Namespace) -> int:
+    """``--format hf | dcp``: a checkpoint directory, written in bounded memory."""
+    import torch
+
+    import fxinit
+
+    from fxinit.export.plan import parse_part, parse_size
+
+    if args.device:
+        raise UsageError("--device is for the single safetensors file; a checkpoint is written from the CPU")
+    try:
+        part = parse_part(args.part)
+        max_shard_size = parse_size(args.max_shard_size or "5GB")
+        memory = parse_size(args.memory or "1GiB")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.workers is not None and args.workers < 1:
+        raise UsageError("--workers must be at least 1")
+    done = fxinit.save(args.graph, args.output, format=args.format, rng=args.rng, seed=args.seed,
+                       dtype=getattr(torch, args.dtype) if args.dtype else None, only=args.only, part=part,
+                       max_shard_size=max_shard_size, resume=args.resume, memory=memory, workers=args.workers,
+                       quiet=args.quiet)
+    rate = done.bytes / done.seconds / 1e9 if done.seconds else 0.0
+    line = f"wrote {_count(done.files, 'file')} ({done.bytes:,} bytes) to {args.output} in {done.seconds:.1f} s " \
+           f"({rate:.2f} GB/s)"
+    if done.skipped:
+        line += f"; kept {_count(done.skipped, 'file')} complete and verified: {', '.join(done.skipped)}"
+    print(line)
+    if not done.finished:
+        print("the checkpoint is not complete yet: the run that writes its last part writes the index")
+    return EXIT_OK
+
+
+def _count(items: Sequence[object], noun: str) -> str:
+    return f"{len(items)} {noun}{'' if len(items) == 1 else 's'}"
 
 
 def _materialize_with_progress(graph: Any, names: list[str], device: str | None, rng: str, seed: int | None,
@@ -221,9 +268,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-collapse", action="store_true", help="draw every repeated layer instead of one with a count")
     p.set_defaults(run=cmd_viz)
 
-    p = sub.add_parser("materialize", help="compute the tensors and write them to a safetensors file")
+    p = sub.add_parser("materialize", help="compute the tensors and write them to a safetensors file or a checkpoint",
+                       description="Compute the tensors of GRAPH and write them: to one safetensors file (held in "
+                                   "memory), or, with --format hf or dcp, to a checkpoint directory written in "
+                                   "bounded memory whatever the model's size.")
     p.add_argument("graph", metavar="GRAPH", help="an init-graph file (init.pt) written by `fxinit trace`")
-    p.add_argument("-o", "--output", required=True, help="the .safetensors file to write")
+    p.add_argument("-o", "--output", required=True, help="the .safetensors file, or the checkpoint directory, to write")
+    p.add_argument("--format", default="safetensors", choices=["safetensors", "hf", "dcp"],
+                   help="safetensors: one file, every tensor in memory first; hf: save_pretrained's directory "
+                        "(shards, index, config.json); dcp: a torch.distributed.checkpoint directory "
+                        "(default %(default)s)")
     p.add_argument("--only", metavar="PATTERN", help="glob over tensor names, or a module prefix")
     p.add_argument("--device", help="compute where eager would, then move here (default: the recorded device)")
     p.add_argument("--rng", default="exact", choices=["exact", "portable"],
@@ -232,6 +286,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"],
                    help="cast floating-point (and complex) tensors to this dtype as Module.to does, without the "
                         "full-precision model in memory")
+    p.add_argument("--max-shard-size", metavar="SIZE", help="hf, dcp: the largest file (default 5GB; a larger "
+                                                                "tensor gets a file of its own)")
+    p.add_argument("--resume", action="store_true", help="hf, dcp: keep the files an interrupted run completed "
+                                                         "(verified by size and checksum), write the others")
+    p.add_argument("--part", metavar="K/N", help="hf, dcp: write the K-th of N parts of the checkpoint (consecutive "
+                                                 "files of about equal size); N runs into one directory make it whole")
+    p.add_argument("--memory", metavar="SIZE", help="hf, dcp: bytes of tensors held at once (default 1GiB); "
+                                                    "larger tensors are computed and written in pieces")
+    p.add_argument("--workers", type=int, help="hf, dcp: threads computing tensors (default: torch's thread count)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=cmd_materialize)
     return parser

@@ -41,3 +41,9 @@ class DeferredInitError(RuntimeError):
 class ArtifactError(DeferredInitError):
     """A saved init graph that fxinit refuses to load: damaged, from a newer schema,
     naming an op outside the allowed set, or inconsistent with itself."""
+
+
+class ExportError(DeferredInitError):
+    """A checkpoint export that could not be written: a full disk, a directory that cannot
+    be written, or one holding a different export. Files written under their final name
+    are complete; nothing else is left that looks complete."""

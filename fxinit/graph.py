@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable, Mapping, NamedTuple
 
 import torch
 import torch.fx as fx
@@ -146,7 +146,7 @@ class InitGraph:
     def materialize(
         self, names: Iterable[str] | None = None, device: torch.device | str | None = None,
         rng: str = "exact", max_bytes: int | None = None, seed: int | None = None,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | None = None, rows: Mapping[str, tuple[int, int]] | None = None,
     ) -> dict[str, torch.Tensor]:
         """Values of the named outputs (all if None).
 
@@ -158,6 +158,12 @@ class InitGraph:
         would allocate more than ``max_bytes`` (default: physical memory) is refused.
         ``dtype`` casts the floating-point and complex outputs as ``Module.to(dtype)`` would, each as
         soon as it is final (random fills read only through the cast run in chunks).
+        ``rows={name: (start, stop)}`` asks for rows ``start .. stop`` of dimension 0 of
+        that output only: the random fills it comes from fill only what those rows need
+        where they can (the same bits as the whole tensor's rows), so a tensor too large to
+        hold can be produced in pieces. The value is ``whole[start:stop]``, a view whose
+        storage is the whole tensor's, of which only those rows were computed (memory never
+        written takes none); ``.clone()`` it to keep it apart from that storage.
         """
         from fxinit.backends.eager import run_parallel
         from fxinit.backends.portable import streams_for
@@ -170,6 +176,7 @@ class InitGraph:
         unknown = [n for n in wanted if n not in self.outputs]
         if unknown:
             raise KeyError(f"not outputs of this init graph: {unknown[:5]}")
+        exposed = self._rows_extents(wanted, rows or {})
         nodes = self.required_nodes(wanted, to_run=True)
         need = sum(n.meta["spec"].nbytes for n in nodes if _allocates(n))
         limit = max_bytes if max_bytes is not None else _physical_memory()
@@ -181,14 +188,42 @@ class InitGraph:
         if rng == "portable":
             streams = streams_for(self.nodes, self.storage_names(), _portable_seed(seed, self.seed))
         env = run_parallel(nodes, self.constants, self.rng, self.default_dtype,
-                           keep={self.outputs[n] for n in wanted}, streams=streams, output_dtype=dtype)
+                           keep={self.outputs[n] for n in wanted}, streams=streams, output_dtype=dtype,
+                           exposed=exposed)
         out: dict[str, torch.Tensor] = {}
         for n in wanted:
             value = env[self.outputs[n]]
+            if n in (rows or {}):
+                start, stop = rows[n]  # type: ignore[index]
+                value = value[start:stop]
+                if dtype_after_to(value.dtype, dtype) != value.dtype:  # exposed values are not cast yet
+                    value = value.to(dtype_after_to(value.dtype, dtype))
             if device is not None:
                 value = value.to(device)
             out[n] = value
         return out
+
+    def _rows_extents(self, wanted: list[str], rows: Mapping[str, tuple[int, int]]) -> dict[fx.Node, tuple[int, int]]:
+        """The storage extents of the row ranges asked for, by output node (a node all of
+        whose requested names ask for rows; tied names ask for the union)."""
+        from fxinit.passes.ranges import rows_extent
+
+        extents: dict[fx.Node, tuple[int, int]] = {}
+        whole = {self.outputs[n] for n in wanted if n not in rows}
+        for name, (start, stop) in rows.items():
+            if name not in wanted:
+                raise KeyError(f"rows= names {name!r}, which is not among the names asked for")
+            shape = self.spec(name).shape
+            if not shape or not 0 <= start <= stop <= shape[0]:
+                raise ValueError(f"rows {start}..{stop} of {name!r} (shape {tuple(shape)}): not a range of its rows")
+            node = self.outputs[name]
+            ext = rows_extent(self.spec(name), start, stop)
+            if node in whole or ext is None:
+                whole.add(node)
+                continue
+            old = extents.get(node, ext)
+            extents[node] = (min(old[0], ext[0]), max(old[1], ext[1]))
+        return {node: ext for node, ext in extents.items() if node not in whole}
 
     def stats(self, names: Iterable[str] | None = None, dtype: torch.dtype | None = None) -> dict[str, int]:
         """Sizes of the graph, and of what materializing ``names`` (all if None) runs.

@@ -55,11 +55,14 @@ def recipe(graph: InitGraph, name: str) -> str:
 def select(graph: InitGraph, only: str | None) -> list[str]:
     """Output names matching the glob ``only`` (all if None); a pattern with no ``*`` also
     matches everything below it (``model.layers.3`` selects that layer)."""
-    names = list(graph.outputs)
+    return matching(list(graph.outputs), only)
+
+
+def matching(names: Iterable[str], only: str | None) -> list[str]:
+    """``names`` matching the glob ``only`` (all if None), or below the module prefix ``only``."""
     if not only:
-        return names
-    picked = [n for n in names if fnmatch.fnmatchcase(n, only) or n.startswith(only.rstrip(".") + ".")]
-    return picked
+        return list(names)
+    return [n for n in names if fnmatch.fnmatchcase(n, only) or n.startswith(only.rstrip(".") + ".")]
 
 
 def show_table(graph: InitGraph, names: Iterable[str] | None = None) -> str:

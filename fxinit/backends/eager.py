@@ -72,6 +72,7 @@ def run_nodes(
     streams: Mapping[fx.Node, int] | None = None,
     output_dtype: torch.dtype | None = None,
     shared: Mapping[fx.Node, tuple[fx.Node, bool]] | None = None,
+    exposed: Mapping[fx.Node, tuple[int, int]] | None = None,
 ) -> dict[fx.Node, object]:
     """Execute ``nodes`` (a slice in program order); return the values of ``keep``.
 
@@ -80,19 +81,25 @@ def run_nodes(
     ``streams`` (portable mode) gives each random node its portable stream instead of
     its recorded generator snapshot. ``output_dtype`` casts the floating-point and complex
     values of ``keep`` (as ``Module.to(dtype)`` would), each as soon as nothing reads it any more.
-    ``shared`` is the CSE map of ``nodes`` when the caller already has it.
+    ``shared`` is the CSE map of ``nodes`` when the caller already has it. ``exposed``: kept
+    nodes of which the caller reads only this storage extent (``passes.ranges``); random
+    fills are restricted to it where they can be, elements outside it are left
+    uninitialized, and these values are not cast to ``output_dtype`` (the caller casts
+    the part it reads).
     """
+    exposed = exposed or {}
     keep = keep if keep is not None else set(nodes)
     env: dict[fx.Node, object] = {}
     if shared is None:
         shared = common_subexpressions(nodes, keep)  # duplicate -> (first, needs a copy)
     in_place = in_place_chains(nodes, keep, shared)  # element-wise ops on dying temporaries
     drops = _last_uses(nodes, shared)
-    pieces = partial_fills(nodes, keep)  # random fills of which only a range is read
+    pieces = partial_fills(nodes, keep, exposed)  # random fills of which only a range is read
     fused = runnable(fused_casts(nodes, keep, output_dtype), rng, streams)  # fill-then-cast, in chunks
+    fused = {f: p for f, p in fused.items() if not exposed.keys() & {*p.members, *p.results}}
     skipped = {m for plan in fused.values() for m in plan.members} - set(fused)
     done_in_dtype = {r for plan in fused.values() for r in plan.results}
-    casts = cast_points(nodes, set(keep) - done_in_dtype, shared) if output_dtype is not None else {}
+    casts = cast_points(nodes, set(keep) - done_in_dtype - set(exposed), shared) if output_dtype is not None else {}
 
     def load(a: object) -> object:
         return env[a] if isinstance(a, fx.Node) else a
@@ -187,6 +194,7 @@ def run_parallel(
     workers: int | None = None,
     streams: Mapping[fx.Node, int] | None = None,
     output_dtype: torch.dtype | None = None,
+    exposed: Mapping[fx.Node, tuple[int, int]] | None = None,
 ) -> dict[fx.Node, object]:
     """``run_nodes`` group by group: independent groups of nodes, on ``workers`` threads.
 
@@ -206,18 +214,20 @@ def run_parallel(
     # a CSE duplicate runs in the group of the value it reuses
     groups = independent_groups(nodes, [(dup, first) for dup, (first, _) in shared.items()])
     if len(groups) < 2:
-        return run_nodes(nodes, constants, rng, default_dtype, keep, device_map, streams, output_dtype, shared)
+        return run_nodes(nodes, constants, rng, default_dtype, keep, device_map, streams, output_dtype, shared,
+                         exposed)
     jobs = [(g, {d: v for d, v in shared.items() if d in members}) for g, members in ((g, set(g)) for g in groups)]
     env: dict[fx.Node, object] = {}
     if workers == 1 or len(dtypes) > 1:
         for g, group_shared in jobs:
             env.update(run_nodes(g, constants, rng, default_dtype, keep, device_map, streams, output_dtype,
-                                 group_shared))
+                                 group_shared, exposed))
         return env
     (dtype,) = dtypes
     run = _serial_fills(run_nodes) if len(groups) >= workers else run_nodes  # every core has a group
     with _default_dtype(dtype), ThreadPoolExecutor(min(workers, len(groups)), "fxinit") as pool:
-        futures = [pool.submit(run, g, constants, rng, dtype, keep, device_map, streams, output_dtype, group_shared)
+        futures = [pool.submit(run, g, constants, rng, dtype, keep, device_map, streams, output_dtype, group_shared,
+                               exposed)
                    for g, group_shared in jobs]
         for f in futures:
             env.update(f.result())

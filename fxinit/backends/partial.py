@@ -55,9 +55,26 @@ def fill_piece_exact(node: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str,
     flat = target.view(-1)
     for lo, hi in pieces:
         gen = private_generator(RngSnapshot(device="cpu", state=mt19937.advance(state, a * (lo - at))))
-        node.target(flat[lo:hi], *args[1:], **{**kwargs, "generator": gen})
+        for first, last in chunk_bounds(hi - lo, bool(t)):  # cache-sized, as fill_in_chunks_exact (lo is 16-aligned)
+            node.target(flat[lo + first:lo + last], *args[1:], **{**kwargs, "generator": gen})
         state, at = gen.get_state(), hi
     return True
+
+
+def fills_pieces_exact(node: fx.Node) -> bool:
+    """Whether ``fill_piece_exact`` can fill pieces of random ``node``'s target, decided
+    from the graph alone (before anything runs): lets a caller know that asking for part
+    of a tensor costs only that part."""
+    target = node.args[0] if node.args else None
+    spec = target.meta.get("spec") if isinstance(target, fx.Node) else None
+    rest, kwargs = tuple(node.args[1:]), dict(node.kwargs)
+    if set(node.meta.get("rng") or {}) != {"gen"} or spec is None or spec.device.type != "cpu":
+        return False
+    if spec.storage_offset != 0 or not torch.empty_strided(spec.shape, spec.stride, device="meta").is_contiguous():
+        return False
+    if any(isinstance(a, fx.Node) for a in (*rest, *kwargs.values())):
+        return False
+    return _splittable(node, rest, kwargs, spec.dtype, spec.numel) is not None
 
 
 def fill_in_chunks_exact(node: fx.Node, rest: tuple, kwargs: dict, rng: Mapping[str, Snapshot],

@@ -81,6 +81,17 @@ def fill_piece_portable(node: fx.Node, args: tuple, kwargs: dict, stream: int, r
     return True
 
 
+def fills_pieces_portable(node: fx.Node) -> bool:
+    """Whether ``fill_piece_portable`` can fill pieces of random ``node``'s target (a plain
+    in-place sampler on a contiguous target), decided from the graph alone."""
+    target = node.args[0] if node.args else None
+    spec = target.meta.get("spec") if isinstance(target, fx.Node) else None
+    if getattr(node.target, "overloadpacket", None) not in _INPLACE or spec is None:
+        return False
+    meta = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device="meta")
+    return meta.is_contiguous() and not any(isinstance(a, fx.Node) for a in (*node.args[1:], *node.kwargs.values()))
+
+
 def fill_in_chunks_portable(node: fx.Node, rest: tuple, kwargs: dict, stream: int, dtype: torch.dtype, n: int,
                             sink: Callable[[int, int, torch.Tensor], None] | None = None) -> bool:
     """``backends.partial.fill_in_chunks_exact`` on the portable stream: elements ``lo .. hi``

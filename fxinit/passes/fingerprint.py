@@ -37,7 +37,7 @@ def fingerprint(nodes: Sequence[fx.Node], constants: Mapping[str, torch.Tensor],
         if n.op == "get_attr":
             value = constants[n.target]
             h.update(repr((value.dtype, tuple(value.shape))).encode())
-            h.update(value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         for key in sorted((n.meta.get("rng") or {}).items()):
             h.update(key[0].split(":")[0].encode())
             h.update(rng[key[1]].state.cpu().numpy().tobytes())

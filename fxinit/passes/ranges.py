@@ -10,20 +10,49 @@ never touches are never resident): per-rank cost follows the shard, not the mode
 half-open element ranges of its target that later nodes read (sorted, disjoint).
 Anything the analysis does not understand (a kept alias, a reader without a spec, a
 non-contiguous target) leaves the node out, i.e. filled whole.
+
+A caller that reads only part of a kept value (rows ``start .. stop`` of a tensor too
+large to hold whole, see ``InitGraph.materialize(rows=...)``) says so with ``exposed``:
+the kept value then counts as a reader of that extent only, and ``written_elements``
+tells how much of a storage such a run still writes (to decide whether computing a
+tensor in pieces costs in proportion to the pieces).
 """
 
 from __future__ import annotations
 
-from typing import AbstractSet, Sequence
+from typing import AbstractSet, Mapping, Sequence
 
 import torch.fx as fx
 
+from fxinit.ops import ALLOCATIONS
 from fxinit.passes.walk import is_view, reads_no_data, users_of, view_closure
 
 
-Ranges = list[tuple[int, int]]
+Extent = tuple[int, int]  # half-open range of storage elements
+Ranges = list[Extent]  # sorted, disjoint
 #: Above this many runs a view is taken as its whole extent (a column of a matrix...).
 MAX_RUNS = 1 << 14
+
+
+def _extent(spec) -> Extent | None:  # noqa: ANN001
+    if spec is None:
+        return None
+    if any(s == 0 for s in spec.shape):
+        return (spec.storage_offset, spec.storage_offset)
+    if any(st < 0 for st in spec.stride):
+        return None
+    last = spec.storage_offset + sum((s - 1) * st for s, st in zip(spec.shape, spec.stride))
+    return (spec.storage_offset, last + 1)
+
+
+def rows_extent(spec, start: int, stop: int) -> Extent | None:  # noqa: ANN001
+    """The storage elements that rows ``start .. stop`` (of dimension 0) of a tensor of
+    ``spec`` span, or None for a layout this analysis does not follow."""
+    if spec is None or not spec.shape:
+        return None
+    rows = spec._replace(shape=(stop - start, *spec.shape[1:]),
+                         storage_offset=spec.storage_offset + start * spec.stride[0])
+    return _extent(rows)
 
 
 def _element_ranges(spec) -> Ranges | None:  # noqa: ANN001
@@ -43,8 +72,8 @@ def _element_ranges(spec) -> Ranges | None:  # noqa: ANN001
     for n, _ in outer:
         count *= n
     if count > MAX_RUNS:
-        last = spec.storage_offset + sum((n - 1) * st for n, st in dims)
-        return [(spec.storage_offset, last + 1)]
+        extent = _extent(spec)
+        return [extent] if extent is not None else None
     starts = [spec.storage_offset]
     for n, st in outer:
         starts = [s + i * st for s in starts for i in range(n)]
@@ -61,11 +90,15 @@ def _merge(ranges: Ranges) -> Ranges:
     return out
 
 
-def partial_fills(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node]) -> dict[fx.Node, Ranges]:
-    """``{random node: ranges}`` for random ops whose target is only partly read."""
+def partial_fills(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
+                  exposed: Mapping[fx.Node, Extent] | None = None) -> dict[fx.Node, Ranges]:
+    """``{random node: ranges}`` for random ops whose target is only partly read.
+
+    ``exposed``: kept nodes of which the caller reads only this storage extent."""
+    exposed = exposed or {}
     users = users_of(nodes)
     pos = {n: i for i, n in enumerate(nodes)}
-    out: dict[fx.Node, tuple[int, int]] = {}
+    out: dict[fx.Node, Ranges] = {}
     for r in nodes:
         if not r.meta.get("rng") or not r.meta.get("overwrites") or not r.args or not isinstance(r.args[0], fx.Node):
             continue
@@ -79,9 +112,10 @@ def partial_fills(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node]) -> dict[
         while is_view(root) and root.args and isinstance(root.args[0], fx.Node):
             root = root.args[0]
         aliases = view_closure(root, users)
-        if aliases & keep:
+        kept = aliases & keep
+        if any(k not in exposed for k in kept):
             continue
-        read: Ranges = []
+        read: Ranges = [exposed[k] for k in kept]
         ok = True
         for a in aliases:
             if any(not (u is r or is_view(u) or reads_no_data(u) or pos.get(u, -1) < pos[r]) for u in users[a]):
@@ -94,3 +128,29 @@ def partial_fills(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node]) -> dict[
         if ok and read and read != [(0, numel)]:
             out[r] = read
     return out
+
+
+def written_elements(nodes: Sequence[fx.Node], value: fx.Node, storage: int,
+                     restricted: Mapping[fx.Node, Ranges]) -> int:
+    """How many elements of ``storage`` (``value``'s) running ``nodes`` writes: random
+    fills in ``restricted`` count their ranges, other in-place writes the whole tensor they
+    write, and the allocation of ``value``'s storage its size unless it leaves the memory
+    unwritten (``torch.empty``)."""
+    root = value
+    while is_view(root) and root.args and isinstance(root.args[0], fx.Node):
+        root = root.args[0]
+    total = 0 if root.target in ALLOCATIONS else _numel(root)
+    for n in nodes:
+        if storage not in n.meta.get("mutates", ()):
+            continue
+        if n in restricted:
+            total += sum(hi - lo for lo, hi in restricted[n])
+        else:
+            written = next((a for a in n.args if isinstance(a, fx.Node)), None)
+            total += _numel(written) if written is not None else 0
+    return total
+
+
+def _numel(n: fx.Node) -> int:
+    spec = n.meta.get("spec")
+    return 0 if spec is None else spec.numel

@@ -1,6 +1,6 @@
 """The container of an init-graph file: a torch.save archive that carries its own checksum.
 
-``pack`` writes a payload (plain data and tensors) with torch.save's own writer and adds one
+``pack`` writes a payload (plain data and tensors) with ``torch.save`` and appends one
 record, ``<archive>/fxinit_sha256``: 64 lowercase hex digits, the SHA-256 of every byte of the
 file except those 64 and the two CRC-32 fields of that record (in its data descriptor and in
 its central-directory entry), which are hashed as zero bytes. Every other byte — each record's
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import pickle
 import re
 import struct
 import zipfile
@@ -42,11 +41,13 @@ _DAMAGED_HINT = "the file is truncated or corrupted; save it again"
 
 # ---------------------------------------------------------------------------- write
 def pack(payload: Any) -> bytes:
-    """The bytes of an init-graph file holding ``payload``."""
+    """The bytes of an init-graph file holding ``payload``: ``torch.save``'s archive with the
+    checksum record appended (by ``zipfile``, which keeps torch's records where they are)."""
     buf = io.BytesIO()
-    with torch.serialization._open_zipfile_writer(buf) as writer:
-        torch.serialization._save(payload, writer, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
-        writer.write_record(CHECKSUM_RECORD, bytes(_DIGEST_BYTES), _DIGEST_BYTES)
+    torch.save(payload, buf)
+    with zipfile.ZipFile(buf, "a", compression=zipfile.ZIP_STORED) as archive:
+        prefix = archive.infolist()[0].filename.split("/", 1)[0]
+        archive.writestr(f"{prefix}/{CHECKSUM_RECORD}", bytes(_DIGEST_BYTES))
     data = bytearray(buf.getvalue())
     digest_at, crc_at = _checksum_fields(data, "<new file>")
     digest = _sha256_without(data, digest_at, crc_at).encode()

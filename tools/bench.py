@@ -2,14 +2,18 @@
 
 Every figure is the median of several fresh processes (so imports, allocator state and
 caches do not leak between measurements), with the spread (min-max) next to it.
-Ratios are against eager construction measured in the same run.
+Ratios are against eager construction and against the floor (allocating every byte and
+writing it once, which any materialization into fresh memory does), both measured in the same run.
 
     python tools/bench.py                  # the ~0.5B Llama of the passes issue, CPU
     python tools/bench.py --model tiny     # a quick look
     python tools/bench.py --trace-405b     # also: tracing a 405B Llama vs meta construction
+    python tools/bench.py --samplers       # only the portable samplers' ns per element vs torch's
 
 Rows:
   eager                 torch.manual_seed(0); LlamaForCausalLM(config)
+  floor                 meta construction, to_empty(cpu), zero_() of every tensor (on all threads):
+                        allocating and writing every byte once
   meta+to_empty+init    meta construction, to_empty(cpu), model.init_weights() (not exact)
   fxinit exact          trace_init + materialize (bitwise equal to eager)
   fxinit exact 1 thread   the same without concurrent tensor generation
@@ -71,6 +75,11 @@ print(json.dumps({{"seconds": seconds, "peak_rss": peak, "base_rss": base, "extr
 
 ROWS = {
     "eager": "m = LlamaForCausalLM(cfg)\nextra = None",
+    "floor": (
+        "with torch.device('meta'):\n    m = LlamaForCausalLM(cfg)\n"
+        "m.to_empty(device='cpu')\nwith torch.no_grad():\n"
+        "    for t in [*m.parameters(), *m.buffers()]:\n        t.zero_()\nextra = None"
+    ),
     "meta+to_empty+init": (
         "with torch.device('meta'):\n    m = LlamaForCausalLM(cfg)\n"
         "m.to_empty(device='cpu')\nm.init_weights()\nextra = None"
@@ -137,45 +146,58 @@ def measure(cfg: dict, rows: dict[str, str], repeat: int) -> dict[str, list[dict
     return results
 
 
-def sampler_speed(n: int = 1 << 24) -> str:
-    """ns per element of the portable samplers on one thread, in memory already touched,
-    next to torch's own CPU samplers: the generator's cost without the page faults."""
+def sampler_speed(n: int = 1 << 22, repeat: int = 7) -> str:
+    """ns per element of the portable samplers on one thread, in memory already touched, next
+    to torch's own CPU samplers (MT19937): the generator's cost without the page faults. The
+    median (min-max) of ``repeat`` timings, fxinit's and torch's interleaved."""
     import time
 
     import torch
     from fxinit.rng import portable
 
-    out, parts = torch.empty(n), []
+    lines = [f"samplers on one thread, memory already touched, ns per element, median (min-max) of {repeat}; "
+             f"CPU capability {torch.backends.cpu.get_cpu_capability()}:"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     with portable.serial_fills():
-        for kind, params, torch_fill in (("normal", dict(mean=0.0, std=0.02), lambda: out.normal_(0.0, 0.02)),
-                                         ("uniform", dict(low=-0.1, high=0.1), lambda: out.uniform_(-0.1, 0.1))):
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            timings = {}
-            for name, fill in (("fxinit portable", lambda: portable.fill_(out, kind, 1, **params)),
-                               ("torch", torch_fill)):
-                fill()
-                t = time.perf_counter()
-                fill()
-                timings[name] = (time.perf_counter() - t) / n * 1e9
-            torch.set_num_threads(threads)
-            parts.append(f"{kind}: fxinit portable {timings['fxinit portable']:.2f} ns/element, "
-                         f"torch {timings['torch']:.2f}")
-    return "float32 samplers on one thread, memory already touched: " + "; ".join(parts)
+        for dtype in (torch.float32, torch.bfloat16):
+            out = torch.empty(n, dtype=dtype)
+            for kind, params, torch_fill in (("normal", dict(mean=0.0, std=0.02), lambda: out.normal_(0.0, 0.02)),
+                                             ("uniform", dict(low=-0.1, high=0.1), lambda: out.uniform_(-0.1, 0.1))):
+                fills = {"fxinit portable": lambda: portable.fill_(out, kind, 1, **params), "torch": torch_fill}
+                timings: dict[str, list[float]] = {name: [] for name in fills}
+                for _ in range(repeat + 1):
+                    for name, fill in fills.items():
+                        t = time.perf_counter()
+                        fill()
+                        timings[name].append((time.perf_counter() - t) / n * 1e9)
+                parts = []
+                for name, ts in timings.items():
+                    ts = ts[1:]  # the first run warms up
+                    parts.append(f"{name} {statistics.median(ts):6.2f} ({min(ts):.2f}-{max(ts):.2f})")
+                lines.append(f"  {str(dtype).removeprefix('torch.'):<9}{kind:<8} " + "   ".join(parts))
+    torch.set_num_threads(threads)
+    return "\n".join(lines)
 
 
-def table(results: dict[str, list[dict]], reference: str) -> str:
-    ref_t = statistics.median(r["seconds"] for r in results[reference])
-    ref_m = statistics.median(r["peak_rss"] for r in results[reference])
-    lines = [f"ratios (x ref) are against the row {reference!r}",
-             f"{'row':<26}{'time s (min-max)':>22}{'x ref':>12}{'peak RSS MiB':>15}{'x ref':>12}{'  +RSS MiB':>11}"]
+def table(results: dict[str, list[dict]], references: list[str]) -> str:
+    """One line per row: median time and peak RSS (spread min-max), each as a ratio against
+    every row of ``references`` measured in the same run."""
+    def median(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in results[name])
+
+    refs = [(median(ref, "seconds"), median(ref, "peak_rss")) for ref in references]
+    heads = "".join(f"{'x ' + ref[:9]:>12}" for ref in references)
+    lines = [f"ratios (x ...) are against the rows {', '.join(map(repr, references))}",
+             f"{'row':<26}{'time s (min-max)':>22}{heads}{'peak RSS MiB':>15}{heads}{'  +RSS MiB':>11}"]
     for name, rs in results.items():
         ts = [r["seconds"] for r in rs]
-        ms = [r["peak_rss"] for r in rs]
         grow = statistics.median(r["peak_rss"] - r["base_rss"] for r in rs)
-        t, m = statistics.median(ts), statistics.median(ms)
-        lines.append(f"{name:<26}{t:>9.3f} ({min(ts):.3f}-{max(ts):.3f}){t / ref_t:>11.3f}x"
-                     f"{m / 2**20:>15.0f}{m / ref_m:>11.3f}x{grow / 2**20:>11.0f}")
+        t, m = statistics.median(ts), median(name, "peak_rss")
+        lines.append(f"{name:<26}{t:>9.3f} ({min(ts):.3f}-{max(ts):.3f})"
+                     + "".join(f"{t / ref_t:>11.3f}x" for ref_t, _ in refs)
+                     + f"{m / 2**20:>15.0f}" + "".join(f"{m / ref_m:>11.3f}x" for _, ref_m in refs)
+                     + f"{grow / 2**20:>11.0f}")
         extras = [r["extra"] for r in rs if r.get("extra")]
         if extras:
             keys = extras[0].keys()
@@ -190,16 +212,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated subset of rows")
     ap.add_argument("--trace-405b", action="store_true", help="also time tracing the 405B config")
     ap.add_argument("--json", type=Path, help="write raw measurements here")
+    ap.add_argument("--samplers", action="store_true", help="only time the portable samplers against torch's")
     args = ap.parse_args(argv)
+    if args.samplers:
+        sys.path.insert(0, str(ROOT))
+        print(sampler_speed())
+        return 0
 
     import torch  # only for the header
 
     rows = {k: ROWS[k] for k in args.rows.split(",")}
-    if "eager" not in rows:
-        rows = {"eager": ROWS["eager"], **rows}
+    rows = {"eager": ROWS["eager"], "floor": ROWS["floor"], **rows}  # the references, in every run
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, model {args.model}: {MODELS[args.model]}")
     results = measure(MODELS[args.model], rows, args.repeat)
-    print(table(results, "eager"))
+    print(table(results, ["eager", "floor"]))
     if any(name.startswith("fxinit portable") for name in rows):
         print(sampler_speed())
     stats = run_child(MODELS[args.model], STATS_ROW)["extra"]
@@ -215,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace_405b:
         big = measure(MODELS["405b"], TRACE_ROWS, args.repeat)
         print()
-        print(table(big, "meta construction (405B)"))
+        print(table(big, ["meta construction (405B)"]))
         raw["trace_405b"] = big
     if args.json:
         args.json.write_text(json.dumps(raw, indent=1))

@@ -22,7 +22,8 @@ from pathlib import Path
 _SOURCE = Path(__file__).with_name("mt19937.c")
 PORTABLE_SOURCE = Path(__file__).with_name("portable.c")
 # no contraction into fused multiply-adds: the portable samplers must round each float
-# operation on its own, as torch ops do; errno-free math lets sqrt vectorize
+# operation on its own, as torch ops do; errno-free math lets sqrt vectorize (it stays
+# correctly rounded)
 _FLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno")
 
 
@@ -54,9 +55,6 @@ def portable_library() -> ctypes.CDLL | None:
     lib = _load(PORTABLE_SOURCE)
     if lib is None:
         return None
-    lib.fxinit_portable_unit24.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64,
-                                           ctypes.c_int]
-    lib.fxinit_portable_unit24.restype = None
     lib.fxinit_portable_unit53.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64]
     lib.fxinit_portable_unit53.restype = None
     lib.fxinit_portable_fill.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,

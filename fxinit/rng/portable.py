@@ -2,20 +2,34 @@
 
 Each random op of an init graph gets a *key* (the fully qualified name of the tensor it
 writes and the op's ordinal among the random ops writing it, e.g.
-``"model.layers.0.mlp.up_proj.weight/1"``). Element ``i`` of what the op writes draws the
-64-bit word ``splitmix64(hash(seed, key) + (i + 1) * 0x9E3779B97F4A7C15)``, a counter-based
-generator: no state, no order, no dependence on which other tensors are materialized, on
-thread count, or on how a tensor is split into shards (a shard starting at element ``s``
-computes the words ``s, s+1, ...``). Float32 and bfloat16 uniform and normal values are
-made of integer work and single IEEE-754 operations (the normal's log and cos are fxinit's
-own polynomials), so they are meant to be bitwise equal on every device; float64 normals and
-the other distributions use torch's ``log1p``/``exp``/... whose last bit may differ between
-devices. On CPU, fxinit's C kernel (``portable.c``) computes them when a compiler is
-available, else torch ops do: the same bits.
+``"model.layers.0.mlp.up_proj.weight/1"``). Word ``k`` of the op's stream is the 64-bit
+``splitmix64(hash(seed, key) + (k + 1) * 0x9E3779B97F4A7C15)``, a counter-based generator:
+no state, no order, no dependence on which other tensors are materialized, on thread count,
+or on how a tensor is split into shards (a shard starting at element ``s`` computes the words
+from ``s // 2`` on).
 
-Distributions follow the eager init functions: ``uniform_(a, b)``, ``normal_(mean, std)``
-(Box-Muller from the two halves of one word), ``bernoulli_(p)``, ``exponential_``,
-``random_``, ``cauchy_``, ``log_normal_``, ``geometric_``, ``randperm`` (argsort of words).
+Float32 and bfloat16 samples take 24 bits per element, two elements per word: element ``i``
+takes bits 8..31 of word ``i // 2`` when ``i`` is even, bits 40..63 when it is odd (its *unit*
+``u_i``, read as ``u_i / 2^24`` in [0, 1)). ``uniform_(a, b)`` writes ``u_i (b - a) + a``;
+``normal_(mean, std)`` writes Box-Muller pairs: elements ``2k`` and ``2k+1`` are ``r cos t``
+and ``r sin t`` with ``r = sqrt(-2 log(1 - u_2k+1))`` and ``t = 2 pi u_2k``, times ``std`` plus
+``mean``. They are computed in float32 with single IEEE-754 operations (+, -, *, sqrt; the log,
+cos and sin are fxinit's own polynomials, no division), then rounded to the target dtype, so
+they are meant to be bitwise equal on every device. Float64 samples take one word per element
+(its top 53 bits; a float64 normal pairs it with the word of a second stream), and use torch's
+``log1p``/``cos``, as the other distributions do, whose last bit may differ between devices.
+
+On CPU, fxinit's C kernel (``portable.c``) computes float32/bfloat16 uniform and normal fills
+when a compiler is available; elsewhere the torch-op twin below does (``_units24``,
+``_normal24``): the same bits. The twin is element-wise torch ops without data-dependent control
+flow, so that a compiler (Inductor) can fuse it; it must then keep every operation rounded on
+its own: no contraction of ``a * b + c`` into a fused multiply-add (Triton's
+``enable_fp_fusion=False``) and a correctly rounded ``sqrt`` (the twin takes it in float64,
+since torch's float32 ``sqrt`` on CPU is not correctly rounded).
+
+Distributions follow the eager init functions: ``uniform_(a, b)``, ``normal_(mean, std)``,
+``bernoulli_(p)``, ``exponential_``, ``random_``, ``cauchy_``, ``log_normal_``,
+``geometric_``, ``randperm`` (argsort of words).
 """
 
 from __future__ import annotations
@@ -48,12 +62,30 @@ def _srl(z: torch.Tensor, k: int) -> torch.Tensor:
     return (z >> k) & ((1 << (64 - k)) - 1)
 
 
-def words(stream: int, start: int, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """``n`` 64-bit words (int64) of ``stream`` for elements ``start .. start+n-1``."""
-    z = (torch.arange(start + 1, start + n + 1, dtype=torch.int64, device=device) * GOLDEN) + stream
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finalizer of int64 counters."""
     z = (z ^ _srl(z, 30)) * _M1
     z = (z ^ _srl(z, 27)) * _M2
     return z ^ _srl(z, 31)
+
+
+def words(stream: int, start: int, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``n`` 64-bit words (int64) of ``stream``: words ``start .. start+n-1``."""
+    return _mix(torch.arange(start + 1, start + n + 1, dtype=torch.int64, device=device) * GOLDEN + stream)
+
+
+def _word_pairs(stream: int, start: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """For elements ``start .. start+n-1``: the word of each one's pair (int64) and whether it
+    is the pair's odd element (0 or 1, int64)."""
+    i = torch.arange(start, start + n, dtype=torch.int64, device=device)
+    return _mix(((i >> 1) + 1) * GOLDEN + stream), i & 1
+
+
+def _units24(stream: int, start: int, n: int, device: torch.device) -> torch.Tensor:
+    """The 24-bit units (int32) of elements ``start .. start+n-1``: bits 8..31 of the pair's
+    word for an even element, bits 40..63 for an odd one."""
+    w, odd = _word_pairs(stream, start, n, device)
+    return ((w >> (8 + 32 * odd)) & 0xFFFFFF).to(torch.int32)
 
 
 class _Words:
@@ -67,18 +99,19 @@ class _Words:
 
     @property
     def w(self) -> torch.Tensor:
+        """One word per element (float64 units, ``random_``)."""
         if self._w is None:
             self._w = words(self.stream, self.start, self.n, self.device)
         return self._w
 
-    def unit24(self, shift: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """A float32 in [0, 1) from 24 bits of each word, from bit ``shift`` up (into ``out``
-        if given)."""
+    def unit24(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Each element's unit as a float32 in [0, 1) (into ``out`` if given)."""
         if self.lib is not None:
             out = torch.empty(self.n, dtype=torch.float32) if out is None else out
-            self.lib.fxinit_portable_unit24(out.data_ptr(), self.n, self.start, self.stream & _U64, shift)
+            self.lib.fxinit_portable_fill(out.data_ptr(), _KINDS.index("uniform"), 0, self.n, self.start,
+                                          self.stream & _U64, 1.0, 0.0)  # u * 1 + 0 is u
             return out
-        values = (_srl(self.w, shift) & 0xFFFFFF).to(torch.float32) * (1.0 / (1 << 24))
+        values = _units24(self.stream, self.start, self.n, self.device).to(torch.float32) * (1.0 / (1 << 24))
         return values if out is None else out.copy_(values)
 
     def unit53(self) -> torch.Tensor:
@@ -89,7 +122,11 @@ class _Words:
         return _srl(self.w, 11).to(torch.float64) * (1.0 / (1 << 53))
 
     def uniform01(self, dtype: torch.dtype) -> torch.Tensor:
-        return self.unit53() if dtype == torch.float64 else self.unit24(40)
+        return self.unit53() if dtype == torch.float64 else self.unit24()
+
+    def normal24(self) -> torch.Tensor:
+        """Float32 standard normals by the torch-op twin (on any device)."""
+        return _normal24(self.stream, self.start, self.n, self.device)
 
 
 _U64 = (1 << 64) - 1
@@ -108,7 +145,7 @@ def _sample_into(out: torch.Tensor, kind: str, w: "_Words", params: dict[str, fl
         return True
     if out.dtype != torch.float32:
         return False
-    values = w.unit24(40, out) if kind == "uniform" else out.copy_(_normal24(w))
+    values = w.unit24(out) if kind == "uniform" else out.copy_(w.normal24())
     values.mul_(scale).add_(shift)
     return True
 
@@ -130,50 +167,52 @@ def _standard_normal_(u1: torch.Tensor, u2: torch.Tensor) -> torch.Tensor:
 
 # portable.c's float constants, exactly (each is a float32 value)
 _F = float.fromhex
-_LN2, _TWO_PI_2_24 = _F("0x1.62e430p-1"), _F("0x1.921fb6p-22")
-_LOG_SERIES = (_F("0x1.c71c72p-4"), _F("0x1.24924ap-3"), _F("0x1.99999ap-3"), _F("0x1.555556p-2"), 1.0)
-_COS_SERIES = (_F("0x1.a01a02p-16"), -_F("0x1.6c16c2p-10"), _F("0x1.555556p-5"), -0.5, 1.0)
-_SIN_SERIES = (_F("0x1.71de3ap-19"), -_F("0x1.a01a02p-13"), _F("0x1.111112p-7"), -_F("0x1.555556p-3"), 1.0)
+_LN2_HI, _LN2_LO, _TWO_PI_2_24 = _F("0x1.63p-1"), -_F("0x1.bd0106p-13"), _F("0x1.921fb6p-22")
+_LOG_P = tuple(map(_F, ("0x1.204376p-4", "-0x1.d7a370p-4", "0x1.de4a34p-4", "-0x1.fcba9ep-4", "0x1.23d37ep-3",
+                        "-0x1.555ca0p-3", "0x1.999d58p-3", "-0x1.fffff8p-3", "0x1.555554p-2")))
+_COS = tuple(map(_F, ("0x1.a01a02p-16", "-0x1.6c16c2p-10", "0x1.555556p-5", "-0x1p-1")))  # 1/8!, -1/6!, 1/4!, -1/2
+_SIN = tuple(map(_F, ("0x1.71de3ap-19", "-0x1.a01a02p-13", "0x1.111112p-7", "-0x1.555556p-3")))  # 1/9! .. -1/3!
 
 
-def _horner(x2: torch.Tensor, coefficients: tuple[float, ...]) -> torch.Tensor:
-    p = x2 * coefficients[0] + coefficients[1]
-    for c in coefficients[2:]:
-        p = p.mul_(x2).add_(c)
-    return p
+def _estrin4(z: torch.Tensor, z2: torch.Tensor, c: tuple[float, ...]) -> torch.Tensor:
+    """``(c0 z + c1) z^2 + (c2 z + c3)``, as portable.c groups it."""
+    return (z * c[0] + c[1]).mul_(z2).add_(z * c[2] + c[3])
 
 
-def _normal24(w: "_Words") -> torch.Tensor:
-    """Float32 standard normals with torch ops: portable.c's Box-Muller,
-    ``sqrt(-2 log(1 - u1)) cos(2 pi u2)`` from the two 24-bit halves of each word."""
-    neg2log = _neg2log24((1 << 24) - (_srl(w.w, 40) & 0xFFFFFF).to(torch.int32))  # 1 - u1 = m / 2^24
+def _normal24(stream: int, start: int, n: int, device: torch.device) -> torch.Tensor:
+    """Float32 standard normals of elements ``start .. start+n-1`` with torch ops, element by
+    element: portable.c's Box-Muller."""
+    word, odd = _word_pairs(stream, start, n, device)
+    odd_unit, even_unit = (((word >> shift) & 0xFFFFFF).to(torch.int32) for shift in (40, 8))
     # torch's float32 sqrt is not correctly rounded on every CPU; float64's, rounded to
     # float32, is (the square root of a float32 is never that close to a rounding boundary)
-    return neg2log.double().sqrt_().float().mul_(_cos2pi24((_srl(w.w, 8) & 0xFFFFFF).to(torch.int32)))
+    radius = _neg2log24((1 << 24) - odd_unit).double().sqrt_().float()
+    return radius.mul_(_cos2pi24(even_unit, odd.to(torch.int32)))  # r cos t, or r sin t for odd elements
 
 
-# The log and cos of the portable normal are fxinit's own, made of single IEEE operations
+# The log, cos and sin of the portable normal are fxinit's own, made of single IEEE operations
 # with the constants above, so that every device computes the same bits.
 def _neg2log24(m: torch.Tensor) -> torch.Tensor:
     """``-2 log(m / 2^24)`` for int32 ``m`` in [1, 2^24], as portable.c's ``neg2log24``."""
-    bits = m.to(torch.float32).view(torch.int32)  # m = 2^e f
-    e = (bits >> 23) - 127
-    fb = (bits & 0x7FFFFF) | 0x3F800000
-    big = (fb > 0x3FB504F3).to(torch.int32)  # f > sqrt(2): halve it
-    fb, e = fb - (big << 23), e + big
-    f = fb.view(torch.float32)
-    s = (f - 1.0) / (f + 1.0)  # log f = 2 atanh(s)
-    log_f = (s + s).mul_(_horner(s * s, _LOG_SERIES))
-    return (e - 24).to(torch.float32).mul_(_LN2).add_(log_f).mul_(-2.0)
+    ix = m.to(torch.float32).view(torch.int32) - 0x4B3504F3  # m / 2^24 = 2^k f, f in [sqrt(1/2), sqrt(2))
+    k = (ix >> 23).to(torch.float32)
+    t = ((ix & 0x7FFFFF) + 0x3F3504F3).view(torch.float32) - 1.0
+    z = t * t
+    p = _estrin4(t, z, _LOG_P[:4]).mul_(z * z).add_(_estrin4(t, z, _LOG_P[4:8])).mul_(t).add_(_LOG_P[8])
+    y = p.mul_(t).mul_(z).add_(k * _LN2_LO).add_(z * -0.5)  # log f = t - t^2/2 + t^3 P(t)
+    return y.add_(t).add_(k * _LN2_HI).mul_(-2.0)
 
 
-def _cos2pi24(j: torch.Tensor) -> torch.Tensor:
-    """``cos(2 pi j / 2^24)`` for int32 ``j`` in [0, 2^24), as portable.c's ``cos2pi24``."""
+def _cos2pi24(j: torch.Tensor, quarters_back: torch.Tensor | int = 0) -> torch.Tensor:
+    """``cos(2 pi j / 2^24 - quarters_back pi / 2)`` for int32 ``j`` in [0, 2^24): with
+    ``quarters_back`` 1, the sine. As portable.c's ``cos_sin_2pi24``."""
     t = (j + (1 << 21)) & 0xFFFFFF  # an eighth of a turn on
-    q = t >> 22  # quadrant
+    q = ((t >> 22) - quarters_back) & 3  # quadrant
     x = ((t & 0x3FFFFF) - (1 << 21)).to(torch.float32).mul_(_TWO_PI_2_24)  # angle in [-pi/4, pi/4)
-    x2 = x * x
-    cos, sin = _horner(x2, _COS_SERIES), _horner(x2, _SIN_SERIES).mul_(x)
+    z = x * x
+    z2 = z * z
+    cos = _estrin4(z, z2, _COS).mul_(z).add_(1.0)
+    sin = _estrin4(z, z2, _SIN).mul_(z).mul_(x).add_(x)
     v = torch.where((q & 1) == 1, sin, cos)
     return torch.where(((q + 1) & 2) != 0, -v, v)
 
@@ -193,7 +232,7 @@ def sample(kind: str, stream: int, start: int, n: int, dtype: torch.dtype, devic
         if work == torch.float64:
             z = _standard_normal_(w.unit53(), _Words(stream ^ 0x5DEECE66D, start, n, device).unit53())
         else:
-            z = _normal24(w)
+            z = w.normal24()
         out = z.mul_(params["std"]).add_(params["mean"])
     elif kind == "bernoulli":
         out = (w.uniform01(dtype) < params["p"]).to(work)
@@ -202,7 +241,7 @@ def sample(kind: str, stream: int, start: int, n: int, dtype: torch.dtype, devic
     elif kind == "cauchy":
         out = params["median"] + params["sigma"] * torch.tan(math.pi * (w.uniform01(dtype) - 0.5))
     elif kind == "log_normal":
-        out = torch.exp(_normal24(w).to(work).mul_(params["std"]).add_(params["mean"]))
+        out = torch.exp(w.normal24().to(work).mul_(params["std"]).add_(params["mean"]))
     elif kind == "geometric":
         u = w.uniform01(dtype).to(torch.float64)
         out = torch.ceil(torch.log1p(-u) / math.log1p(-params["p"])).clamp_min(1)

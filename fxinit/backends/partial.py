@@ -22,6 +22,9 @@ _PROBE_N = 1000 + 7
 _verified: dict[Any, bool] = {}
 
 CHUNK = 1 << 16  # elements per piece of a chunked fill: a multiple of 16, cache-sized
+#: Gaps between read ranges shorter than this are drawn rather than skipped: a skip costs
+#: ~60 us of generator handling, drawing ~4 ns an element (measured, CPU mt19937 normal_).
+SKIP_MIN = 1 << 14
 
 
 def fill_piece_exact(node: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str, Snapshot],
@@ -45,7 +48,7 @@ def fill_piece_exact(node: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str,
     pieces: list[tuple[int, int]] = []
     for lo, hi in ranges:
         lo, hi = _widen(lo, hi, n, t)
-        if pieces and lo <= pieces[-1][1]:
+        if pieces and lo - pieces[-1][1] < SKIP_MIN:  # drawing a short gap costs less than skipping it
             pieces[-1] = (pieces[-1][0], max(hi, pieces[-1][1]))
         else:
             pieces.append((lo, hi))

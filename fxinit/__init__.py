@@ -7,10 +7,9 @@
 """
 
 from fxinit.capture import DeferredTensor, clear_meta_init_cache, deferred_init, dry_run, is_meta_init, meta_init, recording, trace_init
-from fxinit.artifact import load_graph
+from fxinit.graph import InitGraph, load_graph
 from fxinit.errors import ArtifactError, DeferredInitError, ExportError
 from fxinit.export import Exported, save
-from fxinit.graph import InitGraph
 from fxinit.materialize import init_graph, is_deferred, materialize, materialize_module, materialize_tensor
 
 __version__ = "0.1.0"

@@ -18,7 +18,7 @@ import inspect
 import operator
 import os
 import re
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.fx as fx
@@ -26,9 +26,12 @@ import torch.fx as fx
 from fxinit.archive import pack, short_message, unpack
 from fxinit.capture.provenance import Provenance
 from fxinit.errors import ArtifactError
-from fxinit.graph import InitGraph, OutputInfo, TensorSpec
-from fxinit.ops import OPAQUE_INIT_FUNCTIONS, call_init_function, replay_args, resolve_init_function
+from fxinit.ops import OPAQUE_INIT_FUNCTIONS, call_init_function, draws_random, replay_args, resolve_init_function
 from fxinit.rng import RngSnapshot
+from fxinit.spec import OutputInfo, TensorSpec
+
+if TYPE_CHECKING:  # annotations only: graph.py imports this module
+    from fxinit.graph import InitGraph
 
 FORMAT = "fxinit-init-graph"
 SCHEMA_VERSION = 2  # 2: hf_config; 1: the payload of the older header layout, still read
@@ -69,7 +72,7 @@ def save_graph(graph: InitGraph, path: str | os.PathLike) -> None:
         "ties": [list(g) for g in graph.ties],
         "constants": {k: v.detach().cpu().contiguous() if v.device.type != "cpu" else v.detach()
                       for k, v in graph.constants.items()},
-        "rng": {k: {"device": s.device, "state": s.state.cpu()} for k, s in graph.rng.items()},
+        "rng": {k: {"device": s.device, "state": s.state.cpu()} for k, s in graph.snapshots.items()},
         "hf_config": _checked_config(graph.hf_config, "cannot save this graph"),
     }
     data = pack(payload)
@@ -133,7 +136,7 @@ def _encode_node(n: fx.Node, names: dict[fx.Node, str]) -> dict[str, Any]:
         "reads": list(m.get("reads", ())),
         "mutates": list(m.get("mutates", ())),
         "overwrites": list(m.get("overwrites", ())),
-        "rng": dict(m["rng"]) if m.get("rng") else None,
+        "rng": dict(m["generators"]) if m.get("generators") else None,  # the file's name for them
         "prov": None if prov is None else [prov.source, prov.init_fn, prov.module_class, prov.init_method],
         "module": m.get("module"),
         "opaque": m.get("opaque"),
@@ -142,22 +145,23 @@ def _encode_node(n: fx.Node, names: dict[fx.Node, str]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- load
-def load_graph(path: str | os.PathLike) -> InitGraph:
-    """Read an InitGraph saved with ``InitGraph.save``; refuses anything it cannot trust."""
+def read_graph(path: str | os.PathLike) -> dict[str, Any]:
+    """The fields of an InitGraph saved with ``InitGraph.save`` (its constructor's keyword
+    arguments); refuses anything it cannot trust."""
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as exc:
         raise ArtifactError(f"cannot read {path}: {exc}") from exc
-    return loads(data, source=str(path))
+    return decode(data, source=str(path))
 
 
-def loads(data: bytes, source: str = "<bytes>") -> InitGraph:
-    """``load_graph`` from the bytes of a file."""
+def decode(data: bytes, source: str = "<bytes>") -> dict[str, Any]:
+    """``read_graph`` from the bytes of a file."""
     payload = unpack(data, source)
     try:
         graph = _decode(payload)
-        _check_on_meta(graph)
+        _check_on_meta(graph["graph"], graph["constants"], graph["default_dtype"])
     except ArtifactError as exc:
         raise ArtifactError(f"{source}: {exc}") from exc
     except Exception as exc:  # a value of a wrong kind deep inside: refuse, never crash
@@ -174,7 +178,7 @@ def _is_int_list(x: Any) -> bool:
     return isinstance(x, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
 
 
-def _decode(p: Any) -> InitGraph:
+def _decode(p: Any) -> dict[str, Any]:
     _expect(isinstance(p, dict), "payload is not a dict")
     _expect(p.get("format") == FORMAT, "not an fxinit init graph payload")
     version = p.get("schema_version")
@@ -197,7 +201,7 @@ def _decode(p: Any) -> InitGraph:
     constants = p["constants"]
     for k, v in constants.items():
         _expect(isinstance(k, str) and isinstance(v, torch.Tensor), f"constant {k!r} is not a tensor")
-    rng: dict[str, RngSnapshot] = {}
+    snapshots: dict[str, RngSnapshot] = {}
     for k, v in p["rng"].items():
         _expect(isinstance(k, str) and isinstance(v, dict) and set(v) == {"device", "state"}, f"rng entry {k!r}")
         state, device = v["state"], v["device"]
@@ -207,13 +211,13 @@ def _decode(p: Any) -> InitGraph:
         dev = torch.device(device)
         _expect(dev.type in ("cpu", "cuda"), f"rng device {device!r}")
         _expect(dev.type != "cpu" or state.numel() == _CPU_STATE_BYTES, f"rng state {k!r} has the wrong size")
-        rng[k] = RngSnapshot(device=device, state=state)
+        snapshots[k] = RngSnapshot(device=device, state=state)
 
     graph = fx.Graph()
     env: dict[str, fx.Node] = {}
     last_pos = -1
     for i, rec in enumerate(p["nodes"]):
-        node = _decode_node(graph, rec, env, constants, rng, i)
+        node = _decode_node(graph, rec, env, constants, snapshots, i)
         _expect(node.meta["pos"] > last_pos, "node positions are not increasing")
         last_pos = node.meta["pos"]
     outputs: dict[str, fx.Node] = {}
@@ -234,10 +238,10 @@ def _decode(p: Any) -> InitGraph:
     ties = p["ties"]
     for g in ties:
         _expect(isinstance(g, list) and len(g) > 1 and all(n in outputs for n in g), "tie group")
-    return InitGraph(graph=graph, outputs=outputs, output_storage=dict(storage), info=info,
-                     ties=[list(g) for g in ties], constants=dict(constants), rng=rng,
-                     default_dtype=_DTYPES[p["default_dtype"]], seed=p.get("seed"), stream_names=dict(names),
-                     hf_config=_checked_config(p.get("hf_config"), "invalid init graph"))
+    return dict(graph=graph, outputs=outputs, output_storage=dict(storage), info=info,
+                ties=[list(g) for g in ties], constants=dict(constants), snapshots=snapshots,
+                default_dtype=_DTYPES[p["default_dtype"]], seed=p.get("seed"), stream_names=dict(names),
+                hf_config=_checked_config(p.get("hf_config"), "invalid init graph"))
 
 
 def _checked_config(config: Any, problem: str) -> dict[str, Any] | None:
@@ -276,7 +280,7 @@ _NODE_KEYS = {"name", "op", "target", "args", "kwargs", "pos", "spec", "reads", 
 
 
 def _decode_node(graph: fx.Graph, rec: Any, env: dict[str, fx.Node], constants: dict[str, torch.Tensor],
-                 rng: dict[str, RngSnapshot], i: int) -> fx.Node:
+                 snapshots: dict[str, RngSnapshot], i: int) -> fx.Node:
     _expect(isinstance(rec, dict) and set(rec) == _NODE_KEYS, f"node {i} has unexpected fields")
     name = rec["name"]
     _expect(isinstance(name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) is not None
@@ -339,10 +343,10 @@ def _decode_node(graph: fx.Graph, rec: Any, env: dict[str, fx.Node], constants: 
     if rec["rng"] is not None:
         keys = rec["rng"]
         _expect(isinstance(keys, dict) and keys and all(
-            isinstance(k, str) and (k == "gen" or k.startswith("default:")) and v in rng for k, v in keys.items()),
+            isinstance(k, str) and (k == "gen" or k.startswith("default:")) and v in snapshots for k, v in keys.items()),
             f"node {name}: rng keys")
-        meta["rng"] = dict(keys)
-    elif op == "call_function" and _draws_random(node.target):
+        meta["generators"] = dict(keys)
+    elif op == "call_function" and draws_random(node.target):
         raise ArtifactError(f"invalid init graph: random op {name} has no generator snapshot")
     prov = rec["prov"]
     _expect(prov is None or (isinstance(prov, list) and len(prov) == 4
@@ -393,16 +397,7 @@ def _resolve_target(name: Any, node: str) -> Callable[..., Any]:
     return overload
 
 
-def _draws_random(target: Any) -> bool:
-    if target is call_init_function:
-        return True
-    if isinstance(target, torch._ops.OpOverload):
-        return torch.Tag.nondeterministic_seeded in target.tags or any(
-            "Generator" in str(a.type) for a in target._schema.arguments)
-    return False
-
-
-def _check_on_meta(graph: InitGraph) -> None:
+def _check_on_meta(graph: fx.Graph, constants: dict[str, torch.Tensor], default_dtype: torch.dtype) -> None:
     """Run the graph on the meta device: every op must accept its arguments and produce
     the shape, stride and dtype the file declares for it."""
     env: dict[fx.Node, Any] = {}
@@ -412,9 +407,11 @@ def _check_on_meta(graph: InitGraph) -> None:
 
     meta = torch.device("meta")
     for n in graph.nodes:
+        if n.op == "output":
+            continue
         spec = n.meta.get("spec")
         if n.op == "get_attr":
-            c = graph.constants[n.target]
+            c = constants[n.target]
             value: Any = torch.empty_strided(c.size(), c.stride(), dtype=c.dtype, device=meta)
         elif n.target is call_init_function:
             value = load(n.args[1])
@@ -425,7 +422,7 @@ def _check_on_meta(graph: InitGraph) -> None:
                 kwargs["device"] = meta
             kwargs.pop("generator", None)
             args = replay_args(n.target, args)
-            dtype = n.meta.get("default_dtype", graph.default_dtype)
+            dtype = n.meta.get("default_dtype", default_dtype)
             saved = torch.get_default_dtype()
             try:
                 torch.set_default_dtype(dtype) if dtype.is_floating_point else None

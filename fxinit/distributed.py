@@ -18,7 +18,7 @@ import torch
 from fxinit.capture.deferred import dressed_as, state_of
 from fxinit.capture.dtensor import is_deferred_dtensor
 from fxinit.capture.layout import Runs, local_runs
-from fxinit.graph import dtype_after_to
+from fxinit.spec import dtype_after_to
 
 try:
     from torch.distributed.tensor import DTensor

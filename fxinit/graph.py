@@ -7,59 +7,27 @@ An InitGraph is a ``torch.fx.Graph`` of init ops in program order (aten overload
 * ``ties``: groups of names that are the same tensor object (``head.weight`` tied to
   ``embed.weight``);
 * ``constants``: real tensors the graph reads (``torch.tensor([...])``, numpy data);
-* ``rng``: generator snapshots, one per random op, so each random op can be replayed
+* ``snapshots``: generator states, one per random op, so each random op can be replayed
   on its own, in any order, without touching the user's generators.
 
 Node metadata (``node.meta``): ``pos`` (program order), ``spec`` (TensorSpec of the
-value), ``reads``/``mutates`` (storage ids, for slicing with aliasing), ``rng``
-(snapshot keys), ``prov`` (Provenance), ``module`` (dotted path), ``default_dtype``.
+value), ``reads``/``mutates`` (storage ids, for slicing with aliasing), ``generators``
+(``{generator: key in snapshots}`` on random ops), ``prov`` (Provenance), ``module`` (dotted path), ``default_dtype``.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, Iterable, Mapping
 
 import torch
 import torch.fx as fx
 
 from fxinit.errors import DeferredInitError
+from fxinit.ops import ALLOCATIONS, allocates, view_base
 from fxinit.rng import Snapshot
-
-
-class TensorSpec(NamedTuple):
-    """Shape and placement of a value, as eager construction would have it."""
-
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    storage_offset: int
-    dtype: torch.dtype
-    device: torch.device
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.dtype.itemsize
-
-    @staticmethod
-    def of(t: torch.Tensor, device: torch.device) -> "TensorSpec":
-        return TensorSpec(tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, device)
-
-
-@dataclass(frozen=True)
-class OutputInfo:
-    """What a named output is besides its value."""
-
-    requires_grad: bool
-    is_parameter: bool
-    persistent: bool = True
+from fxinit.spec import OutputInfo, TensorSpec, cast_by_to, dtype_after_to
 
 
 @dataclass
@@ -72,7 +40,7 @@ class InitGraph:
     info: dict[str, OutputInfo]
     ties: list[list[str]]
     constants: dict[str, torch.Tensor]
-    rng: dict[str, Snapshot]
+    snapshots: dict[str, Snapshot]
     default_dtype: torch.dtype = field(default_factory=torch.get_default_dtype)
     seed: int | None = None  # torch.initial_seed() when capture started: portable mode's default
     stream_names: dict[int, str] = field(default_factory=dict)  # storage id -> name for portable keys
@@ -117,16 +85,13 @@ class InitGraph:
         are, so eager construction gives them whatever the memory held, and so does
         materialization. A model usually means to initialize them (e.g. parameters that
         ``from_pretrained`` found missing and ``_init_weights`` does not cover)."""
-        from fxinit.ops import ALLOCATIONS, is_view
 
         written = {sid for n in self.nodes for sid in n.meta.get("mutates", ())}
         names = []
         for name, node in self.outputs.items():
             if self.output_storage[name] in written:
                 continue
-            while is_view(node.target) and node.args and isinstance(node.args[0], fx.Node):
-                node = node.args[0]
-            if node.target in ALLOCATIONS:
+            if view_base(node).target in ALLOCATIONS:
                 names.append(name)
         return names
 
@@ -142,6 +107,11 @@ class InitGraph:
         from fxinit.artifact import save_graph
 
         save_graph(self, path)
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "InitGraph":
+        """Read a graph written by ``save`` (``fxinit.load_graph``)."""
+        return load_graph(path)
 
     def materialize(
         self, names: Iterable[str] | None = None, device: torch.device | str | None = None,
@@ -170,7 +140,7 @@ class InitGraph:
 
         if rng not in ("exact", "portable"):
             raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
-        if dtype is not None and not _cast_by_to(dtype):
+        if dtype is not None and not cast_by_to(dtype):
             raise ValueError(f"dtype={dtype}: like Module.to, materialize takes a floating-point or complex dtype")
         wanted = list(self.outputs) if names is None else list(names)
         unknown = [n for n in wanted if n not in self.outputs]
@@ -178,7 +148,7 @@ class InitGraph:
             raise KeyError(f"not outputs of this init graph: {unknown[:5]}")
         exposed = self._rows_extents(wanted, rows or {})
         nodes = self.required_nodes(wanted, to_run=True)
-        need = sum(n.meta["spec"].nbytes for n in nodes if _allocates(n))
+        need = sum(n.meta["spec"].nbytes for n in nodes if allocates(n))
         limit = max_bytes if max_bytes is not None else _physical_memory()
         if need > limit:
             raise DeferredInitError(
@@ -187,7 +157,7 @@ class InitGraph:
         streams = None
         if rng == "portable":
             streams = streams_for(self.nodes, self.storage_names(), _portable_seed(seed, self.seed))
-        env = run_parallel(nodes, self.constants, self.rng, self.default_dtype,
+        env = run_parallel(nodes, self.constants, self.snapshots, self.default_dtype,
                            keep={self.outputs[n] for n in wanted}, streams=streams, output_dtype=dtype,
                            exposed=exposed)
         out: dict[str, torch.Tensor] = {}
@@ -250,27 +220,27 @@ class InitGraph:
                "output_bytes": sum(self.spec(g[0]).nbytes for g in self._tie_representatives()),
                "dead_nodes": len(set(captured) - set(run))}
         for suffix, nodes in (("_captured", captured), ("", run)):
-            random = [n for n in nodes if n.meta.get("rng")]
+            random = [n for n in nodes if n.meta.get("generators")]
             out["nodes" + suffix] = len(nodes)
             out["random_ops" + suffix] = len(random)
             out["random_elements" + suffix] = sum(_numel(n) for n in random)
-            out["bytes_allocated" + suffix] = sum(n.meta["spec"].nbytes for n in nodes if _allocates(n))
+            out["bytes_allocated" + suffix] = sum(n.meta["spec"].nbytes for n in nodes if allocates(n))
         shared = common_subexpressions(run, out_nodes)
         in_place = in_place_chains(run, out_nodes, shared)
-        fused = runnable(fused_casts(run, out_nodes, dtype), self.rng, None)
+        fused = runnable(fused_casts(run, out_nodes, dtype), self.snapshots, None)
         saved = sum(n.meta["spec"].nbytes for n in in_place)
-        saved += sum(n.meta["spec"].nbytes for n, (_, copy) in shared.items() if not copy and _allocates(n))
+        saved += sum(n.meta["spec"].nbytes for n, (_, copy) in shared.items() if not copy and allocates(n))
         in_dtype = {r for p in fused.values() for r in p.results}
         for plan in fused.values():
-            saved += sum(m.meta["spec"].nbytes for m in plan.members if _allocates(m))
+            saved += sum(m.meta["spec"].nbytes for m in plan.members if allocates(m))
             saved -= _numel(plan.alloc) * plan.dtype.itemsize
         if dtype is not None:  # unfused floating outputs are cast after they are final
             saved -= sum(_numel(n) * dtype.itemsize for n in out_nodes - in_dtype
-                         if _cast_by_to(n.meta["spec"].dtype) and n.meta["spec"].dtype != dtype)
+                         if cast_by_to(n.meta["spec"].dtype) and n.meta["spec"].dtype != dtype)
         out.update(cse_reused=len(shared), in_place=len(in_place), fused_casts=len(fused))
         out["bytes_allocated"] -= saved
         out["output_bytes_in_dtype"] = sum(
-            _numel(self.outputs[g[0]]) * (dtype.itemsize if dtype is not None and _cast_by_to(self.spec(g[0]).dtype)
+            _numel(self.outputs[g[0]]) * (dtype.itemsize if dtype is not None and cast_by_to(self.spec(g[0]).dtype)
                                           else self.spec(g[0]).dtype.itemsize)
             for g in self._tie_representatives())
         return out
@@ -290,6 +260,21 @@ class InitGraph:
                 f"{s['random_ops']} random ops to run, {s['output_bytes'] / 2**20:.1f} MiB)")
 
 
+def load_graph(path: str | os.PathLike) -> InitGraph:
+    """Read an init graph written by ``InitGraph.save`` or ``fxinit trace``; refuses (with
+    ``ArtifactError``) anything it cannot trust (see ``fxinit.artifact``)."""
+    from fxinit.artifact import read_graph
+
+    return InitGraph(**read_graph(path))
+
+
+def loads(data: bytes, source: str = "<bytes>") -> InitGraph:
+    """``load_graph`` from the bytes of a file."""
+    from fxinit.artifact import decode
+
+    return InitGraph(**decode(data, source))
+
+
 def _portable_seed(seed: int | None, traced: int | None) -> int:
     if seed is not None:
         return seed
@@ -305,17 +290,6 @@ def _physical_memory() -> int:
         return 1 << 62
 
 
-def _cast_by_to(dtype: torch.dtype) -> bool:
-    """Whether ``Module.to(another dtype)`` casts tensors of ``dtype``."""
-    return dtype.is_floating_point or dtype.is_complex
-
-
-def dtype_after_to(current: torch.dtype, requested: torch.dtype | None) -> torch.dtype:
-    """The dtype a tensor of ``current`` has after ``Module.to(requested)``: floating-point
-    and complex tensors take ``requested``, the others keep theirs."""
-    return requested if requested is not None and _cast_by_to(current) else current
-
-
 def _numel(n: fx.Node) -> int:
     """Elements of the node's value; for an in-place op, of the tensor it writes."""
     spec = n.meta.get("spec")
@@ -323,15 +297,3 @@ def _numel(n: fx.Node) -> int:
         written = next((a for a in n.args if isinstance(a, fx.Node)), None)
         spec = written.meta.get("spec") if written is not None else None
     return 0 if spec is None else spec.numel
-
-
-def _allocates(n: fx.Node) -> bool:
-    """Whether running ``n`` creates a new storage (not a view, not in place)."""
-    if n.meta.get("spec") is None:
-        return False
-    if n.op == "get_attr":
-        return True
-    schema = getattr(n.target, "_schema", None)
-    if schema is None or not schema.returns:
-        return False
-    return schema.returns[0].alias_info is None

@@ -26,7 +26,8 @@ from fxinit.capture.recorder import Recorder
 from fxinit.checkpoint import Checkpoint, CheckpointSource
 from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, local_part, materialize_dtensors
 from fxinit.errors import DeferredInitError
-from fxinit.graph import InitGraph, OutputInfo, dtype_after_to
+from fxinit.graph import InitGraph
+from fxinit.spec import OutputInfo, dtype_after_to
 from fxinit.passes.slicing import required_nodes
 from fxinit.passes.uninitialized import unwritten_reads
 
@@ -126,7 +127,7 @@ def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.devi
     if seed is not None:
         recorder.stamp_module_paths()
         streams = streams_for(all_nodes, recorder.storage_names(), seed)
-    env = run_parallel(nodes, recorder.constants, recorder.rng, recorder.default_dtype,
+    env = run_parallel(nodes, recorder.constants, recorder.snapshots, recorder.default_dtype,
                        keep={node for node, _ in targets}, device_map=_device_map(nodes, target), streams=streams,
                        output_dtype=dtype)
     values = []
@@ -487,7 +488,7 @@ def init_graph(module: torch.nn.Module) -> InitGraph:
             storage.setdefault(fqn, targets[g[0]][1])
     used_storages = {sid for n in nodes for sid in (*n.meta.get("reads", ()), *n.meta.get("mutates", ()))}
     used_consts = {n.target for n in nodes if n.op == "get_attr"}
-    used_rng = {k for n in nodes for k in (n.meta.get("rng") or {}).values()}
+    used_snapshots = {k for n in nodes for k in (n.meta.get("generators") or {}).values()}
     return InitGraph(
         graph=graph,
         outputs=outputs,
@@ -495,7 +496,7 @@ def init_graph(module: torch.nn.Module) -> InitGraph:
         info=info,
         ties=ties,
         constants={k: v for k, v in rec.constants.items() if k in used_consts},
-        rng={k: v for k, v in rec.rng.items() if k in used_rng},
+        snapshots={k: v for k, v in rec.snapshots.items() if k in used_snapshots},
         default_dtype=rec.default_dtype,
         seed=rec.seed,
         stream_names={sid: name for sid, name in rec.storage_names().items() if sid in used_storages},

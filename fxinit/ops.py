@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import functools
 import importlib
+import operator
 from typing import Any, Callable
 
 import torch
+import torch.fx as fx
 
 # Init functions that cannot be expressed as a static aten graph (data-dependent
 # sampling, QR, randperm loops) or that return early on meta tensors. They are
@@ -68,11 +70,75 @@ ALLOCATIONS = frozenset({
     torch.ops.aten.new_empty.default, torch.ops.aten.new_empty_strided.default,
 })
 
+# Ops that read only the shape, dtype and device of their tensor argument.
+_METADATA_ONLY = frozenset(getattr(torch.ops.aten, name) for name in (
+    "new_zeros", "new_empty", "new_ones", "new_full", "new_empty_strided", "empty_like", "zeros_like", "ones_like",
+    "full_like", "rand_like", "randn_like"))
+
 
 @functools.lru_cache(maxsize=None)
-def is_view(target: Any) -> bool:
-    """Ops whose result is a view of their first argument (``view``, ``t``, ``slice``, ``detach``...)."""
+def _view_op(target: Any) -> bool:
+    if target is torch.ops.aten._unsafe_view.default:  # declared fresh, but a view of its input's storage
+        return True
     if not isinstance(target, torch._ops.OpOverload) or not target._schema.returns:
         return False
     alias = target._schema.returns[0].alias_info
     return alias is not None and not alias.is_write
+
+
+def is_view(node: fx.Node) -> bool:
+    """``node``'s value is a view of its first argument (``view``, ``t``, ``slice``,
+    ``detach``, ``split``...; ``getitem`` of a view op's list): it reads no data."""
+    if node.target is operator.getitem:
+        parent = node.args[0] if node.args else None
+        return isinstance(parent, fx.Node) and is_view(parent)
+    return _view_op(node.target)
+
+
+def view_base(node: fx.Node) -> fx.Node:
+    """The node whose storage ``node``'s value views: up through views to the first non-view."""
+    while is_view(node) and node.args and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node
+
+
+def reads_no_data(node: fx.Node) -> bool:
+    """Whether ``node`` reads only the metadata of its tensor argument (``empty_like``, ``new_zeros``...)."""
+    return getattr(node.target, "overloadpacket", None) in _METADATA_ONLY
+
+
+def allocates(node: fx.Node) -> bool:
+    """Whether running ``node`` creates a new storage (not a view, not in place)."""
+    if node.meta.get("spec") is None:
+        return False
+    if node.op == "get_attr":
+        return True
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    return schema.returns[0].alias_info is None
+
+
+@functools.lru_cache(maxsize=None)
+def draws_random(target: Any) -> bool:
+    """Whether graph op ``target`` draws random numbers (it is seeded or takes a generator)."""
+    if target is call_init_function:
+        return True
+    if isinstance(target, torch._ops.OpOverload):
+        return torch.Tag.nondeterministic_seeded in target.tags or any(
+            "Generator" in str(a.type) for a in target._schema.arguments)
+    return False
+
+
+def is_random(node: fx.Node) -> bool:
+    """Whether ``node`` draws random numbers (it carries the generators it draws from)."""
+    return bool(node.meta.get("generators"))
+
+
+def op_name(node: fx.Node) -> str:
+    """``normal_``, ``constant``, ``trunc_normal_`` (opaque init functions by their name)."""
+    if node.op == "get_attr":
+        return "constant"
+    if node.meta.get("opaque"):
+        return node.meta["opaque"].rsplit(".", 1)[-1]
+    return getattr(getattr(node.target, "overloadpacket", node.target), "__name__", str(node.target))

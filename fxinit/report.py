@@ -7,20 +7,14 @@ process that has neither the model's code nor its libraries.
 from __future__ import annotations
 
 import fnmatch
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import torch.fx as fx
 
-from fxinit.graph import InitGraph
+from fxinit.ops import is_random, op_name
 
-
-def op_name(node: fx.Node) -> str:
-    """``normal_``, ``constant``, ``trunc_normal_`` (opaque init functions by their name)."""
-    if node.op == "get_attr":
-        return "constant"
-    if node.meta.get("opaque"):
-        return node.meta["opaque"].rsplit(".", 1)[-1]
-    return getattr(getattr(node.target, "overloadpacket", node.target), "__name__", str(node.target))
+if TYPE_CHECKING:  # annotations only: graph.py imports this module (InitGraph.explain)
+    from fxinit.graph import InitGraph
 
 
 def step(node: fx.Node) -> str:
@@ -104,7 +98,7 @@ def explain(graph: InitGraph, name: str) -> str:
              + (f" ({len(dead & set(nodes))} more are dead and never run):" if dead & set(nodes) else ":")]
     for n in nodes:
         tags = []
-        if n.meta.get("rng"):
+        if is_random(n):
             tags.append("random")
         if n.meta.get("opaque"):
             tags.append("replayed as one call")

@@ -17,7 +17,8 @@ from typing import Iterable
 import torch.fx as fx
 
 from fxinit.graph import InitGraph
-from fxinit.report import op_name, step
+from fxinit.ops import is_random, op_name
+from fxinit.report import step
 
 _PLUMBING = {"detach", "alias"}
 
@@ -93,7 +94,7 @@ def _label(node: fx.Node) -> str:
 
 
 def _fill(node: fx.Node) -> str:
-    if node.meta.get("rng"):
+    if is_random(node):
         return RANDOM
     if node.op == "get_attr":
         return CONSTANT

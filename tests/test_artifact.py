@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fxinit
-from fxinit.artifact import MAX_CONFIG_DEPTH, SCHEMA_VERSION, loads
+from fxinit.artifact import MAX_CONFIG_DEPTH, SCHEMA_VERSION
+from fxinit.graph import loads
 from fxinit.errors import ArtifactError
 from tests.artifact_helpers import (HEADER_LAYOUT_FILE, Small, dumps, header_layout, hostile, mutated, payload_of,
                                     record_data_at, small_graph, valid_bytes)

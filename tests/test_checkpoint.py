@@ -82,7 +82,7 @@ def test_full_checkpoint_runs_no_init(tmp_path: Path, fmt: str, executed: list) 
     param_storages = {rec.storage_id(p) for p in params}
     fxinit.materialize(m, state_dict=source)
     assert executed  # the RoPE buffer is computed...
-    assert not any(n.meta.get("rng") for n in executed)  # ...but no parameter is initialized
+    assert not any(n.meta.get("generators") for n in executed)  # ...but no parameter is initialized
     assert not param_nodes & set(executed)
     assert not any(param_storages & {*n.meta["reads"], *n.meta["mutates"]} for n in executed)
     _assert_equal_to(m, _eager_then_load(state))
@@ -158,7 +158,7 @@ def test_sharded_checkpoint(tmp_path: Path, form: str, executed: list) -> None:
     torch.manual_seed(0)
     m = fxinit.trace_init(_llama)
     fxinit.materialize(m, state_dict=source, strict=True)
-    assert not any(n.meta.get("rng") for n in executed)  # every parameter came from the shards
+    assert not any(n.meta.get("generators") for n in executed)  # every parameter came from the shards
     _assert_equal_to(m, _eager_then_load(state))
 
 

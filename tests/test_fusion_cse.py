@@ -81,7 +81,7 @@ def test_chunked_fill_equals_whole_fill(op, args, dtype, n) -> None:
     whole = torch.empty(n, dtype=dtype)
     op(whole, *args, generator=gen)
     node = torch.fx.Graph().call_function(op, (None, *args))
-    node.meta["rng"] = {"gen": "g"}
+    node.meta["generators"] = {"gen": "g"}
     got = torch.full((n,), float("nan"), dtype=dtype)
     seen = []
 
@@ -115,7 +115,7 @@ def test_materialize_dtype_equals_eager_then_module_to(dtype: torch.dtype) -> No
     torch.manual_seed(0)
     m = fxinit.trace_init(LlamaForCausalLM, cfg)
     g, nodes, keep = _plan_parts(m)
-    plans = fused_backend.runnable(fused_casts(nodes, keep, dtype), g.rng, None)
+    plans = fused_backend.runnable(fused_casts(nodes, keep, dtype), g.snapshots, None)
     assert len(plans) >= 4  # the large projections and the embedding fill in chunks
     fxinit.materialize(m, dtype=dtype)
     _assert_state_dicts_equal(ref, m)
@@ -271,8 +271,8 @@ def test_parallel_runs_keep_a_duplicate_with_the_value_it_reuses() -> None:
     where = {n: i for i, grp in enumerate(groups) for n in grp}
     assert all(where[d] == where[f] for d, (f, _) in shared.items())
     assert len(groups) > 1  # the Linear layers still run on their own
-    serial = run_nodes(nodes, g.constants, g.rng, g.default_dtype, keep)
-    parallel = run_parallel(nodes, g.constants, g.rng, g.default_dtype, keep, workers=2)
+    serial = run_nodes(nodes, g.constants, g.snapshots, g.default_dtype, keep)
+    parallel = run_parallel(nodes, g.constants, g.snapshots, g.default_dtype, keep, workers=2)
     assert all(torch.equal(_bits(serial[k]), _bits(parallel[k])) for k in keep)
 
 

@@ -78,11 +78,11 @@ def test_random_nodes_carry_their_generator_state() -> None:
     m = fxinit.trace_init(nn.Linear, 8, 8)
     node = state_of(m.weight).node
     rec = state_of(m.weight).recorder
-    random_nodes = [n for n in rec.graph.nodes if n.meta.get("rng")]
+    random_nodes = [n for n in rec.graph.nodes if n.meta.get("generators")]
     assert len(random_nodes) == 2
     # the first draw starts from the state manual_seed(0) gives
     torch.manual_seed(0)
-    assert torch.equal(rec.rng[random_nodes[0].meta["rng"]["gen"]].state, torch.get_rng_state())
+    assert torch.equal(rec.snapshots[random_nodes[0].meta["generators"]["gen"]].state, torch.get_rng_state())
     assert node.op == "call_function"
 
 

@@ -61,8 +61,8 @@ def test_capture_computes_no_state_and_portable_mode_never_does() -> None:
     torch.manual_seed(0)
     m = fxinit.trace_init(Wide)
     rec = state_of(m.layers[0].weight).recorder
-    pending = [s for s in rec.rng.values() if isinstance(s, PendingSnapshot)]
-    assert len(pending) == len(rec.rng) - 1  # all but the very first start, which is the real state
+    pending = [s for s in rec.snapshots.values() if isinstance(s, PendingSnapshot)]
+    assert len(pending) == len(rec.snapshots) - 1  # all but the very first start, which is the real state
     assert all(s._state is None for s in pending)
     fxinit.materialize(m, rng="portable")
     assert all(s._state is None for s in pending)
@@ -76,12 +76,12 @@ def test_states_computed_in_any_order_agree() -> None:
     a = fxinit.init_graph(fxinit.trace_init(Wide))
     torch.manual_seed(0)
     b = fxinit.init_graph(fxinit.trace_init(Wide))
-    keys = list(a.rng)
+    keys = list(a.snapshots)
     for k in keys:  # program order
-        a.rng[k].state
+        a.snapshots[k].state
     for k in reversed(keys):  # last first: one long jump, then the rest
-        b.rng[k].state
+        b.snapshots[k].state
     for k in keys:
-        assert torch.equal(a.rng[k].state, b.rng[k].state), k
+        assert torch.equal(a.snapshots[k].state, b.snapshots[k].state), k
     values = b.materialize()
     assert all(torch.equal(values[name], t) for name, t in eager.state_dict().items())

@@ -128,8 +128,8 @@ def test_parallel_run_equals_serial_run() -> None:
     g = fxinit.init_graph(fxinit.trace_init(Independent))
     nodes = g.required_nodes(list(g.outputs))
     keep = set(g.outputs.values())
-    serial = run_nodes(nodes, g.constants, g.rng, g.default_dtype, keep)
-    parallel = run_parallel(nodes, g.constants, g.rng, g.default_dtype, keep, workers=4)
+    serial = run_nodes(nodes, g.constants, g.snapshots, g.default_dtype, keep)
+    parallel = run_parallel(nodes, g.constants, g.snapshots, g.default_dtype, keep, workers=4)
     assert serial.keys() == parallel.keys()
     for node in keep:
         assert torch.equal(serial[node], parallel[node])

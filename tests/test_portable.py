@@ -45,8 +45,8 @@ def test_order_subset_threads_and_seed() -> None:
     nodes = g.required_nodes(list(g.outputs))
     streams = streams_for(g.nodes, g.storage_names(), 7)
     keep = set(g.outputs.values())
-    serial = run_nodes(nodes, g.constants, g.rng, g.default_dtype, keep, streams=streams)
-    threaded = run_parallel(nodes, g.constants, g.rng, g.default_dtype, keep, workers=4, streams=streams)
+    serial = run_nodes(nodes, g.constants, g.snapshots, g.default_dtype, keep, streams=streams)
+    threaded = run_parallel(nodes, g.constants, g.snapshots, g.default_dtype, keep, workers=4, streams=streams)
     for node in keep:
         assert torch.equal(serial[node], threaded[node])
     other = g.materialize(rng="portable", seed=8)

@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import tests.test_artifact as cases  # noqa: E402
-from fxinit.artifact import ArtifactError, loads  # noqa: E402
+from fxinit.errors import ArtifactError  # noqa: E402
+from fxinit.graph import loads  # noqa: E402
 from tests.artifact_helpers import HEADER_LAYOUT_FILE  # noqa: E402
 
 

@@ -131,7 +131,7 @@ def random_kinds(graph: fxinit.InitGraph, name: str) -> set[str]:
     """Names of the random ops (and opaque init functions) that run for output ``name``."""
     kinds = set()
     for n in graph.required_nodes([name]):
-        if n.meta.get("rng"):
+        if n.meta.get("generators"):
             kinds.add(n.meta.get("opaque") or getattr(getattr(n.target, "overloadpacket", n.target), "__name__", "?"))
     return kinds
 

@@ -20,7 +20,7 @@ from fxinit.backends.fused import run_fused, runnable
 from fxinit.backends.partial import fill_piece_exact, fill_whole_in_chunks
 from fxinit.backends.portable import call_portable, fill_piece_portable
 from fxinit.errors import DeferredInitError
-from fxinit.graph import dtype_after_to
+from fxinit.spec import dtype_after_to
 from fxinit.ops import replay_args
 from fxinit.passes.cast_fusion import cast_points, fused_casts
 from fxinit.passes.cse import common_subexpressions
@@ -128,7 +128,7 @@ def run_nodes(
                 kwargs = dict(fx.node.map_aggregate(n.kwargs, load))
                 if device_map and kwargs.get("device") in device_map:
                     kwargs["device"] = device_map[kwargs["device"]]
-                rng_keys = n.meta.get("rng")
+                rng_keys = n.meta.get("generators")
                 node_dtype = n.meta.get("default_dtype", default_dtype)
                 try:
                     with _default_dtype(node_dtype):
@@ -208,7 +208,7 @@ def run_parallel(
     """
     workers = workers or torch.get_num_threads()
     if streams is None:  # exact mode: compute the snapshots' states in program order, one short jump each
-        resolve([rng[k] for n in nodes for k in n.meta.get("rng", {}).values()])
+        resolve([rng[k] for n in nodes for k in n.meta.get("generators", {}).values()])
     dtypes = {n.meta.get("default_dtype", default_dtype) for n in nodes}
     shared = common_subexpressions(nodes, keep)
     # a CSE duplicate runs in the group of the value it reuses

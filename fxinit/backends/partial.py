@@ -35,7 +35,7 @@ def fill_piece_exact(node: fx.Node, args: tuple, kwargs: dict, rng: Mapping[str,
     One private generator goes from range to range: past the elements between two ranges
     it is advanced without generating them (``mt19937.advance``, a fraction of the cost)."""
     target = args[0]
-    keys = node.meta.get("rng") or {}
+    keys = node.meta.get("generators") or {}
     if set(keys) != {"gen"} or not isinstance(target, torch.Tensor) or target.device.type != "cpu":
         return False
     if not target.is_contiguous() or target.storage_offset() != 0:
@@ -71,7 +71,7 @@ def fills_pieces_exact(node: fx.Node) -> bool:
     target = node.args[0] if node.args else None
     spec = target.meta.get("spec") if isinstance(target, fx.Node) else None
     rest, kwargs = tuple(node.args[1:]), dict(node.kwargs)
-    if set(node.meta.get("rng") or {}) != {"gen"} or spec is None or spec.device.type != "cpu":
+    if set(node.meta.get("generators") or {}) != {"gen"} or spec is None or spec.device.type != "cpu":
         return False
     if spec.storage_offset != 0 or not torch.empty_strided(spec.shape, spec.stride, device="meta").is_contiguous():
         return False
@@ -96,7 +96,7 @@ def fill_in_chunks_exact(node: fx.Node, rest: tuple, kwargs: dict, rng: Mapping[
     the cache also make two-pass samplers (``normal_``: uniforms, then Box-Muller) read
     their second pass from cache instead of memory.
     """
-    keys = node.meta.get("rng") or {}
+    keys = node.meta.get("generators") or {}
     split = _splittable(node, rest, kwargs, dtype, n) if set(keys) == {"gen"} else None
     if split is None:
         return False

@@ -30,7 +30,7 @@ def stream_keys(nodes: Sequence[fx.Node], storage_names: Mapping[int, str]) -> d
     counters: dict[str, int] = defaultdict(int)
     keys: dict[fx.Node, str] = {}
     for n in nodes:
-        if not n.meta.get("rng"):
+        if not n.meta.get("generators"):
             continue
         written = [storage_names[s] for s in n.meta.get("mutates", ()) if s in storage_names]
         if written:

@@ -156,4 +156,4 @@ def clear_meta_init_cache() -> None:
         recorder.cleared = True
         recorder.graph = None  # type: ignore[assignment]
         recorder.constants.clear()
-        recorder.rng.clear()
+        recorder.snapshots.clear()

@@ -33,8 +33,8 @@ from fxinit.capture.opaque import find_opaque_call
 from fxinit.capture.provenance import called_from, current_provenance, format_source, module_path_from_stack, user_frame
 from fxinit.capture.skips import LazyCpuGenerator
 from fxinit.errors import DeferredInitError
-from fxinit.graph import TensorSpec
-from fxinit.ops import ALLOCATIONS, call_init_function, changes_view, resolve_init_function
+from fxinit.spec import TensorSpec
+from fxinit.ops import ALLOCATIONS, call_init_function, changes_view, draws_random, resolve_init_function
 from fxinit.rng import Snapshot, default_generator_for, mt19937, snapshot
 from fxinit.passes.dead_init import dead_writes
 from fxinit.passes.fingerprint import fingerprint
@@ -86,13 +86,6 @@ _WHAT_THE_USER_WROTE = {
     aten.nonzero.default: "Tensor.nonzero() / torch.where(cond)",
     aten.equal.default: "torch.equal",
 }
-
-
-@functools.lru_cache(maxsize=None)
-def _is_random(func: Any) -> bool:
-    if torch.Tag.nondeterministic_seeded in func.tags:
-        return True
-    return any("Generator" in str(a.type) for a in func._schema.arguments)
 
 
 @functools.lru_cache(maxsize=None)
@@ -186,7 +179,7 @@ class Recorder:
         self.kind = kind
         self.graph = fx.Graph()
         self.constants: dict[str, torch.Tensor] = {}
-        self.rng: dict[str, Snapshot] = {}
+        self.snapshots: dict[str, Snapshot] = {}
         self.lazy_cpu = LazyCpuGenerator()  # the default CPU generator, skipped lazily inside capture
         self._dead: tuple[int, set[fx.Node]] = (-1, set())
         self.random_ops = {"skipped": 0, "drawn": 0}  # how capture kept generators in step
@@ -264,7 +257,7 @@ class Recorder:
         """A digest of what computes the current values of ``tensors`` (passes.fingerprint)."""
         nodes = required_nodes(list(self.graph.nodes), [(state_of(t).node, self.storage_id(t)) for t in tensors],
                                self.dead_writes())
-        return fingerprint(nodes, self.constants, self.rng)
+        return fingerprint(nodes, self.constants, self.snapshots)
 
     @property
     def root(self) -> torch.nn.Module | None:
@@ -323,7 +316,7 @@ class Recorder:
         if cost > EVAL_BUDGET:
             return None
         with self.suspended():
-            env = run_nodes(nodes, self.constants, self.rng, self.default_dtype, keep={node},
+            env = run_nodes(nodes, self.constants, self.snapshots, self.default_dtype, keep={node},
                             device_map=_unavailable_to_cpu(nodes))
             value = env[node].to("cpu")
             if value.untyped_storage().nbytes() <= SHADOW_LIMIT * value.element_size():
@@ -545,7 +538,7 @@ class Recorder:
                 resolve_init_function(call.qualname)(scratch, **kwargs)
         sid = self.storage_id(t)
         node = self._node(call_init_function, (call.qualname, st.node), node_kwargs)
-        node.meta.update(reads=(sid,), mutates=(sid,), rng=keys, opaque=call.qualname,
+        node.meta.update(reads=(sid,), mutates=(sid,), generators=keys, opaque=call.qualname,
                          overwrites=self._replaced_storage(t, []))
         self._storage(t).shadow = None
         return True
@@ -567,8 +560,8 @@ class Recorder:
 
     # ------------------------------------------------------------------ rng
     def _snapshot(self, gen: torch.Generator) -> str:
-        key = f"rng{len(self.rng)}"
-        self.rng[key] = self.lazy_cpu.position() if self._lazy(gen) else snapshot(gen)
+        key = f"rng{len(self.snapshots)}"
+        self.snapshots[key] = self.lazy_cpu.position() if self._lazy(gen) else snapshot(gen)
         return key
 
     def _lazy(self, gen: torch.Generator) -> bool:
@@ -576,7 +569,7 @@ class Recorder:
 
     def _step_generator(self, func: Any, args: tuple, kwargs: dict, device: torch.device, gen: torch.Generator,
                         filled: list[Any]) -> str:
-        """Snapshot ``gen`` for this random op (returns its key in ``self.rng``) and leave it
+        """Snapshot ``gen`` for this random op (returns its key in ``self.snapshots``) and leave it
         exactly where eager would: skip ahead when the op's consumption is a known pure
         advance, else consume the numbers for real on a scratch copy."""
         draws = None
@@ -586,11 +579,11 @@ class Recorder:
             key = self._snapshot(gen)
             self._draw_for_real(func, args, kwargs, device)
             return key
-        key = f"rng{len(self.rng)}"
+        key = f"rng{len(self.snapshots)}"
         if self._lazy(gen):
-            self.rng[key] = self.lazy_cpu.skip(draws)
+            self.snapshots[key] = self.lazy_cpu.skip(draws)
         else:
-            start = self.rng[key] = snapshot(gen)
+            start = self.snapshots[key] = snapshot(gen)
             gen.set_state(mt19937.advance(start.state, draws))
         self.random_ops["skipped"] += 1
         return key
@@ -749,7 +742,7 @@ class Recorder:
         mutated_objs = [t for i in _mutated_arg_indices(func) for t in _tensors_in(_schema_value(func, args, kwargs, i))]
         mutates = tuple(dict.fromkeys(self.storage_id(t) for t in mutated_objs))
         gargs, gkwargs = self._graph_args(func, args, kwargs, device, inputs)
-        random = _is_random(func) and device.type != "meta"
+        random = draws_random(func) and device.type != "meta"
         if random:
             if called_from(_DTENSOR_DIR):  # DTensor runs the op on the local tensors (capture.dtensor)
                 raise self.fail(
@@ -772,7 +765,7 @@ class Recorder:
         node = self._node(func, gargs, gkwargs)
         node.meta.update(reads=reads, mutates=mutates, overwrites=self._overwrites(func, inputs, mutated_objs))
         if random:
-            node.meta["rng"] = {"gen" if _takes_generator(func) else f"default:{device}": key}
+            node.meta["generators"] = {"gen" if _takes_generator(func) else f"default:{device}": key}
 
         if isinstance(mout, torch.Tensor):  # most ops: one tensor out
             same = next((t for t in inputs if t is mout), None)  # in-place / out=: the same Python object
@@ -819,7 +812,7 @@ class Recorder:
         # A random op has no shadow, on meta too (``random`` is False there): computing one
         # would draw from the user's generator, which eager's meta op leaves alone.
         small_fresh = fresh and all(w.numel() <= EAGER_SHADOW_LIMIT for w, _ in fresh)
-        if random or _is_random(func) or not (mutated or small_fresh) \
+        if random or draws_random(func) or not (mutated or small_fresh) \
                 or not all(self.shadow_of(t) is not None for t in inputs):
             for t in mutated:
                 self._storage(t).shadow = None
@@ -845,7 +838,7 @@ class Recorder:
     def _via_values(self, func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
                      data_dependent: bool, cause: Exception | None = None) -> Any:
         """Ops whose result depends on values (or that have no meta kernel): run them on exact values, or refuse."""
-        if not _is_random(func) and all(self.value_of(t) is not None for t in inputs):
+        if not draws_random(func) and all(self.value_of(t) is not None for t in inputs):
             real_out = self._compute_real(func, args, kwargs)
             if not _tensors_in(real_out):
                 return real_out  # a Python value (item, bool): nothing to record

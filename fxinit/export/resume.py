@@ -41,7 +41,7 @@ def fingerprint(source: Source, settings: dict[str, Any], files: Sequence[Any]) 
     graph = source.graph
     if graph is not None:
         nodes = graph.nodes
-        h.update(graph_fingerprint(nodes, graph.constants, graph.rng).encode())
+        h.update(graph_fingerprint(nodes, graph.constants, graph.snapshots).encode())
         index = {n: i for i, n in enumerate(nodes)}
         h.update(repr(sorted((k, index[v], graph.output_storage[k]) for k, v in graph.outputs.items())).encode())
     for name, t in source.real.items():

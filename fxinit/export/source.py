@@ -15,7 +15,8 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from fxinit.errors import DeferredInitError
-from fxinit.graph import InitGraph, dtype_after_to
+from fxinit.graph import InitGraph
+from fxinit.spec import dtype_after_to
 
 # Asking a piece for more than this many times its own elements of writes (random fills
 # that cannot be restricted to the rows, a tensor computed from others) means it is
@@ -53,7 +54,7 @@ class Source:
         """A source for a traced (possibly partly materialized) module, an init graph, or
         the path of an init-graph file."""
         if isinstance(obj, (str, os.PathLike)):
-            from fxinit.artifact import load_graph
+            from fxinit.graph import load_graph
 
             obj = load_graph(obj)
         if isinstance(obj, InitGraph):

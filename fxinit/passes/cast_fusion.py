@@ -22,12 +22,11 @@ from typing import AbstractSet, Mapping, Sequence
 import torch
 import torch.fx as fx
 
+from fxinit.ops import ALLOCATIONS
 from fxinit.passes.walk import users_of, view_closure
 
 aten = torch.ops.aten
 
-_ALLOCATIONS = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
-                aten.new_empty.default, aten.new_empty_strided.default}
 _IDENTITY_VIEWS = {aten.detach.default, aten.alias.default}
 
 
@@ -70,7 +69,7 @@ def fused_casts(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
 
 def _plan(fill: fx.Node, users: dict[fx.Node, list[fx.Node]], touching: dict[int, list[fx.Node]],
           keep: AbstractSet[fx.Node], output_dtype: torch.dtype | None) -> FusedCast | None:
-    if not fill.meta.get("rng") or not fill.args or not isinstance(fill.args[0], fx.Node):
+    if not fill.meta.get("generators") or not fill.args or not isinstance(fill.args[0], fx.Node):
         return None
     mutated = tuple(fill.meta.get("mutates", ()))
     if len(mutated) != 1 or tuple(fill.meta.get("overwrites", ())) != mutated:
@@ -81,7 +80,7 @@ def _plan(fill: fx.Node, users: dict[fx.Node, list[fx.Node]], touching: dict[int
     while alloc.target in _IDENTITY_VIEWS:
         alloc = alloc.args[0]
     spec = alloc.meta.get("spec")
-    if alloc.target not in _ALLOCATIONS or not _plain(spec) or any(isinstance(a, fx.Node) for a in alloc.args):
+    if alloc.target not in ALLOCATIONS or not _plain(spec) or any(isinstance(a, fx.Node) for a in alloc.args):
         return None
     aliases = view_closure(alloc, users, lambda u: u.target in _IDENTITY_VIEWS and u.meta.get("spec") == spec)
     views = sorted(aliases - {alloc}, key=lambda v: v.meta["pos"])

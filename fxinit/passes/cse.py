@@ -17,11 +17,9 @@ from typing import AbstractSet, Any, Sequence
 import torch
 import torch.fx as fx
 
+from fxinit.ops import ALLOCATIONS
 from fxinit.passes.walk import Users, users_of, view_closure
 
-aten = torch.ops.aten
-
-_UNINITIALIZED = {aten.empty, aten.empty_strided, aten.empty_like, aten.new_empty, aten.new_empty_strided}
 
 
 def common_subexpressions(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node]) -> dict[fx.Node, tuple[fx.Node, bool]]:
@@ -60,10 +58,10 @@ def _key(n: fx.Node, rep: dict[fx.Node, fx.Node]) -> Any:
     deterministic, allocating op."""
     if n.op == "get_attr":
         return ("get_attr", n.target)
-    if n.op != "call_function" or n.meta.get("rng") or n.meta.get("mutates") or n.meta.get("spec") is None:
+    if n.op != "call_function" or n.meta.get("generators") or n.meta.get("mutates") or n.meta.get("spec") is None:
         return None
     schema = getattr(n.target, "_schema", None)
-    if schema is None or getattr(n.target, "overloadpacket", None) in _UNINITIALIZED:
+    if schema is None or n.target in ALLOCATIONS:
         return None
     if any(a.alias_info is not None for a in schema.arguments) or any(r.alias_info is not None for r in schema.returns):
         return None

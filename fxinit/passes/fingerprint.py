@@ -38,7 +38,7 @@ def fingerprint(nodes: Sequence[fx.Node], constants: Mapping[str, torch.Tensor],
             value = constants[n.target]
             h.update(repr((value.dtype, tuple(value.shape))).encode())
             h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        for key in sorted((n.meta.get("rng") or {}).items()):
+        for key in sorted((n.meta.get("generators") or {}).items()):
             h.update(key[0].split(":")[0].encode())
             h.update(rng[key[1]].state.cpu().numpy().tobytes())
     return h.hexdigest()

@@ -15,6 +15,7 @@ from typing import AbstractSet, Any, Mapping, Sequence
 import torch
 import torch.fx as fx
 
+from fxinit.ops import allocates
 from fxinit.passes.walk import users_of
 
 aten = torch.ops.aten
@@ -48,8 +49,6 @@ def in_place_chains(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
     """``{node: in-place op}`` for element-wise nodes of the slice ``nodes`` that can run in
     place on their first argument. ``shared`` is the CSE map: a value reused through it
     has readers the graph does not show, so it is never overwritten."""
-    from fxinit.graph import _allocates
-
     users = users_of(nodes)
     reused = {first for first, _ in shared.values()} | set(shared)
     out: dict[fx.Node, Any] = {}
@@ -58,9 +57,9 @@ def in_place_chains(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
         x = n.args[0] if n.args else None
         if op is None or not isinstance(x, fx.Node) or x in keep or x in reused or users[x] != [n]:
             continue
-        if x.op == "get_attr" or not _allocates(x) or x.meta.get("spec") is None:
+        if x.op == "get_attr" or not allocates(x) or x.meta.get("spec") is None:
             continue
-        if n.meta.get("spec") != x.meta["spec"] or n.meta.get("rng"):
+        if n.meta.get("spec") != x.meta["spec"] or n.meta.get("generators"):
             continue
         out[n] = op
     return out

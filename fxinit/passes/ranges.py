@@ -24,8 +24,8 @@ from typing import AbstractSet, Mapping, Sequence
 
 import torch.fx as fx
 
-from fxinit.ops import ALLOCATIONS
-from fxinit.passes.walk import is_view, reads_no_data, users_of, view_closure
+from fxinit.ops import ALLOCATIONS, is_view, reads_no_data, view_base
+from fxinit.passes.walk import users_of, view_closure
 
 
 Extent = tuple[int, int]  # half-open range of storage elements
@@ -100,7 +100,7 @@ def partial_fills(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
     pos = {n: i for i, n in enumerate(nodes)}
     out: dict[fx.Node, Ranges] = {}
     for r in nodes:
-        if not r.meta.get("rng") or not r.meta.get("overwrites") or not r.args or not isinstance(r.args[0], fx.Node):
+        if not r.meta.get("generators") or not r.meta.get("overwrites") or not r.args or not isinstance(r.args[0], fx.Node):
             continue
         target = r.args[0]
         spec = target.meta.get("spec")
@@ -108,10 +108,7 @@ def partial_fills(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
             continue
         numel = spec.numel
         # every node whose value aliases the target's storage: its root and view descendants
-        root = target
-        while is_view(root) and root.args and isinstance(root.args[0], fx.Node):
-            root = root.args[0]
-        aliases = view_closure(root, users)
+        aliases = view_closure(view_base(target), users)
         kept = aliases & keep
         if any(k not in exposed for k in kept):
             continue
@@ -136,9 +133,7 @@ def written_elements(nodes: Sequence[fx.Node], value: fx.Node, storage: int,
     fills in ``restricted`` count their ranges, other in-place writes the whole tensor they
     write, and the allocation of ``value``'s storage its size unless it leaves the memory
     unwritten (``torch.empty``)."""
-    root = value
-    while is_view(root) and root.args and isinstance(root.args[0], fx.Node):
-        root = root.args[0]
+    root = view_base(value)
     total = 0 if root.target in ALLOCATIONS else _numel(root)
     for n in nodes:
         if storage not in n.meta.get("mutates", ()):

@@ -14,7 +14,7 @@ from typing import AbstractSet, Iterable, Sequence
 
 import torch.fx as fx
 
-from fxinit.passes.walk import reads_no_data
+from fxinit.ops import reads_no_data
 
 _END = float("inf")
 

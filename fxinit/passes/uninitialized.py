@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 
 import torch.fx as fx
 
-from fxinit.passes.walk import is_view, reads_no_data
+from fxinit.ops import is_view, reads_no_data
 
 
 def unwritten_reads(nodes: Sequence[fx.Node], targets: Iterable[tuple[fx.Node, int]] = ()

@@ -24,8 +24,14 @@ from typing import Any, Iterable, Mapping
 import torch
 import torch.fx as fx
 
+from fxinit import execute
+from fxinit.artifact import decode, read_graph, save_graph
 from fxinit.errors import DeferredInitError
-from fxinit.ops import ALLOCATIONS, allocates, view_base
+from fxinit.execute import program_dead_writes, slicer
+from fxinit.ops import ALLOCATIONS, allocates, is_random, view_base
+from fxinit.passes.ranges import rows_extent
+from fxinit.plan import Plan
+from fxinit.report import explain
 from fxinit.rng import Snapshot
 from fxinit.spec import OutputInfo, TensorSpec, cast_by_to, dtype_after_to
 
@@ -67,18 +73,16 @@ class InitGraph:
 
     def dead_writes(self) -> set[fx.Node]:
         """Nodes whose writes are overwritten before anyone reads them (never executed)."""
-        from fxinit.passes.dead_init import dead_writes
-
-        return dead_writes(self.nodes)
+        return program_dead_writes(self)
 
     def required_nodes(self, names: Iterable[str], eliminate_dead: bool = True, to_run: bool = False
                        ) -> list[fx.Node]:
         """The nodes, in program order, that the named outputs need (a slice); ``to_run``: only
-        what the backend runs (see ``passes.slicing.required_nodes``)."""
-        from fxinit.passes.slicing import required_nodes
+        what the interpreter runs (see ``passes.slicing.Slicer.required``)."""
+        return slicer(self, eliminate_dead).required(self._targets(names), to_run)[0]
 
-        dead = self.dead_writes() if eliminate_dead else frozenset()
-        return required_nodes(self.nodes, [(self.outputs[n], self.output_storage[n]) for n in names], dead, to_run)
+    def _targets(self, names: Iterable[str]) -> list[tuple[fx.Node, int]]:
+        return [(self.outputs[n], self.output_storage[n]) for n in names]
 
     def uninitialized(self) -> list[str]:
         """Outputs that no op ever writes: allocated (``torch.empty`` & co.) and left as they
@@ -98,20 +102,29 @@ class InitGraph:
     def explain(self, name: str) -> str:
         """How the tensor ``name`` is initialized, in words: each op with the init function,
         module and source line it came from, which ops are random, which are dead and why."""
-        from fxinit.report import explain
-
         return explain(self, name)
 
     def save(self, path: str | os.PathLike) -> None:
         """Write this graph to ``path`` (format: docs/artifact-format.md); ``fxinit.load_graph`` reads it."""
-        from fxinit.artifact import save_graph
-
         save_graph(self, path)
 
     @staticmethod
     def load(path: str | os.PathLike) -> "InitGraph":
         """Read a graph written by ``save`` (``fxinit.load_graph``)."""
         return load_graph(path)
+
+    def plan(self, names: Iterable[str] | None = None, rng: str = "exact", seed: int | None = None,
+             dtype: torch.dtype | None = None, rows: Mapping[str, tuple[int, int]] | None = None) -> Plan:
+        """What materializing ``names`` (all if None) runs and how: the slice and every
+        decision of the passes (``fxinit.plan``; ``print`` it). Arguments as for ``materialize``."""
+        wanted = self._wanted(names)
+        if rng not in ("exact", "portable"):
+            raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
+        if dtype is not None and not cast_by_to(dtype):
+            raise ValueError(f"dtype={dtype}: like Module.to, materialize takes a floating-point or complex dtype")
+        return execute.plan(self, self._targets(wanted), rng=rng, dtype=dtype,
+                            seed=_portable_seed(seed, self.seed) if rng == "portable" else None,
+                            exposed=self._rows_extents(wanted, rows or {}))
 
     def materialize(
         self, names: Iterable[str] | None = None, device: torch.device | str | None = None,
@@ -135,31 +148,15 @@ class InitGraph:
         storage is the whole tensor's, of which only those rows were computed (memory never
         written takes none); ``.clone()`` it to keep it apart from that storage.
         """
-        from fxinit.backends.eager import run_parallel
-        from fxinit.backends.portable import streams_for
-
-        if rng not in ("exact", "portable"):
-            raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
-        if dtype is not None and not cast_by_to(dtype):
-            raise ValueError(f"dtype={dtype}: like Module.to, materialize takes a floating-point or complex dtype")
-        wanted = list(self.outputs) if names is None else list(names)
-        unknown = [n for n in wanted if n not in self.outputs]
-        if unknown:
-            raise KeyError(f"not outputs of this init graph: {unknown[:5]}")
-        exposed = self._rows_extents(wanted, rows or {})
-        nodes = self.required_nodes(wanted, to_run=True)
-        need = sum(n.meta["spec"].nbytes for n in nodes if allocates(n))
+        wanted = self._wanted(names)
+        todo = self.plan(wanted, rng=rng, seed=seed, dtype=dtype, rows=rows)
+        need = sum(n.meta["spec"].nbytes for n in todo.nodes if allocates(n))
         limit = max_bytes if max_bytes is not None else _physical_memory()
         if need > limit:
             raise DeferredInitError(
                 f"materializing these {len(wanted)} tensors allocates {need / 2**30:.1f} GiB, more than "
                 f"{limit / 2**30:.1f} GiB", hint="ask for fewer names at a time, or pass max_bytes=")
-        streams = None
-        if rng == "portable":
-            streams = streams_for(self.nodes, self.storage_names(), _portable_seed(seed, self.seed))
-        env = run_parallel(nodes, self.constants, self.snapshots, self.default_dtype,
-                           keep={self.outputs[n] for n in wanted}, streams=streams, output_dtype=dtype,
-                           exposed=exposed)
+        env = execute.run(self, todo)
         out: dict[str, torch.Tensor] = {}
         for n in wanted:
             value = env[self.outputs[n]]
@@ -173,11 +170,16 @@ class InitGraph:
             out[n] = value
         return out
 
+    def _wanted(self, names: Iterable[str] | None) -> list[str]:
+        wanted = list(self.outputs) if names is None else list(names)
+        unknown = [n for n in wanted if n not in self.outputs]
+        if unknown:
+            raise KeyError(f"not outputs of this init graph: {unknown[:5]}")
+        return wanted
+
     def _rows_extents(self, wanted: list[str], rows: Mapping[str, tuple[int, int]]) -> dict[fx.Node, tuple[int, int]]:
         """The storage extents of the row ranges asked for, by output node (a node all of
         whose requested names ask for rows; tied names ask for the union)."""
-        from fxinit.passes.ranges import rows_extent
-
         extents: dict[fx.Node, tuple[int, int]] = {}
         whole = {self.outputs[n] for n in wanted if n not in rows}
         for name, (start, stop) in rows.items():
@@ -199,49 +201,31 @@ class InitGraph:
         """Sizes of the graph, and of what materializing ``names`` (all if None) runs.
 
         ``*_captured`` counts everything capture recorded for those outputs; the plain
-        counts are what runs after slicing and dead-init elimination. ``random_elements``
-        counts the elements random ops fill (their draws, up to a per-dtype factor).
-        ``cse_reused`` nodes take an earlier node's value instead of computing it,
-        ``in_place`` nodes run in place on a dying temporary, ``fused_casts`` fills run in
-        chunks cast as they go (with ``dtype``, the output dtype asked of ``materialize``).
-        ``bytes_allocated`` is what an exact run allocates after all of these (outputs
-        and temporaries); ``bytes_allocated_captured`` what replaying the capture would.
+        counts are what the plan runs after slicing and dead-init elimination.
+        ``random_elements`` counts the elements random ops fill (their draws, up to a
+        per-dtype factor). ``cse_reused`` nodes take an earlier node's value instead of
+        computing it, ``in_place`` nodes run in place on a dying temporary, ``fused_casts``
+        fills run in chunks cast as they go (with ``dtype``, the output dtype asked of
+        ``materialize``). ``bytes_allocated`` is what an exact run allocates after all of
+        these (outputs and temporaries); ``bytes_allocated_captured`` what replaying the
+        capture would.
         """
-        from fxinit.backends.fused import runnable
-        from fxinit.passes.cast_fusion import fused_casts
-        from fxinit.passes.cse import common_subexpressions
-        from fxinit.passes.inplace import in_place_chains
-
-        wanted = list(self.outputs) if names is None else list(names)
+        wanted = self._wanted(names)
         captured = self.required_nodes(wanted, eliminate_dead=False)
-        run = self.required_nodes(wanted, to_run=True)
-        out_nodes = {self.outputs[n] for n in wanted}
+        todo = self.plan(wanted, dtype=dtype)
         out = {"outputs": len(self.outputs), "constants": len(self.constants),
                "output_bytes": sum(self.spec(g[0]).nbytes for g in self._tie_representatives()),
-               "dead_nodes": len(set(captured) - set(run))}
-        for suffix, nodes in (("_captured", captured), ("", run)):
-            random = [n for n in nodes if n.meta.get("generators")]
+               "dead_nodes": len(set(captured) - set(todo.nodes))}
+        for suffix, nodes in (("_captured", captured), ("", todo.nodes)):
+            random = [n for n in nodes if is_random(n)]
             out["nodes" + suffix] = len(nodes)
             out["random_ops" + suffix] = len(random)
             out["random_elements" + suffix] = sum(_numel(n) for n in random)
             out["bytes_allocated" + suffix] = sum(n.meta["spec"].nbytes for n in nodes if allocates(n))
-        shared = common_subexpressions(run, out_nodes)
-        in_place = in_place_chains(run, out_nodes, shared)
-        fused = runnable(fused_casts(run, out_nodes, dtype), self.snapshots, None)
-        saved = sum(n.meta["spec"].nbytes for n in in_place)
-        saved += sum(n.meta["spec"].nbytes for n, (_, copy) in shared.items() if not copy and allocates(n))
-        in_dtype = {r for p in fused.values() for r in p.results}
-        for plan in fused.values():
-            saved += sum(m.meta["spec"].nbytes for m in plan.members if allocates(m))
-            saved -= _numel(plan.alloc) * plan.dtype.itemsize
-        if dtype is not None:  # unfused floating outputs are cast after they are final
-            saved -= sum(_numel(n) * dtype.itemsize for n in out_nodes - in_dtype
-                         if cast_by_to(n.meta["spec"].dtype) and n.meta["spec"].dtype != dtype)
-        out.update(cse_reused=len(shared), in_place=len(in_place), fused_casts=len(fused))
-        out["bytes_allocated"] -= saved
+        out.update(cse_reused=len(todo.reuse), in_place=len(todo.in_place), fused_casts=len(todo.fused_casts))
+        out["bytes_allocated"] = todo.bytes_allocated()
         out["output_bytes_in_dtype"] = sum(
-            _numel(self.outputs[g[0]]) * (dtype.itemsize if dtype is not None and cast_by_to(self.spec(g[0]).dtype)
-                                          else self.spec(g[0]).dtype.itemsize)
+            _numel(self.outputs[g[0]]) * dtype_after_to(self.spec(g[0]).dtype, dtype).itemsize
             for g in self._tie_representatives())
         return out
 
@@ -263,15 +247,11 @@ class InitGraph:
 def load_graph(path: str | os.PathLike) -> InitGraph:
     """Read an init graph written by ``InitGraph.save`` or ``fxinit trace``; refuses (with
     ``ArtifactError``) anything it cannot trust (see ``fxinit.artifact``)."""
-    from fxinit.artifact import read_graph
-
     return InitGraph(**read_graph(path))
 
 
 def loads(data: bytes, source: str = "<bytes>") -> InitGraph:
     """``load_graph`` from the bytes of a file."""
-    from fxinit.artifact import decode
-
     return InitGraph(**decode(data, source))
 
 

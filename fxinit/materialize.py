@@ -17,8 +17,7 @@ from typing import Any, Callable, Iterable, Mapping, TypeVar
 import torch
 import torch.fx as fx
 
-from fxinit.backends.eager import run_parallel
-from fxinit.backends.portable import streams_for
+from fxinit import execute
 from fxinit.capture.api import clear_meta_init_cache
 from fxinit.capture.deferred import dressed_as, is_deferred_tensor, state_of
 from fxinit.capture.names import tensor_slots
@@ -28,8 +27,7 @@ from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, local_par
 from fxinit.errors import DeferredInitError
 from fxinit.graph import InitGraph
 from fxinit.spec import OutputInfo, dtype_after_to
-from fxinit.passes.slicing import required_nodes
-from fxinit.passes.uninitialized import unwritten_reads
+from fxinit.execute import slicer
 
 _TRACED_SEED = -(1 << 70)  # marker: the portable stream uses the seed each trace saw
 Location = tuple[torch.nn.Module, str, str]  # (module, attribute name, "_parameters" | "_buffers" | "__dict__")
@@ -118,18 +116,15 @@ def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.devi
     tensor in errors."""
     recorder._check_live()
     targets = [(state_of(t).node, recorder.storage_id(t)) for t in tensors]
-    all_nodes = list(recorder.graph.nodes)
-    nodes = required_nodes(all_nodes, targets, recorder.dead_writes(), to_run=True)
-    unwritten = unwritten_reads(nodes, targets)
-    if unwritten:
-        raise _unwritten_error(recorder, targets, unwritten, describe)
-    streams = None
     if seed is not None:
         recorder.stamp_module_paths()
-        streams = streams_for(all_nodes, recorder.storage_names(), seed)
-    env = run_parallel(nodes, recorder.constants, recorder.snapshots, recorder.default_dtype,
-                       keep={node for node, _ in targets}, device_map=_device_map(nodes, target), streams=streams,
-                       output_dtype=dtype)
+    nodes = slicer(recorder).required(targets, to_run=True)[0]
+    todo = execute.plan(recorder, targets, rng="exact" if seed is None else "portable", seed=seed, dtype=dtype,
+                        device_map=_device_map(nodes, target))
+    unwritten = execute.unwritten(todo, targets)
+    if unwritten:
+        raise _unwritten_error(recorder, targets, unwritten, describe)
+    env = execute.run(recorder, todo)
     values = []
     for t, (node, _) in zip(tensors, targets):
         v = env[node]
@@ -150,7 +145,7 @@ def _unwritten_error(recorder: Recorder, targets: list[tuple[fx.Node, int]],
     names = recorder.storage_names()
     involved = {n for pair in unwritten for n in pair}
     hit = [i for i, t in enumerate(targets)
-           if involved & set(required_nodes(list(recorder.graph.nodes), [t], recorder.dead_writes(), to_run=True))]
+           if involved & set(slicer(recorder).required([t], to_run=True)[0])]
     what = [describe(i) if describe is not None else names.get(targets[i][1], f"tensor {i}") for i in hit]
     alloc = unwritten[0][1]
     return DeferredInitError(
@@ -458,7 +453,7 @@ def init_graph(module: torch.nn.Module) -> InitGraph:
     rec = next(iter(recorders.values()))
     rec._check_live()
     targets = {fqn: (state_of(t).node, rec.storage_id(t)) for fqn, t in named.items()}
-    nodes = required_nodes(list(rec.graph.nodes), targets.values())
+    nodes = slicer(rec, eliminate_dead=False).required(targets.values())[0]
     paths = rec.module_paths()
     graph = fx.Graph()
     remap: dict[fx.Node, fx.Node] = {}

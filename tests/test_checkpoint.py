@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 import fxinit
-import fxinit.backends.eager as eager_backend
+import fxinit.execute as execute
 import fxinit.checkpoint as checkpoint_module
 from fxinit.capture.deferred import state_of
 from fxinit.errors import DeferredInitError
@@ -52,15 +52,15 @@ def _checkpoint(drop: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
 
 @pytest.fixture
 def executed(monkeypatch: pytest.MonkeyPatch) -> list:
-    """Every node the eager backend runs."""
+    """Every node the interpreter runs (the nodes of every plan run)."""
     ran: list = []
-    real = eager_backend.run_nodes
+    real = execute.run
 
-    def spy(nodes, *args, **kwargs):
-        ran.extend(nodes)
-        return real(nodes, *args, **kwargs)
+    def spy(program, plan, *args, **kwargs):
+        ran.extend(plan.nodes)
+        return real(program, plan, *args, **kwargs)
 
-    monkeypatch.setattr(eager_backend, "run_nodes", spy)
+    monkeypatch.setattr(execute, "run", spy)
     return ran
 
 

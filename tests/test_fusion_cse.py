@@ -12,8 +12,10 @@ import torch.nn as nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import fxinit
-from fxinit.backends import fused as fused_backend
-from fxinit.backends.partial import CHUNK, chunk_bounds, fill_in_chunks_exact
+from fxinit import execute
+from fxinit.backends.exact import ExactSampler
+from fxinit.backends.interpreter import Interpreter
+from fxinit.rng.pieces import CHUNK, chunk_bounds
 from fxinit.passes.cast_fusion import fused_casts
 from fxinit.passes.cse import common_subexpressions
 from fxinit.passes.inplace import in_place_chains
@@ -62,8 +64,8 @@ def test_fill_then_cast_in_init_is_fused_and_exact(monkeypatch: pytest.MonkeyPat
     plans = fused_casts(nodes, keep)
     assert sorted(str(p.dtype) for p in plans.values()) == ["torch.bfloat16", "torch.bfloat16", "torch.float16"]
     calls = []
-    real = fused_backend.run_fused
-    monkeypatch.setattr("fxinit.backends.eager.run_fused", lambda *a: calls.append(a) or real(*a))
+    real = Interpreter.fused_cast
+    monkeypatch.setattr(Interpreter, "fused_cast", lambda self, *a: calls.append(a) or real(self, *a))
     assert_same_as_eager(CastInInit)
     assert calls  # the two large ones ran chunked (the small one runs unfused)
 
@@ -75,7 +77,9 @@ def test_fill_then_cast_in_init_is_fused_and_exact(monkeypatch: pytest.MonkeyPat
     (torch.ops.aten.uniform_.default, (0.0, 1.0), torch.bfloat16),
 ])
 @pytest.mark.parametrize("n", [2 * CHUNK, BIG, 3 * CHUNK + 15])
-def test_chunked_fill_equals_whole_fill(op, args, dtype, n) -> None:
+def test_chunked_fill_equals_whole_fill(op, args, dtype, n, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fxinit.backends.exact as exact_backend
+
     gen = torch.Generator().manual_seed(n)
     snap = RngSnapshot(device="cpu", state=gen.get_state())
     whole = torch.empty(n, dtype=dtype)
@@ -84,12 +88,9 @@ def test_chunked_fill_equals_whole_fill(op, args, dtype, n) -> None:
     node.meta["generators"] = {"gen": "g"}
     got = torch.full((n,), float("nan"), dtype=dtype)
     seen = []
-
-    def sink(lo: int, hi: int, piece: torch.Tensor) -> None:
-        seen.append((lo, hi))
-        got[lo:hi] = piece
-
-    assert fill_in_chunks_exact(node, args, {}, {"g": snap}, dtype, n, sink)
+    real = exact_backend.chunk_bounds
+    monkeypatch.setattr(exact_backend, "chunk_bounds", lambda *a: seen.extend(real(*a)) or real(*a))
+    ExactSampler({"g": snap}).fill_chunks(node, (got, *args), {})
     assert seen == chunk_bounds(n, op is torch.ops.aten.normal_.default)
     assert all(hi - lo <= CHUNK + 32 for lo, hi in seen)
     assert torch.equal(_bits(got), _bits(whole))
@@ -114,9 +115,8 @@ def test_materialize_dtype_equals_eager_then_module_to(dtype: torch.dtype) -> No
     ref = LlamaForCausalLM(cfg).to(dtype)
     torch.manual_seed(0)
     m = fxinit.trace_init(LlamaForCausalLM, cfg)
-    g, nodes, keep = _plan_parts(m)
-    plans = fused_backend.runnable(fused_casts(nodes, keep, dtype), g.snapshots, None)
-    assert len(plans) >= 4  # the large projections and the embedding fill in chunks
+    g = fxinit.init_graph(m)
+    assert len(g.plan(dtype=dtype).fused_casts) >= 4  # the large projections and the embedding fill in chunks
     fxinit.materialize(m, dtype=dtype)
     _assert_state_dicts_equal(ref, m)
     assert m.model.embed_tokens.weight.dtype == dtype and isinstance(m.model.embed_tokens.weight, nn.Parameter)
@@ -260,7 +260,6 @@ def test_passes_keep_a_transformers_model_exact_and_report_stats() -> None:
 
 
 def test_parallel_runs_keep_a_duplicate_with_the_value_it_reuses() -> None:
-    from fxinit.backends.eager import run_nodes, run_parallel
     from fxinit.passes import independent_groups
 
     torch.manual_seed(0)
@@ -271,8 +270,10 @@ def test_parallel_runs_keep_a_duplicate_with_the_value_it_reuses() -> None:
     where = {n: i for i, grp in enumerate(groups) for n in grp}
     assert all(where[d] == where[f] for d, (f, _) in shared.items())
     assert len(groups) > 1  # the Linear layers still run on their own
-    serial = run_nodes(nodes, g.constants, g.snapshots, g.default_dtype, keep)
-    parallel = run_parallel(nodes, g.constants, g.snapshots, g.default_dtype, keep, workers=2)
+    plan = g.plan()
+    assert plan.groups == groups
+    serial = Interpreter(plan, g.constants, ExactSampler(g.snapshots), g.default_dtype).run()  # program order
+    parallel = execute.run(g, plan, workers=2)
     assert all(torch.equal(_bits(serial[k]), _bits(parallel[k])) for k in keep)
 
 
@@ -298,11 +299,11 @@ def test_large_random_fills_run_in_cache_sized_pieces_with_the_bits_of_one_call(
 
 
 def test_normal_fills_are_chunked(monkeypatch: pytest.MonkeyPatch) -> None:
-    import fxinit.backends.partial as partial
+    import fxinit.backends.exact as exact_backend
 
     pieces = []
-    real = partial.chunk_bounds
-    monkeypatch.setattr(partial, "chunk_bounds", lambda n, blocks: pieces.append(n) or real(n, blocks))
+    real = exact_backend.chunk_bounds
+    monkeypatch.setattr(exact_backend, "chunk_bounds", lambda n, blocks: pieces.append(n) or real(n, blocks))
     assert_same_as_eager(BigFill, "normal", 2 * CHUNK + 5, torch.float32, seeds=(0,), orders=("whole",))
     assert 2 * CHUNK + 5 in pieces
 

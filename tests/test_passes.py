@@ -7,7 +7,9 @@ import torch
 import torch.nn as nn
 
 import fxinit
-from fxinit.backends.eager import run_nodes, run_parallel
+from fxinit import execute
+from fxinit.backends.exact import ExactSampler
+from fxinit.backends.interpreter import Interpreter
 from fxinit.passes import dead_writes, independent_groups
 from tests.conftest import assert_same_as_eager
 
@@ -126,12 +128,11 @@ def test_partition_groups_share_no_value_and_no_storage() -> None:
 def test_parallel_run_equals_serial_run() -> None:
     torch.manual_seed(0)
     g = fxinit.init_graph(fxinit.trace_init(Independent))
-    nodes = g.required_nodes(list(g.outputs))
-    keep = set(g.outputs.values())
-    serial = run_nodes(nodes, g.constants, g.snapshots, g.default_dtype, keep)
-    parallel = run_parallel(nodes, g.constants, g.snapshots, g.default_dtype, keep, workers=4)
-    assert serial.keys() == parallel.keys()
-    for node in keep:
+    plan = g.plan()
+    serial = Interpreter(plan, g.constants, ExactSampler(g.snapshots), g.default_dtype).run()  # program order
+    parallel = execute.run(g, plan, workers=4)
+    assert serial.keys() == parallel.keys() == plan.keep
+    for node in plan.keep:
         assert torch.equal(serial[node], parallel[node])
     assert_same_as_eager(Independent)
 
@@ -159,8 +160,8 @@ PIECES = ((4099, 512, 800), (4103, 1024, 4103), (3000, 7, 1500))
 
 
 def test_only_the_read_range_of_a_random_fill_is_computed() -> None:
-    from fxinit.backends.portable import stream_keys
     from fxinit.passes.ranges import partial_fills
+    from fxinit.passes.stream_keys import stream_keys
     from fxinit.rng import portable
 
     torch.manual_seed(0)

@@ -12,8 +12,9 @@ import torch
 import torch.nn as nn
 
 import fxinit
-from fxinit.backends.eager import run_nodes, run_parallel
-from fxinit.backends.portable import streams_for
+from fxinit import execute
+from fxinit.backends.interpreter import Interpreter
+from fxinit.backends.streams import PortableSampler
 from fxinit.rng import portable
 
 N = 1 << 20  # elements per statistical check
@@ -42,12 +43,11 @@ def test_order_subset_threads_and_seed() -> None:
     assert g.seed == 7
     one = g.materialize(["layers.2.weight"], rng="portable")
     assert torch.equal(one["layers.2.weight"], full["layers.2.weight"])
-    nodes = g.required_nodes(list(g.outputs))
-    streams = streams_for(g.nodes, g.storage_names(), 7)
-    keep = set(g.outputs.values())
-    serial = run_nodes(nodes, g.constants, g.snapshots, g.default_dtype, keep, streams=streams)
-    threaded = run_parallel(nodes, g.constants, g.snapshots, g.default_dtype, keep, workers=4, streams=streams)
-    for node in keep:
+    plan = g.plan(rng="portable")
+    assert plan.seed == 7 and set(plan.streams) == {n for n in plan.nodes if n.meta.get("generators")}
+    serial = Interpreter(plan, g.constants, PortableSampler(7, plan.streams), g.default_dtype).run()
+    threaded = execute.run(g, plan, workers=4)
+    for node in plan.keep:
         assert torch.equal(serial[node], threaded[node])
     other = g.materialize(rng="portable", seed=8)
     assert not torch.equal(other["layers.0.weight"], full["layers.0.weight"])

@@ -27,6 +27,7 @@ import torch
 import torch.fx as fx
 from torch._C import TensorBase
 
+from fxinit import execute
 from fxinit.capture.deferred import STATE_ATTR, DeferredState, DeferredTensor, is_deferred_tensor, state_of
 from fxinit.capture.names import tensor_slots
 from fxinit.capture.opaque import find_opaque_call
@@ -36,9 +37,7 @@ from fxinit.errors import DeferredInitError
 from fxinit.spec import TensorSpec
 from fxinit.ops import ALLOCATIONS, call_init_function, changes_view, draws_random, resolve_init_function
 from fxinit.rng import Snapshot, default_generator_for, mt19937, snapshot
-from fxinit.passes.dead_init import dead_writes
 from fxinit.passes.fingerprint import fingerprint
-from fxinit.passes.slicing import required_nodes
 from fxinit.rng.draws import call_key, cpu_draws
 
 aten = torch.ops.aten
@@ -181,7 +180,6 @@ class Recorder:
         self.constants: dict[str, torch.Tensor] = {}
         self.snapshots: dict[str, Snapshot] = {}
         self.lazy_cpu = LazyCpuGenerator()  # the default CPU generator, skipped lazily inside capture
-        self._dead: tuple[int, set[fx.Node]] = (-1, set())
         self.random_ops = {"skipped": 0, "drawn": 0}  # how capture kept generators in step
         self.seed = torch.initial_seed()  # the default for the portable stream
         self.default_dtype = torch.get_default_dtype()
@@ -255,8 +253,7 @@ class Recorder:
 
     def fingerprint(self, tensors: list[torch.Tensor]) -> str:
         """A digest of what computes the current values of ``tensors`` (passes.fingerprint)."""
-        nodes = required_nodes(list(self.graph.nodes), [(state_of(t).node, self.storage_id(t)) for t in tensors],
-                               self.dead_writes())
+        nodes = execute.slicer(self).required([(state_of(t).node, self.storage_id(t)) for t in tensors])[0]
         return fingerprint(nodes, self.constants, self.snapshots)
 
     @property
@@ -307,28 +304,21 @@ class Recorder:
         shadow = self.shadow_of(t)
         if shadow is not None:
             return shadow
-        # Evaluating mid-capture means running the graph: the one place capture uses a backend.
-        from fxinit.backends.eager import run_nodes
-
         node = state_of(t).node
-        nodes = required_nodes(list(self.graph.nodes), [(node, self.storage_id(t))], to_run=True)
-        cost = sum(n.meta["spec"].nbytes for n in nodes if n.meta.get("spec") is not None)
-        if cost > EVAL_BUDGET:
+        targets = [(node, self.storage_id(t))]
+        nodes = execute.slicer(self, eliminate_dead=False).required(targets, to_run=True)[0]
+        if sum(n.meta["spec"].nbytes for n in nodes if n.meta.get("spec") is not None) > EVAL_BUDGET:
             return None
+        todo = execute.plan(self, targets, device_map=_unavailable_to_cpu(nodes), eliminate_dead=False)
         with self.suspended():
-            env = run_nodes(nodes, self.constants, self.snapshots, self.default_dtype, keep={node},
-                            device_map=_unavailable_to_cpu(nodes))
-            value = env[node].to("cpu")
+            value = execute.run(self, todo, workers=1)[node].to("cpu")
             if value.untyped_storage().nbytes() <= SHADOW_LIMIT * value.element_size():
                 self._set_shadow(t, value)  # the whole storage, as it is now: the next read is free
             return value
 
     def dead_writes(self) -> set[fx.Node]:
         """Writes overwritten unread so far (passes.dead_init); recomputed as the graph grows."""
-        size = len(self.graph.nodes)
-        if self._dead[0] != size:
-            self._dead = (size, dead_writes(list(self.graph.nodes)))
-        return self._dead[1]
+        return execute.program_dead_writes(self)
 
     def _set_shadow(self, t: torch.Tensor, real: torch.Tensor) -> None:
         if real.stride() != t.stride() or real.storage_offset() != t.storage_offset() or real.dtype != t.dtype:

@@ -87,22 +87,18 @@ class Source:
         """Whether computing a piece of ``name`` writes not much more than the piece."""
         if name in self.real:
             return True
-        from fxinit.backends.partial import fills_pieces_exact
-        from fxinit.backends.portable import fills_pieces_portable
-        from fxinit.passes.ranges import partial_fills, rows_extent, written_elements
+        from fxinit.passes.ranges import rows_extent, written_elements
 
         graph = self.graph
         assert graph is not None
         node, spec = graph.outputs[name], graph.spec(name)
         rows = max(1, piece_bytes // max(1, spec.nbytes // spec.shape[0]))
         start = (spec.shape[0] - rows) // 2
-        extent = rows_extent(spec, start, start + rows)
-        if extent is None:
+        if rows_extent(spec, start, start + rows) is None:
             return False
-        nodes = graph.required_nodes([name])
-        splits = fills_pieces_portable if rng == "portable" else fills_pieces_exact
-        restricted = {n: r for n, r in partial_fills(nodes, {node}, {node: extent}).items() if splits(n)}
-        written = written_elements(nodes, node, graph.output_storage[name], restricted)
+        # what a run for these rows fills (the seed changes values, not what runs)
+        todo = graph.plan([name], rng=rng, seed=0, rows={name: (start, start + rows)})
+        written = written_elements(todo.nodes, node, graph.output_storage[name], todo.pieces)
         return written <= _PIECE_OVERHEAD * rows * (spec.numel // spec.shape[0])
 
     def compute(self, pieces: Sequence[Piece], rng: str, seed: int | None,

@@ -10,7 +10,7 @@ result: the full-precision tensor never exists, and the bits are those of fill-t
 (a cast is element-wise, and the piece sampler reproduces the whole fill's elements).
 
 This pass only finds the candidates; the backend decides per run whether the sampler
-can be split exactly (``backends.partial``) and otherwise runs the members unfused.
+can be split exactly (``passes.fills``) and otherwise runs the members unfused.
 """
 
 from __future__ import annotations

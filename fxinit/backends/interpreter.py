@@ -1,0 +1,176 @@
+"""The interpreter: runs a ``Plan`` node by node with PyTorch's own kernels.
+
+It is shaped like ``torch.fx.Interpreter`` (``run``, ``run_node``, ``fetch_args_kwargs``,
+and a method per kind of node that a subclass can override: ``get_attr``,
+``call_function``; ``random_op``, ``reuse`` and ``fused_cast`` for what the plan decided)
+but is not one: an init slice is a subset of a larger graph, with no placeholders and no
+output node, and values must be freed by the plan's last uses (CSE reuse and kept values
+included), not by fx's graph-wide ones; and every method needs the node, not only its
+target, because what runs depends on the node's plan entries.
+
+How random nodes draw is a strategy the interpreter is given: ``backends.exact`` (the
+generator snapshots: eager's values), ``backends.streams`` (portable mode's counter-based
+streams), ``backends.compiled`` (those streams as kernels torch.compile generates).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Mapping, Protocol, Sequence
+
+import torch
+import torch.fx as fx
+
+from fxinit.errors import DeferredInitError
+from fxinit.ops import is_random, replay_args
+from fxinit.passes.cast_fusion import FusedCast
+from fxinit.passes.fills import Ranges
+from fxinit.passes.slicing import metadata_only
+from fxinit.plan import Plan
+from fxinit.spec import dtype_after_to
+
+
+class Sampler(Protocol):
+    """How random nodes draw (exact, portable, compiled)."""
+
+    rng: str
+
+    def prepare(self, random_nodes: list[fx.Node]) -> None: ...
+    def call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any: ...
+    def fill_pieces(self, node: fx.Node, args: tuple, kwargs: dict, pieces: Ranges) -> None: ...
+    def fill_chunks(self, node: fx.Node, args: tuple, kwargs: dict) -> None: ...
+    def fill_cast(self, fused: FusedCast, out: torch.Tensor) -> None: ...
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """torch's default dtype set to ``dtype`` inside (factories without ``dtype=`` use it)."""
+    saved = torch.get_default_dtype()
+    if saved == dtype:
+        yield
+        return
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
+class Interpreter:
+    """Runs the nodes of ``plan`` (all, or one of its groups) and returns the kept values."""
+
+    def __init__(self, plan: Plan, constants: Mapping[str, torch.Tensor], sampler: Sampler,
+                 graph_dtype: torch.dtype) -> None:
+        self.plan = plan
+        self.constants = constants
+        self.sampler = sampler
+        self.graph_dtype = graph_dtype  # torch's default dtype when the graph was recorded
+        self.env: dict[fx.Node, Any] = {}
+        self._fused_away = plan.fused_away
+
+    def run(self, nodes: Sequence[fx.Node] | None = None) -> dict[fx.Node, Any]:
+        """Run ``nodes`` (default: the whole plan) in order; the kept values they computed."""
+        plan, env = self.plan, self.env
+        with torch.no_grad(), default_dtype(self.graph_dtype):
+            for n in plan.nodes if nodes is None else nodes:
+                if n not in self._fused_away:
+                    value = self.run_node(n)
+                    if n in plan.fused_casts:
+                        env.update((r, value) for r in plan.fused_casts[n].results)
+                    else:
+                        env[n] = value
+                for k in plan.casts.get(n, ()):
+                    env[k] = _cast(env[k], plan.output_dtype)
+                for value_node in plan.frees.get(n, ()):
+                    env.pop(value_node, None)
+        return {n: env[n] for n in plan.keep if n in env}
+
+    def run_node(self, n: fx.Node) -> Any:
+        """The value of ``n``: by the plan's decision about it, else by its kind."""
+        if n in self.plan.fused_casts:
+            return self.fused_cast(n, self.plan.fused_casts[n])
+        if n in self.plan.reuse:
+            return self.reuse(n, *self.plan.reuse[n])
+        args, kwargs = self.fetch_args_kwargs(n)
+        try:
+            with default_dtype(n.meta.get("default_dtype", self.graph_dtype)):
+                return getattr(self, n.op)(n, args, kwargs)
+        except DeferredInitError:
+            raise
+        except Exception as exc:
+            raise DeferredInitError(
+                f"replaying init-graph node {n.name} failed: {type(exc).__name__}: {exc}",
+                op=str(n.target), module=n.meta.get("module"), source=getattr(n.meta.get("prov"), "source", None),
+                hint="the graph asks for an op these arguments do not allow; if it was recorded by "
+                     "fxinit, please report it with the model") from exc
+
+    def fetch_args_kwargs(self, n: fx.Node) -> tuple[tuple, dict]:
+        """``n``'s arguments with values in place of nodes. A metadata-only node (``empty_like``)
+        may have inputs that did not run (``passes.slicing``): an empty tensor of their spec
+        stands in."""
+        load = self._load_spec if metadata_only(n) else self._load
+        args = fx.node.map_aggregate(n.args, load)
+        kwargs = dict(fx.node.map_aggregate(n.kwargs, self._load))
+        device_map = self.plan.device_map
+        if device_map and kwargs.get("device") in device_map:
+            kwargs["device"] = device_map[kwargs["device"]]
+        return args, kwargs
+
+    def _load(self, a: Any) -> Any:
+        return self.env[a] if isinstance(a, fx.Node) else a
+
+    def _load_spec(self, a: Any) -> Any:
+        if not isinstance(a, fx.Node) or a in self.env:
+            return self._load(a)
+        spec = a.meta["spec"]
+        device = self.plan.device_map.get(spec.device, spec.device)
+        return torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=device)
+
+    # ------------------------------------------------------------------ kinds of node
+    def placeholder(self, n: fx.Node, args: tuple, kwargs: dict) -> Any:
+        raise RuntimeError(f"fxinit: init graphs have no inputs, but {n.name} is a placeholder")
+
+    def get_attr(self, n: fx.Node, args: tuple, kwargs: dict) -> torch.Tensor:
+        """A graph constant, in a storage of its own (the graph keeps the original)."""
+        return _copy(self.constants[n.target])
+
+    def call_function(self, n: fx.Node, args: tuple, kwargs: dict) -> Any:
+        if is_random(n):
+            return self.random_op(n, args, kwargs)
+        return self.plan.in_place.get(n, n.target)(*replay_args(n.target, args), **kwargs)
+
+    def random_op(self, n: fx.Node, args: tuple, kwargs: dict) -> Any:
+        """A random node: only its pieces, in chunks, or whole, as the plan says."""
+        pieces = self.plan.pieces.get(n)
+        if pieces is not None:
+            self.sampler.fill_pieces(n, args, kwargs, pieces)
+            return args[0]
+        if n in self.plan.chunked:
+            self.sampler.fill_chunks(n, args, kwargs)
+            return args[0]
+        return self.sampler.call(n, args, kwargs)
+
+    def reuse(self, n: fx.Node, first: fx.Node, copy: bool) -> Any:
+        """CSE: the value of ``first``, which computed the same bits (copied if ``n`` needs a
+        storage of its own)."""
+        return _copy(self.env[first]) if copy else self.env[first]
+
+    def fused_cast(self, n: fx.Node, fused: FusedCast) -> torch.Tensor:
+        """The cast tensor of a fill-then-cast, without the full-precision tensor ever existing."""
+        spec = fused.alloc.meta["spec"]
+        out = torch.empty_strided(spec.shape, spec.stride, dtype=fused.dtype, device=spec.device)
+        self.sampler.fill_cast(fused, out)
+        return out
+
+
+def _copy(value: Any) -> Any:
+    """A copy of a tensor with the same strides, in a storage of its own."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=value.device).copy_(value)
+
+
+def _cast(value: Any, dtype: torch.dtype | None) -> Any:
+    if isinstance(value, torch.Tensor) and dtype_after_to(value.dtype, dtype) != value.dtype:
+        return value.to(dtype)
+    return value

@@ -1,0 +1,51 @@
+"""Running a plan's independent groups: one after the other, or on threads.
+
+Exact in any order and interleaving: groups share no value and no storage, and every
+random op draws from its own snapshot or stream. Running a group to its end before the
+next starts also bounds memory: a model allocates all its tensors before it initializes
+any (``post_init``), and a layout step (a rank's shard copied out of a full tensor) comes
+after all of that, so program order would hold every full tensor at once.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Mapping
+
+import torch
+import torch.fx as fx
+
+from fxinit.backends.interpreter import Interpreter, Sampler, default_dtype
+from fxinit.plan import Plan
+from fxinit.rng.portable import serial_fills
+
+
+def run_plan(plan: Plan, constants: Mapping[str, torch.Tensor], sampler: Sampler, graph_dtype: torch.dtype,
+             workers: int | None = None) -> dict[fx.Node, Any]:
+    """The kept values of ``plan``, its groups run on up to ``workers`` threads (default:
+    torch's thread count). Slices whose ops were recorded under different default dtypes
+    run on one thread (the default dtype is process-global)."""
+    sampler.prepare(plan.random_nodes)
+    workers = workers or torch.get_num_threads()
+    if len(plan.groups) < 2:
+        return Interpreter(plan, constants, sampler, graph_dtype).run()
+    dtypes = {n.meta.get("default_dtype", graph_dtype) for n in plan.nodes}
+    env: dict[fx.Node, Any] = {}
+    if workers == 1 or len(dtypes) > 1:
+        for group in plan.groups:
+            env.update(Interpreter(plan, constants, sampler, graph_dtype).run(group))
+        return env
+    (dtype,) = dtypes
+    every_core_busy = len(plan.groups) >= workers  # then a fill uses only its own thread
+
+    def run(group: list[fx.Node]) -> dict[fx.Node, Any]:
+        interpreter = Interpreter(plan, constants, sampler, dtype)
+        if every_core_busy:
+            with serial_fills():
+                return interpreter.run(group)
+        return interpreter.run(group)
+
+    with default_dtype(dtype), ThreadPoolExecutor(min(workers, len(plan.groups)), "fxinit") as pool:
+        for values in pool.map(run, plan.groups):
+            env.update(values)
+    return env

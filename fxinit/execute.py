@@ -1,0 +1,104 @@
+"""The one execution pipeline: slice, plan, interpret.
+
+Every value fxinit computes from an init graph comes through here, whether the graph is a
+live trace's (``capture.recorder.Recorder``: ``materialize``, and values Python asks for
+while recording) or a self-contained ``InitGraph`` (``InitGraph.materialize``, exports):
+
+1. ``passes.slicing``: the nodes the requested values need, without dead writes;
+2. ``plan.make_plan``: everything the passes decide about that slice (``print(plan)``);
+3. ``backends.parallel.run_plan``: the interpreter runs it, random ops drawing from the
+   snapshots (exact), the portable streams, or compiled kernels of those streams.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Iterable, Mapping, Protocol
+
+import torch
+import torch.fx as fx
+
+from fxinit.backends.exact import ExactSampler
+from fxinit.backends.interpreter import Sampler
+from fxinit.backends.parallel import run_plan
+from fxinit.backends.streams import PortableSampler
+from fxinit.passes.dead_init import dead_writes
+from fxinit.passes.ranges import Extent
+from fxinit.passes.slicing import Slicer, Target
+from fxinit.passes.stream_keys import stream_keys
+from fxinit.passes.uninitialized import unwritten_reads
+from fxinit.plan import DeviceMap, Plan, make_plan
+from fxinit.rng import Snapshot
+
+
+class Program(Protocol):
+    """What the pipeline reads of a graph: a live trace or an InitGraph."""
+
+    graph: fx.Graph
+    constants: dict[str, torch.Tensor]
+    snapshots: dict[str, Snapshot]
+    default_dtype: torch.dtype
+
+    def storage_names(self) -> dict[int, str]: ...
+
+
+def op_nodes(program: Program) -> list[fx.Node]:
+    """The op nodes of ``program``'s graph in program order (no placeholder, no output)."""
+    return [n for n in program.graph.nodes if n.op not in ("output", "placeholder")]
+
+
+# Per graph, as long as it does not grow: its dead writes and slicers (with and without them).
+_INDEX: "weakref.WeakKeyDictionary[fx.Graph, tuple[int, dict[Any, Any]]]" = weakref.WeakKeyDictionary()
+
+
+def _indexed(program: Program, key: Any, make: Any) -> Any:
+    graph = program.graph
+    size = len(graph.nodes)
+    entry = _INDEX.get(graph)
+    if entry is None or entry[0] != size:
+        entry = _INDEX[graph] = (size, {})
+    if key not in entry[1]:
+        entry[1][key] = make()
+    return entry[1][key]
+
+
+def program_dead_writes(program: Program) -> set[fx.Node]:
+    """Writes of ``program`` overwritten before anything reads them (``passes.dead_init``)."""
+    return _indexed(program, "dead", lambda: dead_writes(op_nodes(program)))
+
+
+def slicer(program: Program, eliminate_dead: bool = True) -> Slicer:
+    """The ``Slicer`` of ``program``'s graph as it is now."""
+    return _indexed(program, ("slicer", eliminate_dead), lambda: Slicer(
+        op_nodes(program), program_dead_writes(program) if eliminate_dead else frozenset()))
+
+
+def plan(program: Program, targets: Iterable[Target], *, rng: str = "exact", seed: int | None = None,
+         dtype: torch.dtype | None = None, exposed: Mapping[fx.Node, Extent] | None = None,
+         device_map: DeviceMap | None = None, eliminate_dead: bool = True) -> Plan:
+    """The plan computing ``targets`` (``(value node, storage id)``) of ``program``: exact
+    (eager's values) or portable (the streams of ``seed``), cast to ``dtype`` by
+    ``Module.to``'s rule; ``exposed`` and ``device_map`` as for ``plan.make_plan``."""
+    targets = list(targets)
+    nodes, dead = slicer(program, eliminate_dead).required(targets, to_run=True)
+    keys = stream_keys(op_nodes(program), program.storage_names()) if rng == "portable" else None
+    return make_plan(nodes, {node for node, _ in targets}, rng=rng, seed=seed, streams=keys, output_dtype=dtype,
+                     exposed=exposed, device_map=device_map, dead=dead)
+
+
+def unwritten(plan: Plan, targets: Iterable[Target]) -> list[tuple[fx.Node, fx.Node]]:
+    """``passes.uninitialized`` for a plan: ``[(reader, allocation)]`` of memory no op wrote."""
+    return unwritten_reads(plan.nodes, targets)
+
+
+def sampler_for(program: Program, plan: Plan) -> Sampler:
+    """How ``plan``'s random nodes draw."""
+    if plan.rng == "portable":
+        assert plan.seed is not None
+        return PortableSampler(plan.seed, plan.streams)
+    return ExactSampler(program.snapshots)
+
+
+def run(program: Program, plan: Plan, workers: int | None = None) -> dict[fx.Node, Any]:
+    """The values of ``plan``'s kept nodes."""
+    return run_plan(plan, program.constants, sampler_for(program, plan), program.default_dtype, workers)

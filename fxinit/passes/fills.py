@@ -1,0 +1,125 @@
+"""How a random fill of a slice can run, decided from the graph before anything runs.
+
+A random op filling a tensor can sometimes run in pieces (only the element ranges a
+slice reads, ``passes.ranges``) or in cache-sized chunks (a whole fill, or a fill cast
+chunk by chunk, ``passes.cast_fusion``) with the bits of one whole call:
+
+* exact mode: when the installed torch's sampler can be split (``rng.pieces``: a
+  calibrated draw model and a probe) and the fill draws from one explicit generator;
+* portable mode: when the op is a plain in-place sampler (``IN_PLACE_SAMPLERS``), whose
+  element ``i`` is the stream's element ``i`` whatever the split.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+import torch.fx as fx
+
+from fxinit.rng.draws import MIN_ELEMENTS
+from fxinit.rng.pieces import CHUNK, splittable, widen
+from fxinit.spec import TensorSpec
+
+aten = torch.ops.aten
+
+Ranges = list[tuple[int, int]]  # sorted, disjoint, half-open element ranges
+
+#: Gaps between read ranges shorter than this are drawn rather than skipped. Exact mode: a
+#: skip costs ~60 us of generator handling, drawing ~4 ns an element (measured, CPU mt19937
+#: normal_); portable mode: a call per range costs ~10 us.
+EXACT_SKIP_MIN = 1 << 14
+PORTABLE_SKIP_MIN = 1 << 13
+
+#: The in-place samplers of portable mode: op -> (distribution, [(schema argument, parameter, default)]).
+IN_PLACE_SAMPLERS: dict[Any, tuple[str, list[tuple[str, str, Any]]]] = {
+    aten.uniform_: ("uniform", [("from", "low", 0.0), ("to", "high", 1.0)]),
+    aten.normal_: ("normal", [("mean", "mean", 0.0), ("std", "std", 1.0)]),
+    aten.bernoulli_: ("bernoulli", [("p", "p", 0.5)]),
+    aten.exponential_: ("exponential", [("lambd", "lambd", 1.0)]),
+    aten.cauchy_: ("cauchy", [("median", "median", 0.0), ("sigma", "sigma", 1.0)]),
+    aten.log_normal_: ("log_normal", [("mean", "mean", 1.0), ("std", "std", 2.0)]),
+    aten.geometric_: ("geometric", [("p", "p", 0.5)]),
+    aten.random_: ("random", [("from", "low", 0.0), ("to", "high", None)]),
+}
+
+
+def _target_spec(node: fx.Node, device_map: Mapping[torch.device, torch.device]) -> TensorSpec | None:
+    """The spec of the tensor in-place fill ``node`` writes, on the device it runs on (None
+    for an op that writes no argument: a factory such as ``randn``)."""
+    schema = getattr(node.target, "_schema", None)
+    first = schema.arguments[0].alias_info if schema is not None and schema.arguments else None
+    if first is None or not first.is_write:
+        return None
+    target = node.args[0] if node.args else None
+    spec = target.meta.get("spec") if isinstance(target, fx.Node) else None
+    return None if spec is None else spec._replace(device=device_map.get(spec.device, spec.device))
+
+
+def _plain_arguments(node: fx.Node) -> bool:
+    """No tensor among the fill's other arguments (a tensor ``p`` or ``mean``)."""
+    return not any(isinstance(a, fx.Node) for a in (*node.args[1:], *node.kwargs.values()))
+
+
+def _exact_split(node: fx.Node, spec: TensorSpec | None, at_start: bool = True) -> tuple[int, int] | None:
+    """``rng.pieces.splittable`` for exact fill ``node`` of a contiguous CPU tensor ``spec``
+    (at the start of its storage if ``at_start``: element ranges are storage ranges)."""
+    if set(node.meta.get("generators") or {}) != {"gen"} or spec is None or spec.device.type != "cpu":
+        return None
+    if (at_start and spec.storage_offset != 0) or not spec.is_contiguous() or not _plain_arguments(node):
+        return None
+    return splittable(node.target, tuple(node.args[1:]), dict(node.kwargs), spec.dtype, spec.numel)
+
+
+def is_in_place_sampler(node: fx.Node) -> bool:
+    """A portable in-place sampler with plain arguments (``normal_(w, 0.0, 0.02)``)."""
+    return getattr(node.target, "overloadpacket", None) in IN_PLACE_SAMPLERS and _plain_arguments(node)
+
+
+def exact_pieces(node: fx.Node, ranges: Ranges, device_map: Mapping[torch.device, torch.device] = {}
+                 ) -> Ranges | None:
+    """The pieces (widened to the sampler's blocks, merged) exact fill ``node`` fills to
+    cover ``ranges`` of its target, or None when it must fill the whole tensor (the split
+    is not exact, or the pieces are about the whole)."""
+    spec = _target_spec(node, device_map)
+    split = _exact_split(node, spec)
+    if split is None:
+        return None
+    assert spec is not None
+    n, tail = spec.numel, split[1]
+    pieces: Ranges = []
+    pieces = _close_gaps([widen(lo, hi, n, tail) for lo, hi in ranges], EXACT_SKIP_MIN)
+    if sum(hi - lo for lo, hi in pieces) < MIN_ELEMENTS or pieces == [(0, n)]:
+        return None
+    return pieces
+
+
+def portable_pieces(node: fx.Node, ranges: Ranges, device_map: Mapping[torch.device, torch.device] = {}
+                    ) -> Ranges | None:
+    """The pieces portable fill ``node`` fills to cover ``ranges`` of its target (contiguous),
+    or None when it must fill the whole tensor (not a plain in-place sampler)."""
+    spec = _target_spec(node, device_map)
+    if not is_in_place_sampler(node) or spec is None or not spec.is_contiguous():
+        return None
+    return _close_gaps(ranges, PORTABLE_SKIP_MIN)
+
+
+def _close_gaps(ranges: Ranges, skip_min: int) -> Ranges:
+    """``ranges`` (sorted) with the gaps shorter than ``skip_min`` filled in."""
+    pieces: Ranges = []
+    for lo, hi in ranges:
+        if pieces and lo - pieces[-1][1] < skip_min:  # drawing a short gap costs less than skipping it
+            pieces[-1] = (pieces[-1][0], max(hi, pieces[-1][1]))
+        else:
+            pieces.append((lo, hi))
+    return pieces
+
+
+def exact_chunks(node: fx.Node, numel: int | None = None,
+                 device_map: Mapping[torch.device, torch.device] = {}) -> bool:
+    """Whether exact fill ``node`` (of ``numel`` elements, default its target's) can run in
+    ``CHUNK``-sized pieces continuing one generator, with the bits of one whole call."""
+    spec = _target_spec(node, device_map)
+    if spec is None or (numel if numel is not None else spec.numel) < 2 * CHUNK:
+        return False
+    return _exact_split(node, spec, at_start=False) is not None

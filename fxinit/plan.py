@@ -1,0 +1,229 @@
+"""The plan of a run: what the passes decided about one slice, as data a reader can print.
+
+``make_plan`` runs the passes over a slice (``passes.slicing``) and keeps every decision
+in a ``Plan``: which nodes run, which dead writes were skipped, which values are reused
+(CSE), which element-wise ops run in place, which random fills fill only pieces or run in
+chunks, which fills are cast chunk by chunk, where requested dtypes are applied, when each
+value is freed, and which groups of nodes are independent. ``backends.interpreter`` runs a
+plan without deciding anything; ``InitGraph.stats`` reads one; ``print(plan)`` shows it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import AbstractSet, Any, Mapping, Sequence
+
+import torch
+import torch.fx as fx
+
+from fxinit.ops import allocates, is_random, op_name
+from fxinit.passes.cast_fusion import FusedCast, cast_points, fused_casts
+from fxinit.passes.cse import common_subexpressions
+from fxinit.passes.fills import Ranges, exact_chunks, exact_pieces, is_in_place_sampler, portable_pieces
+from fxinit.passes.inplace import in_place_chains
+from fxinit.passes.partition import independent_groups
+from fxinit.passes.ranges import Extent, partial_fills
+from fxinit.rng.pieces import CHUNK
+from fxinit.spec import cast_by_to
+
+DeviceMap = Mapping[torch.device, torch.device]
+
+
+@dataclass
+class Plan:
+    """How to run one slice of an init graph (see the module doc). Every field is a
+    decision of a pass; nothing here is decided again while running."""
+
+    nodes: list[fx.Node]  # what runs, in program order
+    keep: frozenset[fx.Node]  # the values the caller gets
+    rng: str = "exact"  # "exact": generator snapshots; "portable": counter-based streams
+    seed: int | None = None  # portable mode's seed
+    output_dtype: torch.dtype | None = None  # kept floating values are cast to it (Module.to's rule)
+    dead: list[fx.Node] = field(default_factory=list)  # writes the slice skipped: overwritten unread
+    reuse: dict[fx.Node, tuple[fx.Node, bool]] = field(default_factory=dict)  # CSE: node -> (earlier node, copy)
+    in_place: dict[fx.Node, Any] = field(default_factory=dict)  # element-wise node -> its in-place op
+    pieces: dict[fx.Node, Ranges] = field(default_factory=dict)  # random fill -> the element ranges it fills
+    chunked: frozenset[fx.Node] = frozenset()  # whole exact fills run in cache-sized chunks
+    fused_casts: dict[fx.Node, FusedCast] = field(default_factory=dict)  # fill -> fill-then-cast in chunks
+    casts: dict[fx.Node, list[fx.Node]] = field(default_factory=dict)  # after node: kept values cast to output_dtype
+    frees: dict[fx.Node, list[fx.Node]] = field(default_factory=dict)  # after node: values nothing reads any more
+    groups: list[list[fx.Node]] = field(default_factory=list)  # independent groups, largest first
+    streams: dict[fx.Node, str] = field(default_factory=dict)  # portable: random node -> stream key
+    exposed: dict[fx.Node, Extent] = field(default_factory=dict)  # kept node -> the storage extent read of it
+    device_map: dict[torch.device, torch.device] = field(default_factory=dict)  # unavailable -> used device
+
+    @property
+    def fused_away(self) -> set[fx.Node]:
+        """Members of fused casts that do not run as nodes (their fill runs the fused cast)."""
+        return {m for f in self.fused_casts.values() for m in f.members} - set(self.fused_casts)
+
+    @property
+    def random_nodes(self) -> list[fx.Node]:
+        return [n for n in self.nodes if is_random(n) and n not in self.fused_away]
+
+    def bytes_allocated(self) -> int:
+        """What running the plan allocates, outputs and temporaries, after in-place chains,
+        CSE reuse, fused casts and casts to the output dtype."""
+        total = sum(n.meta["spec"].nbytes for n in self.nodes if allocates(n))
+        total -= sum(n.meta["spec"].nbytes for n in self.in_place)
+        total -= sum(n.meta["spec"].nbytes for n, (_, copy) in self.reuse.items() if not copy and allocates(n))
+        for fused in self.fused_casts.values():
+            total -= sum(m.meta["spec"].nbytes for m in fused.members if allocates(m))
+            total += fused.alloc.meta["spec"].numel * fused.dtype.itemsize
+        if self.output_dtype is not None:  # unfused floating outputs are cast after they are final
+            in_dtype = {r for f in self.fused_casts.values() for r in f.results}
+            total += sum(n.meta["spec"].numel * self.output_dtype.itemsize for n in self.keep - in_dtype
+                         if n.meta.get("spec") is not None and cast_by_to(n.meta["spec"].dtype)
+                         and n.meta["spec"].dtype != self.output_dtype)
+        return total
+
+    def __str__(self) -> str:
+        return format_plan(self)
+
+
+def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "exact", seed: int | None = None,
+              streams: Mapping[fx.Node, str] | None = None, output_dtype: torch.dtype | None = None,
+              exposed: Mapping[fx.Node, Extent] | None = None, device_map: DeviceMap | None = None,
+              dead: Sequence[fx.Node] = ()) -> Plan:
+    """The plan for the slice ``nodes`` (program order, from ``passes.slicing``) whose
+    values ``keep`` the caller gets. ``exposed``: kept nodes of which the caller reads only
+    this storage extent (their random fills fill what it needs, and they are not cast to
+    ``output_dtype``: the caller casts the part it reads). ``streams``: portable mode's key
+    of every random node (``passes.stream_keys``)."""
+    keep = frozenset(keep)
+    members = set(nodes)
+    exposed = dict(exposed or {})
+    device_map = dict(device_map or {})
+    reuse = common_subexpressions(nodes, keep)
+    fused = {fill: f for fill, f in fused_casts(nodes, keep, output_dtype).items()
+             if _fusable(f, rng) and not exposed.keys() & {*f.members, *f.results}}
+    pieces: dict[fx.Node, Ranges] = {}
+    for node, ranges in partial_fills(nodes, keep, exposed).items():
+        if node in fused:
+            continue
+        pieces_of = portable_pieces if rng == "portable" else exact_pieces
+        found = pieces_of(node, ranges, device_map)
+        if found is not None:
+            pieces[node] = found
+    chunked = frozenset() if rng == "portable" else frozenset(
+        n for n in nodes if is_random(n) and n not in pieces and n not in fused and exact_chunks(n, None, device_map))
+    done_in_dtype = {r for f in fused.values() for r in f.results}
+    casts = cast_points(nodes, keep - done_in_dtype - exposed.keys(), reuse) if output_dtype is not None else {}
+    return Plan(
+        nodes=list(nodes), keep=keep, rng=rng, seed=seed, output_dtype=output_dtype, dead=list(dead), reuse=reuse,
+        in_place=in_place_chains(nodes, keep, reuse), pieces=pieces, chunked=chunked, fused_casts=fused,
+        casts=casts, frees=last_uses(nodes, reuse, keep),
+        # a CSE duplicate runs in the group of the value it reuses
+        groups=independent_groups(nodes, [(dup, first) for dup, (first, _) in reuse.items()]),
+        streams={n: k for n, k in (streams or {}).items() if n in members}, exposed=exposed,
+        device_map=device_map)
+
+
+def _fusable(fused: FusedCast, rng: str) -> bool:
+    """A fill-then-cast runs in chunks where its fill can be split exactly (and is large
+    enough for chunks to matter); otherwise its members run unfused."""
+    if fused.alloc.meta["spec"].numel < 2 * CHUNK:
+        return False
+    return is_in_place_sampler(fused.fill) if rng == "portable" else exact_chunks(fused.fill)
+
+
+def last_uses(nodes: Sequence[fx.Node], reuse: Mapping[fx.Node, tuple[fx.Node, bool]],
+              keep: AbstractSet[fx.Node]) -> dict[fx.Node, list[fx.Node]]:
+    """For each node, the values nothing needs once it ran (a value nothing uses, such as
+    an in-place op's result, right after its own node); a value reused by CSE lives until
+    its last reuse, a kept value until the end."""
+    last: dict[fx.Node, fx.Node] = {n: n for n in nodes}
+    for n in nodes:
+        for inp in n.all_input_nodes:
+            last[inp] = n
+        if n in reuse:
+            last[reuse[n][0]] = n
+    frees: dict[fx.Node, list[fx.Node]] = {}
+    for value, user in last.items():
+        if value not in keep:
+            frees.setdefault(user, []).append(value)
+    return frees
+
+
+# ---------------------------------------------------------------------------- printing
+def format_plan(plan: Plan) -> str:
+    """One line per node: what it computes and what the passes decided about it."""
+    head = (f"plan: {len(plan.nodes)} nodes in {len(plan.groups)} independent group(s), rng {plan.rng}"
+            + (f" (seed {plan.seed})" if plan.seed is not None else "")
+            + (f", output dtype {_dtype(plan.output_dtype)}" if plan.output_dtype is not None else "")
+            + f", {_mib(plan.bytes_allocated())} allocated")
+    lines = [head]
+    if plan.dead:
+        lines.append("skipped (dead: overwritten before anything reads them): "
+                     + ", ".join(f"{n.name} {op_name(n)}" for n in plan.dead))
+    if plan.device_map:
+        lines.append("devices: " + ", ".join(f"{a} -> {b}" for a, b in plan.device_map.items()))
+    fused_by_member = {m: f for f in plan.fused_casts.values() for m in f.members}
+    for i, group in enumerate(plan.groups, 1):
+        if len(plan.groups) > 1:
+            lines.append(f"group {i}:")
+        for n in group:
+            lines.append(f"  {_call(n):<58} {'  '.join(_decisions(plan, n, fused_by_member))}".rstrip())
+    return "\n".join(lines)
+
+
+def _decisions(plan: Plan, n: fx.Node, fused_by_member: Mapping[fx.Node, FusedCast]) -> list[str]:
+    out = []
+    spec = n.meta.get("spec")
+    if spec is not None and allocates(n):
+        out.append(f"-> {_dtype(spec.dtype)}{list(spec.shape)}")
+    if n in plan.keep:
+        out.append("kept" + (f" (rows: storage {plan.exposed[n][0]}..{plan.exposed[n][1]})" if n in plan.exposed else ""))
+    if is_random(n):
+        source = (f"stream {plan.streams[n]!r}" if n in plan.streams
+                  else ", ".join(f"{g}: {k}" for g, k in n.meta["generators"].items()))
+        out.append(f"random from {source}")
+    if n in plan.pieces:
+        ranges = plan.pieces[n]
+        shown = ", ".join(f"{lo}..{hi}" for lo, hi in ranges[:3]) + (" ..." if len(ranges) > 3 else "")
+        out.append(f"fills only {sum(hi - lo for lo, hi in ranges)} elements ({shown})")
+    if n in plan.chunked:
+        out.append(f"in chunks of {CHUNK}")
+    if n in plan.fused_casts:
+        f = plan.fused_casts[n]
+        out.append(f"fused: fills {f.alloc.name} in chunks of {CHUNK}, cast to {_dtype(f.dtype)} into "
+                   + ", ".join(r.name for r in f.results))
+    elif n in fused_by_member:
+        out.append(f"fused into {fused_by_member[n].fill.name}")
+    if n in plan.reuse:
+        first, copy = plan.reuse[n]
+        out.append(f"reuses {first.name}" + (" (a copy)" if copy else ""))
+    if n in plan.in_place:
+        out.append(f"in place ({op_name(n)}_ on {n.args[0].name})")
+    for k in plan.casts.get(n, ()):
+        out.append(f"then {k.name} cast to {_dtype(plan.output_dtype)}")
+    freed = [v.name for v in plan.frees.get(n, ()) if v is not n]
+    if freed:
+        out.append("frees " + ", ".join(freed))
+    return out
+
+
+def _call(n: fx.Node) -> str:
+    """``%normal_2 = normal_(%empty_3, 0.0, 0.02)``."""
+    def show(a: Any) -> str:
+        if isinstance(a, fx.Node):
+            return f"%{a.name}"
+        if isinstance(a, (list, tuple)):
+            return "[" + ", ".join(show(x) for x in a) + "]"
+        if isinstance(a, torch.dtype):
+            return _dtype(a)
+        return repr(a) if not isinstance(a, torch.device) else str(a)
+
+    if n.op == "get_attr":
+        return f"%{n.name} = constant {n.target}"
+    args = [show(a) for a in (n.args[1:] if n.meta.get("opaque") else n.args)]
+    args += [f"{k}={show(v)}" for k, v in n.kwargs.items() if v is not None]
+    return f"%{n.name} = {op_name(n)}({', '.join(args)})"
+
+
+def _dtype(d: torch.dtype | None) -> str:
+    return str(d).removeprefix("torch.")
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"

@@ -152,7 +152,7 @@ def test_trace_skips_large_draws_and_leaves_the_rng_where_eager_does() -> None:
     m = fxinit.trace_init(Big)
     assert torch.equal(torch.get_rng_state(), after_eager)
     rec = state_of(m.a.weight).recorder
-    assert rec.random_ops == {"skipped": 3, "drawn": 1}
+    assert rec.generators.random_ops == {"skipped": 3, "drawn": 1}
     fxinit.materialize(m)
     for name, t in eager.state_dict().items():
         assert torch.equal(t, m.state_dict()[name]), name

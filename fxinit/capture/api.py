@@ -114,7 +114,7 @@ def _recorder_for(module: torch.nn.Module) -> Recorder:
         recorder = found[0] if found else Recorder("trace")
     if recorder.root is None:
         recorder.set_root(module)
-    recorder._paths = {}
+    recorder.names.forget_paths()
     return recorder
 
 

@@ -17,8 +17,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxinit.capture.deferred import PROPERTY_CALL, DeferredTensor, deferred_torch_function
+from fxinit.capture.devices import default_device
 from fxinit.capture.recorder import Recorder
-from fxinit.errors import DeferredInitError
 
 _CONSTANT_FACTORIES = {torch.tensor, torch.as_tensor, torch.asarray, torch.from_numpy, torch.frombuffer}
 _FACTORIES = {
@@ -41,16 +41,6 @@ def _call(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
     if types == _ONLY_DEFERRED and _SUBCLASS_TORCH_FUNCTION_ON():
         return deferred_torch_function(func, args, kwargs)
     return func(*args, **kwargs)
-
-
-def _default_device() -> torch.device:
-    try:
-        return torch.get_default_device()
-    except (AssertionError, RuntimeError) as exc:  # e.g. torch.device("cuda") on a CPU-only build
-        raise DeferredInitError(
-            f"the default device is not usable here: {exc}",
-            hint="trace on a machine with that device, or construct for the CPU and materialize with device=...",
-        ) from exc
 
 
 class CaptureDispatchMode(TorchDispatchMode):
@@ -103,7 +93,7 @@ class CaptureFunctionMode(TorchFunctionMode):
             device = kwargs.get("device")
             if device is None and func in _FACTORIES:
                 if self._default is None:
-                    self._default = _default_device()
+                    self._default = default_device()
                 device = self._default
             if device is not None and torch.device(device).type not in ("cpu", "meta"):
                 # Building on that device first would touch (or need) it; build on meta and

@@ -1,0 +1,58 @@
+"""Generator stepping: every random op gets a snapshot of the generator it draws from, and
+the generator is left exactly where eager construction leaves it.
+
+When an op's consumption is a known pure advance (``rng.draws``: calibrated per kind of
+call), the generator skips ahead (``rng.mt19937.advance``; the default CPU generator lazily,
+``capture.skips``); otherwise the op runs for real on scratch tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from fxinit.capture.skips import LazyCpuGenerator
+from fxinit.rng import Snapshot, mt19937, snapshot
+from fxinit.rng.draws import cpu_draws
+
+
+class GeneratorStepper:
+    """The snapshots of one trace's random ops, by key, and the generators' positions."""
+
+    def __init__(self) -> None:
+        self.snapshots: dict[str, Snapshot] = {}
+        self.lazy_cpu = LazyCpuGenerator()  # the default CPU generator, skipped lazily inside capture
+        self.random_ops = {"skipped": 0, "drawn": 0}  # how capture kept generators in step
+
+    def snapshot(self, gen: torch.Generator) -> str:
+        """Snapshot ``gen`` as it is now; its key in ``snapshots``."""
+        key = f"rng{len(self.snapshots)}"
+        self.snapshots[key] = self.lazy_cpu.position() if self._lazy(gen) else snapshot(gen)
+        return key
+
+    def _lazy(self, gen: torch.Generator) -> bool:
+        return gen is torch.default_generator and self.lazy_cpu.active
+
+    def step(self, func: Any, args: tuple, kwargs: dict, device: torch.device, gen: torch.Generator,
+             filled: list[Any], draw_for_real: Callable[[], None]) -> str:
+        """Snapshot ``gen`` for random op ``func`` (returns its key in ``snapshots``) and leave
+        it where eager would: skip ahead when the op's consumption is a known pure advance,
+        else ``draw_for_real()`` (which runs the op on scratch tensors)."""
+        draws = None
+        if device.type == "cpu" and len(filled) == 1 and isinstance(filled[0], torch.Tensor):
+            draws = cpu_draws(func, args, kwargs, filled[0])
+        if draws is None:
+            key = self.snapshot(gen)
+            self.random_ops["drawn"] += 1
+            self.lazy_cpu.flush()
+            draw_for_real()
+            return key
+        key = f"rng{len(self.snapshots)}"
+        if self._lazy(gen):
+            self.snapshots[key] = self.lazy_cpu.skip(draws)
+        else:
+            start = self.snapshots[key] = snapshot(gen)
+            gen.set_state(mt19937.advance(start.state, draws))
+        self.random_ops["skipped"] += 1
+        return key

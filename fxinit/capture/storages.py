@@ -1,0 +1,50 @@
+"""The storages a trace has seen: an id each (what slicing follows through views and
+in-place writes) and, for small ones, an exact shadow value (``capture.shadows``)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch._C import TensorBase
+
+
+def _untyped_storage_key(t: torch.Tensor) -> int:
+    with torch._C.DisableTorchFunctionSubclass():
+        return TensorBase.untyped_storage(t)._cdata
+
+
+#: The address of a tensor's storage: torch's own accessor skips building a storage object.
+storage_key: Callable[[torch.Tensor], int] = getattr(torch._C, "_storage_id", _untyped_storage_key)
+
+
+class StorageInfo:
+    """One (meta) storage: an id for slicing and an optional exact shadow value."""
+
+    __slots__ = ("sid", "keepalive", "shadow")
+
+    def __init__(self, sid: int, keepalive: Any) -> None:
+        self.sid = sid
+        self.keepalive = keepalive
+        self.shadow: torch.Tensor | None = None  # flat real CPU tensor over the whole storage
+
+
+class Storages:
+    """Storage ids by storage, numbered in the order the trace first saw them."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[int, StorageInfo] = {}
+
+    def __contains__(self, key: int) -> bool:
+        return key in self._by_key
+
+    def info(self, t: torch.Tensor) -> StorageInfo:
+        """``t``'s storage's record, made the first time the storage is seen."""
+        key = storage_key(t)
+        info = self._by_key.get(key)
+        if info is None:
+            with torch._C.DisableTorchFunctionSubclass():
+                st = TensorBase.untyped_storage(t)
+            info = StorageInfo(len(self._by_key), st)  # kept alive: its key is never reused
+            self._by_key[key] = info
+        return info

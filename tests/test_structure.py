@@ -1,0 +1,75 @@
+"""The shape of the code: fxinit's modules import each other without cycles, lazy imports
+(inside functions) included, and none of them is long."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+
+ROOT = Path(__file__).resolve().parents[1] / "fxinit"
+MAX_LINES = 600
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _type_checking_only(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST, modules: dict[str, Path]) -> set[str]:
+    """The fxinit modules an AST imports when it runs, wherever the import statement is
+    (module level, functions, methods); ``if TYPE_CHECKING:`` blocks never run."""
+    found: set[str] = set()
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _type_checking_only(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                found.add(sub if sub in modules else node.module)
+        stack.extend(ast.iter_child_nodes(node))
+    return {m for m in found if m in modules}
+
+
+def import_graph() -> nx.DiGraph:
+    modules = _modules()
+    graph = nx.DiGraph()
+    for name, path in modules.items():
+        graph.add_node(name)
+        for target in _imports(ast.parse(path.read_text()), modules):
+            if target != name:
+                graph.add_edge(name, target)
+    return graph
+
+
+def test_the_import_graph_sees_lazy_imports() -> None:
+    graph = import_graph()
+    assert graph.has_edge("fxinit.graph", "fxinit.execute")
+    tree = ast.parse("def f():\n    from fxinit.graph import InitGraph\nif TYPE_CHECKING:\n    import fxinit.plan\n")
+    assert _imports(tree, _modules()) == {"fxinit.graph"}
+
+
+def test_no_import_cycles() -> None:
+    graph = import_graph()
+    cycles = sorted(nx.simple_cycles(graph), key=len)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join([*c, c[0]]) for c in cycles[:5])
+
+
+def test_no_long_modules() -> None:
+    long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"

@@ -33,18 +33,15 @@ class Storages:
     """Storage ids by storage, numbered in the order the trace first saw them."""
 
     def __init__(self) -> None:
-        self._by_key: dict[int, StorageInfo] = {}
-
-    def __contains__(self, key: int) -> bool:
-        return key in self._by_key
+        self.by_key: dict[int, StorageInfo] = {}  # by ``storage_key``
 
     def info(self, t: torch.Tensor) -> StorageInfo:
         """``t``'s storage's record, made the first time the storage is seen."""
         key = storage_key(t)
-        info = self._by_key.get(key)
+        info = self.by_key.get(key)
         if info is None:
             with torch._C.DisableTorchFunctionSubclass():
                 st = TensorBase.untyped_storage(t)
-            info = StorageInfo(len(self._by_key), st)  # kept alive: its key is never reused
-            self._by_key[key] = info
+            info = StorageInfo(len(self.by_key), st)  # kept alive: its key is never reused
+            self.by_key[key] = info
         return info

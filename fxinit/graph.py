@@ -114,7 +114,8 @@ class InitGraph:
         return load_graph(path)
 
     def plan(self, names: Iterable[str] | None = None, rng: str = "exact", seed: int | None = None,
-             dtype: torch.dtype | None = None, rows: Mapping[str, tuple[int, int]] | None = None) -> Plan:
+             dtype: torch.dtype | None = None, rows: Mapping[str, tuple[int, int]] | None = None,
+             compile: bool | None = None) -> Plan:
         """What materializing ``names`` (all if None) runs and how: the slice and every
         decision of the passes (``fxinit.plan``; ``print`` it). Arguments as for ``materialize``."""
         wanted = self._wanted(names)
@@ -124,12 +125,13 @@ class InitGraph:
             raise ValueError(f"dtype={dtype}: like Module.to, materialize takes a floating-point or complex dtype")
         return execute.plan(self, self._targets(wanted), rng=rng, dtype=dtype,
                             seed=_portable_seed(seed, self.seed) if rng == "portable" else None,
-                            exposed=self._rows_extents(wanted, rows or {}))
+                            exposed=self._rows_extents(wanted, rows or {}), compile=compile)
 
     def materialize(
         self, names: Iterable[str] | None = None, device: torch.device | str | None = None,
         rng: str = "exact", max_bytes: int | None = None, seed: int | None = None,
         dtype: torch.dtype | None = None, rows: Mapping[str, tuple[int, int]] | None = None,
+        compile: bool | None = None,
     ) -> dict[str, torch.Tensor]:
         """Values of the named outputs (all if None).
 
@@ -147,9 +149,10 @@ class InitGraph:
         hold can be produced in pieces. The value is ``whole[start:stop]``, a view whose
         storage is the whole tensor's, of which only those rows were computed (memory never
         written takes none); ``.clone()`` it to keep it apart from that storage.
+        ``compile`` (portable mode): as for ``fxinit.materialize``.
         """
         wanted = self._wanted(names)
-        todo = self.plan(wanted, rng=rng, seed=seed, dtype=dtype, rows=rows)
+        todo = self.plan(wanted, rng=rng, seed=seed, dtype=dtype, rows=rows, compile=compile)
         need = sum(n.meta["spec"].nbytes for n in todo.nodes if allocates(n))
         limit = max_bytes if max_bytes is not None else _physical_memory()
         if need > limit:

@@ -110,7 +110,7 @@ def _device_map(nodes: list[fx.Node], target: torch.device | None) -> dict[torch
 
 def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.device | None = None,
              seed: int | None = None, dtype: torch.dtype | None = None,
-             describe: Callable[[int], str] | None = None) -> list[torch.Tensor]:
+             describe: Callable[[int], str] | None = None, compile: bool | None = None) -> list[torch.Tensor]:
     """Values of ``tensors``: exact replay, or the portable stream when ``seed`` is given;
     cast to ``dtype`` by ``Module.to``'s rule if given. ``describe(i)`` names the i-th
     tensor in errors."""
@@ -120,7 +120,7 @@ def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.devi
         recorder.stamp_module_paths()
     nodes = slicer(recorder).required(targets, to_run=True)[0]
     todo = execute.plan(recorder, targets, rng="exact" if seed is None else "portable", seed=seed, dtype=dtype,
-                        device_map=_device_map(nodes, target))
+                        device_map=_device_map(nodes, target), compile=compile)
     unwritten = execute.unwritten(todo, targets)
     if unwritten:
         raise _unwritten_error(recorder, targets, unwritten, describe)
@@ -204,7 +204,7 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
 def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Location]],
                          device: torch.device | str | None, init: bool,
                          loaded: Mapping[int, Callable[[], torch.Tensor]] | None = None,
-                         seed: int | None = None, dtype: torch.dtype | None = None) -> None:
+                         seed: int | None = None, dtype: torch.dtype | None = None, compile: bool | None = None) -> None:
     """Compute (or, with ``loaded``, read from a checkpoint) and swap in; ``loaded`` maps
     ``id(tensor)`` to a reader of its checkpoint value (called once, just before the copy,
     so that only one checkpoint tensor is held at a time)."""
@@ -229,7 +229,7 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
         rest = [t for t in ts if id(t) not in direct_ids]
         if init:
             stream_seed = None if seed is None else (rec.seed if seed is _TRACED_SEED else seed)
-            values = _compute(rec, rest, target, stream_seed, dtype) if rest else []
+            values = _compute(rec, rest, target, stream_seed, dtype, compile=compile) if rest else []
         else:
             values = [_empty_like(t, target, dtype) for t in rest]
         if target is not None:
@@ -343,7 +343,7 @@ M = TypeVar("M", torch.nn.Module, torch.Tensor)
 def materialize(obj: M, *, device: torch.device | str | None = None, init: bool = True,
                 keep_cache: bool = False, state_dict: CheckpointSource | None = None,
                 prefix: str = "", strict: bool = False, rng: str = "exact", seed: int | None = None,
-                dtype: torch.dtype | None = None) -> M:
+                dtype: torch.dtype | None = None, compile: bool | None = None) -> M:
     """Fill the deferred tensors of ``obj`` in place and return ``obj``.
 
     ``obj`` is a module (all its parameters and buffers, recursively; any submodule,
@@ -373,6 +373,14 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     bit for bit as eager construction followed by ``module.to(dtype)``, without the
     full-precision model ever existing whole: each tensor is cast as soon as it is final,
     and a random fill read only through the cast is generated in chunks cast as they go.
+
+    ``compile`` (portable mode): ``True`` runs uniform and normal fills, with the scale,
+    shift, casts and exactly rounded element-wise ops around them, as kernels that
+    torch.compile (Inductor) generates for the device (C++ on CPU, Triton on CUDA): the same
+    values, bit for bit on CPU. Kernels depend only on the kind of fill and dtype (sizes,
+    offsets and numbers are arguments), so a model compiles a handful; Inductor caches them
+    across processes. ``None`` compiles where that is fastest: on CUDA; on the CPU fxinit's
+    C kernel is faster. Exact mode draws from torch's own generators and compiles nothing.
     """
     if rng not in ("exact", "portable"):
         raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
@@ -397,11 +405,11 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     if sharded:
         def compute(rec: Recorder, locals_: list[torch.Tensor], describe: Callable[[int], str]) -> list[torch.Tensor]:
             traced = None if stream_seed is None else (rec.seed if stream_seed is _TRACED_SEED else stream_seed)
-            return _compute(rec, locals_, None, traced, dtype, describe)
+            return _compute(rec, locals_, None, traced, dtype, describe, compile)
 
         materialize_dtensors(sharded, device, init, compute, dtype,
                              {k: v for k, v in (loaded or {}).items() if k in sharded})
-    _materialize_tensors(tensors, where, device, init, loaded, stream_seed, dtype)
+    _materialize_tensors(tensors, where, device, init, loaded, stream_seed, dtype, compile)
     if from_meta_init and not keep_cache:
         clear_meta_init_cache()
     return obj

@@ -21,6 +21,7 @@ from fxinit.passes.cast_fusion import FusedCast, cast_points, fused_casts
 from fxinit.passes.cse import common_subexpressions
 from fxinit.passes.fills import Ranges, exact_chunks, exact_pieces, is_in_place_sampler, portable_pieces
 from fxinit.passes.inplace import in_place_chains
+from fxinit.passes.kernels import Kernel, compiled_fills
 from fxinit.passes.partition import independent_groups
 from fxinit.passes.ranges import Extent, partial_fills
 from fxinit.rng.pieces import CHUNK
@@ -49,13 +50,16 @@ class Plan:
     frees: dict[fx.Node, list[fx.Node]] = field(default_factory=dict)  # after node: values nothing reads any more
     groups: list[list[fx.Node]] = field(default_factory=list)  # independent groups, largest first
     streams: dict[fx.Node, str] = field(default_factory=dict)  # portable: random node -> stream key
+    kernels: dict[fx.Node, Kernel] = field(default_factory=dict)  # compiled: fill -> the kernel it runs as
     exposed: dict[fx.Node, Extent] = field(default_factory=dict)  # kept node -> the storage extent read of it
     device_map: dict[torch.device, torch.device] = field(default_factory=dict)  # unavailable -> used device
 
     @property
     def fused_away(self) -> set[fx.Node]:
-        """Members of fused casts that do not run as nodes (their fill runs the fused cast)."""
-        return {m for f in self.fused_casts.values() for m in f.members} - set(self.fused_casts)
+        """Nodes that do not run: members of fused casts (their fill runs the fused cast) and
+        the element-wise chains inside compiled kernels (their fill's kernel runs them)."""
+        away = {m for f in self.fused_casts.values() for m in f.members} - set(self.fused_casts)
+        return away | {m for k in self.kernels.values() for m in k.chain}
 
     @property
     def random_nodes(self) -> list[fx.Node]:
@@ -84,12 +88,13 @@ class Plan:
 def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "exact", seed: int | None = None,
               streams: Mapping[fx.Node, str] | None = None, output_dtype: torch.dtype | None = None,
               exposed: Mapping[fx.Node, Extent] | None = None, device_map: DeviceMap | None = None,
-              dead: Sequence[fx.Node] = ()) -> Plan:
+              dead: Sequence[fx.Node] = (), compile_on: AbstractSet[str] = frozenset()) -> Plan:
     """The plan for the slice ``nodes`` (program order, from ``passes.slicing``) whose
     values ``keep`` the caller gets. ``exposed``: kept nodes of which the caller reads only
     this storage extent (their random fills fill what it needs, and they are not cast to
     ``output_dtype``: the caller casts the part it reads). ``streams``: portable mode's key
-    of every random node (``passes.stream_keys``)."""
+    of every random node (``passes.stream_keys``). ``compile_on``: device types (``"cpu"``,
+    ``"cuda"``) whose portable fills run as kernels torch.compile generates (``passes.kernels``)."""
     keep = frozenset(keep)
     members = set(nodes)
     exposed = dict(exposed or {})
@@ -107,15 +112,18 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
             pieces[node] = found
     chunked = frozenset() if rng == "portable" else frozenset(
         n for n in nodes if is_random(n) and n not in pieces and n not in fused and exact_chunks(n, None, device_map))
+    in_place = in_place_chains(nodes, keep, reuse)
+    kernels = {n: k for n, k in compiled_fills(nodes, in_place, fused, device_map).items()
+               if k.device.type in compile_on} if rng == "portable" and compile_on else {}
     done_in_dtype = {r for f in fused.values() for r in f.results}
     casts = cast_points(nodes, keep - done_in_dtype - exposed.keys(), reuse) if output_dtype is not None else {}
     return Plan(
         nodes=list(nodes), keep=keep, rng=rng, seed=seed, output_dtype=output_dtype, dead=list(dead), reuse=reuse,
-        in_place=in_place_chains(nodes, keep, reuse), pieces=pieces, chunked=chunked, fused_casts=fused,
+        in_place=in_place, pieces=pieces, chunked=chunked, fused_casts=fused,
         casts=casts, frees=last_uses(nodes, reuse, keep),
         # a CSE duplicate runs in the group of the value it reuses
         groups=independent_groups(nodes, [(dup, first) for dup, (first, _) in reuse.items()]),
-        streams={n: k for n, k in (streams or {}).items() if n in members}, exposed=exposed,
+        streams={n: k for n, k in (streams or {}).items() if n in members}, kernels=kernels, exposed=exposed,
         device_map=device_map)
 
 
@@ -178,6 +186,12 @@ def _decisions(plan: Plan, n: fx.Node, fused_by_member: Mapping[fx.Node, FusedCa
         source = (f"stream {plan.streams[n]!r}" if n in plan.streams
                   else ", ".join(f"{g}: {k}" for g, k in n.meta["generators"].items()))
         out.append(f"random from {source}")
+    if n in plan.kernels:
+        k = plan.kernels[n]
+        steps = [f"{k.kind} -> {_dtype(k.dtype)}", *(op_name(m) for m in k.chain)]
+        if k.cast is not None:
+            steps.append(f"cast to {_dtype(k.cast)}")
+        out.append(f"compiled kernel on {k.device.type}: {' -> '.join(steps)}")
     if n in plan.pieces:
         ranges = plan.pieces[n]
         shown = ", ".join(f"{lo}..{hi}" for lo, hi in ranges[:3]) + (" ..." if len(ranges) > 3 else "")
@@ -190,10 +204,13 @@ def _decisions(plan: Plan, n: fx.Node, fused_by_member: Mapping[fx.Node, FusedCa
                    + ", ".join(r.name for r in f.results))
     elif n in fused_by_member:
         out.append(f"fused into {fused_by_member[n].fill.name}")
+    chained = next((f for f, k in plan.kernels.items() if n in k.chain), None)
+    if chained is not None:
+        out.append(f"in {chained.name}'s kernel")
     if n in plan.reuse:
         first, copy = plan.reuse[n]
         out.append(f"reuses {first.name}" + (" (a copy)" if copy else ""))
-    if n in plan.in_place:
+    if n in plan.in_place and chained is None:
         out.append(f"in place ({op_name(n)}_ on {n.args[0].name})")
     for k in plan.casts.get(n, ()):
         out.append(f"then {k.name} cast to {_dtype(plan.output_dtype)}")

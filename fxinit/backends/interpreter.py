@@ -79,6 +79,8 @@ class Interpreter:
                         env.update((r, value) for r in plan.fused_casts[n].results)
                     else:
                         env[n] = value
+                    if n in plan.kernels:  # the element-wise chain ran inside n's kernel
+                        env.update((m, value) for m in plan.kernels[n].chain)
                 for k in plan.casts.get(n, ()):
                     env[k] = _cast(env[k], plan.output_dtype)
                 for value_node in plan.frees.get(n, ()):

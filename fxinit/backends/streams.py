@@ -19,7 +19,7 @@ from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes.fills import IN_PLACE_SAMPLERS, Ranges
 from fxinit.rng import portable
 from fxinit.rng.pieces import CHUNK
-from fxinit.rng.portable import fill_, randperm, sample, stream_key
+from fxinit.rng.portable import affine, fill_, randperm, sample, stream_key
 
 aten = torch.ops.aten
 
@@ -88,6 +88,21 @@ class PortableSampler:
     def fill(self, target: torch.Tensor, kind: str, stream: int, first: int, params: dict[str, Any]) -> None:
         """Element ``k`` of ``target`` gets the stream's element ``first + k`` of ``kind``."""
         fill_(target, kind, stream, first=first, **params)
+
+
+def sampler_params(node: fx.Node, args: tuple, kwargs: dict) -> tuple[torch.Tensor, str, dict[str, float]]:
+    """For a uniform or normal ``node`` (an in-place sampler or a random factory; ``args``
+    evaluated): the tensor it fills (a factory's is new), its distribution, and that
+    distribution's ``scale`` and ``shift`` (``rng.portable.affine``)."""
+    kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
+    packet = node.target.overloadpacket
+    if packet in IN_PLACE_SAMPLERS:
+        out = args[0]
+        kind, params = _sampler(node, out, args[1:], kwargs)
+    else:
+        out, kind, params = _FACTORIES[packet](args, kwargs)
+    scale, shift = affine(kind, params)
+    return out, kind, {"scale": scale, "shift": shift}
 
 
 def _sampler(node: fx.Node, target: torch.Tensor, rest: tuple, kwargs: dict) -> tuple[str, dict[str, Any]]:

@@ -20,8 +20,8 @@ they are meant to be bitwise equal on every device. Float64 samples take one wor
 ``log1p``/``cos``, as the other distributions do, whose last bit may differ between devices.
 
 On CPU, fxinit's C kernel (``portable.c``) computes float32/bfloat16 uniform and normal fills
-when a compiler is available; elsewhere the torch-op twin below does (``_units24``,
-``_normal24``): the same bits. The twin is element-wise torch ops without data-dependent control
+when a compiler is available; elsewhere the torch-op twin below does (``units24``,
+``normal24``, ``sample24``: element-wise functions of element indices): the same bits. The twin is element-wise torch ops without data-dependent control
 flow, so that a compiler (Inductor) can fuse it; it must then keep every operation rounded on
 its own: no contraction of ``a * b + c`` into a fused multiply-add (Triton's
 ``enable_fp_fusion=False``) and a correctly rounded ``sqrt`` (the twin takes it in float64,
@@ -74,18 +74,33 @@ def words(stream: int, start: int, n: int, device: torch.device | str = "cpu") -
     return _mix(torch.arange(start + 1, start + n + 1, dtype=torch.int64, device=device) * GOLDEN + stream)
 
 
-def _word_pairs(stream: int, start: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """For elements ``start .. start+n-1``: the word of each one's pair (int64) and whether it
-    is the pair's odd element (0 or 1, int64)."""
-    i = torch.arange(start, start + n, dtype=torch.int64, device=device)
+# The torch-op twin: element-wise functions of element indices ``i`` (int64) and a stream
+# constant (an int, or an int64 tensor: a runtime argument of a compiled kernel).
+Stream = int | torch.Tensor
+
+
+def _word_pairs(i: torch.Tensor, stream: Stream) -> tuple[torch.Tensor, torch.Tensor]:
+    """For elements ``i``: the word of each one's pair (int64) and whether it is the pair's
+    odd element (0 or 1, int64)."""
     return _mix(((i >> 1) + 1) * GOLDEN + stream), i & 1
 
 
-def _units24(stream: int, start: int, n: int, device: torch.device) -> torch.Tensor:
-    """The 24-bit units (int32) of elements ``start .. start+n-1``: bits 8..31 of the pair's
-    word for an even element, bits 40..63 for an odd one."""
-    w, odd = _word_pairs(stream, start, n, device)
+def units24(i: torch.Tensor, stream: Stream) -> torch.Tensor:
+    """The 24-bit units (int32) of elements ``i``: bits 8..31 of the pair's word for an even
+    element, bits 40..63 for an odd one."""
+    w, odd = _word_pairs(i, stream)
     return ((w >> (8 + 32 * odd)) & 0xFFFFFF).to(torch.int32)
+
+
+def sample24(kind: str, i: torch.Tensor, stream: Stream) -> torch.Tensor:
+    """Float32 standard samples of elements ``i``: ``uniform`` in [0, 1), or ``normal``."""
+    if kind == "uniform":
+        return units24(i, stream).to(torch.float32) * (1.0 / (1 << 24))
+    return normal24(i, stream)
+
+
+def _elements(start: int, n: int, device: torch.device | str) -> torch.Tensor:
+    return torch.arange(start, start + n, dtype=torch.int64, device=device)
 
 
 class _Words:
@@ -111,7 +126,7 @@ class _Words:
             self.lib.fxinit_portable_fill(out.data_ptr(), _KINDS.index("uniform"), 0, self.n, self.start,
                                           self.stream & _U64, 1.0, 0.0)  # u * 1 + 0 is u
             return out
-        values = _units24(self.stream, self.start, self.n, self.device).to(torch.float32) * (1.0 / (1 << 24))
+        values = sample24("uniform", _elements(self.start, self.n, self.device), self.stream)
         return values if out is None else out.copy_(values)
 
     def unit53(self) -> torch.Tensor:
@@ -126,7 +141,7 @@ class _Words:
 
     def normal24(self) -> torch.Tensor:
         """Float32 standard normals by the torch-op twin (on any device)."""
-        return _normal24(self.stream, self.start, self.n, self.device)
+        return normal24(_elements(self.start, self.n, self.device), self.stream)
 
 
 _U64 = (1 << 64) - 1
@@ -138,7 +153,7 @@ def _sample_into(out: torch.Tensor, kind: str, w: "_Words", params: dict[str, fl
     anything else."""
     if kind not in _AFFINE or out.dtype not in _FUSED_DTYPES:
         return False
-    scale, shift = _AFFINE[kind](params)
+    scale, shift = affine(kind, params)
     if w.lib is not None:
         w.lib.fxinit_portable_fill(out.data_ptr(), _KINDS.index(kind), _FUSED_DTYPES.index(out.dtype), w.n, w.start,
                                    w.stream & _U64, float(scale), float(shift))
@@ -152,6 +167,11 @@ def _sample_into(out: torch.Tensor, kind: str, w: "_Words", params: dict[str, fl
 
 _KINDS = ("uniform", "normal")  # the C kernel's kind codes
 _FUSED_DTYPES = (torch.float32, torch.bfloat16)  # the C kernel's dtype codes
+def affine(kind: str, params: dict[str, float]) -> tuple[float, float]:
+    """``(scale, shift)`` of a uniform or normal fill: its values are ``sample24 * scale + shift``."""
+    return _AFFINE[kind](params)
+
+
 _AFFINE = {  # value = sample * scale + shift
     "uniform": lambda p: (p["high"] - p["low"], p["low"]),
     "normal": lambda p: (p["std"], p["mean"]),
@@ -179,10 +199,10 @@ def _estrin4(z: torch.Tensor, z2: torch.Tensor, c: tuple[float, ...]) -> torch.T
     return (z * c[0] + c[1]).mul_(z2).add_(z * c[2] + c[3])
 
 
-def _normal24(stream: int, start: int, n: int, device: torch.device) -> torch.Tensor:
-    """Float32 standard normals of elements ``start .. start+n-1`` with torch ops, element by
-    element: portable.c's Box-Muller."""
-    word, odd = _word_pairs(stream, start, n, device)
+def normal24(i: torch.Tensor, stream: Stream) -> torch.Tensor:
+    """Float32 standard normals of elements ``i`` with torch ops, element by element:
+    portable.c's Box-Muller."""
+    word, odd = _word_pairs(i, stream)
     odd_unit, even_unit = (((word >> shift) & 0xFFFFFF).to(torch.int32) for shift in (40, 8))
     # torch's float32 sqrt is not correctly rounded on every CPU; float64's, rounded to
     # float32, is (the square root of a float32 is never that close to a rounding boundary)

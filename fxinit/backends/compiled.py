@@ -1,0 +1,203 @@
+"""Compiled portable fills: kernels torch.compile (Inductor) generates for the target device,
+C++/OpenMP on CPU, Triton on CUDA, from the torch ops that define the stream.
+
+A kernel computes ``rng.portable.sample24`` of element indices ``start ..``, times a scale
+plus a shift, rounds to the tensor's dtype, applies the element-wise chain the plan put in it
+(``passes.kernels``) and a fused cast, and writes the result straight into the output
+tensor. Sizes (dynamic shapes), element offsets, stream constants and every number are
+runtime arguments, so a model compiles one kernel per distinct ``Kernel.signature`` (a
+handful), whatever its number of layers; Inductor's caches keep them across processes.
+
+Bits: each operation must stay rounded on its own, as the C kernel and eager torch ops
+compute it. Inductor's C++ backend compiles with ``-ffp-contract=off`` (no fused
+multiply-add) and vectorizes with correctly rounded ``sqrt``; Triton contracts ``a * b + c``
+unless told not to, so kernels are compiled with ``emulate_precision_casts`` (which turns
+``enable_fp_fusion`` off and keeps every rounding to bfloat16/float16) and with
+``eager_numerics.division_rounding`` (IEEE division). Square roots are ``sqrt_rn``.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+import types
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+from fxinit.errors import DeferredInitError
+from fxinit.passes.cast_fusion import FusedCast
+from fxinit.passes.fills import Ranges
+from fxinit.passes.kernels import Kernel
+from fxinit.rng.portable import sample24
+from fxinit.backends.streams import PortableSampler, sampler_params
+
+#: Below this many elements a fill runs eagerly (the same bits): a kernel call costs more.
+MIN_ELEMENTS = 2
+
+_INDUCTOR = {
+    "emulate_precision_casts": True,  # Triton: no FMA contraction; every bf16/fp16 rounding kept
+    "eager_numerics.division_rounding": True,  # Triton: IEEE division
+    "cpp.enable_floating_point_contract_flag": "off",  # C++: no FMA contraction
+}
+
+
+@dataclass
+class CompileStats:
+    """What compiling cost in this process: kernels compiled and seconds spent compiling."""
+
+    kernels: int = 0
+    seconds: float = 0.0
+    calls: int = 0
+
+
+STATS = CompileStats()
+_KERNELS: dict[tuple, Callable[..., None]] = {}
+_LOCK = threading.Lock()
+
+
+def _kernel_function(kernel: Kernel) -> Callable[..., None]:
+    """The Python function torch.compile turns into ``kernel``'s code."""
+    kind, dtype, cast = kernel.kind, kernel.dtype, kernel.cast
+    chain = [(n.target, len(n.args) - 1, tuple(sorted(n.kwargs))) for n in kernel.chain]
+
+    def fill(out: torch.Tensor, start: torch.Tensor, stream: torch.Tensor, scale: float, shift: float,
+             *numbers: Any) -> None:
+        i = torch.arange(out.shape[0], dtype=torch.int64, device=out.device) + start
+        x = (sample24(kind, i, stream) * scale + shift).to(dtype)
+        k = 0
+        for target, n_args, keys in chain:
+            args, kwargs = numbers[k:k + n_args], dict(zip(keys, numbers[k + n_args:k + n_args + len(keys)]))
+            k += n_args + len(keys)
+            x = target(x, *args, **kwargs)
+        out.copy_(x if cast is None else x.to(cast))
+
+    # Dynamo keeps compiled code per code object: a code object of its own per signature keeps
+    # one kernel's guards from counting against another's recompile limit.
+    code = fill.__code__.replace(co_name=f"fxinit_fill_{abs(hash(kernel.signature)):x}")
+    return types.FunctionType(code, fill.__globals__, code.co_name, fill.__defaults__, fill.__closure__)
+
+
+def compiled(kernel: Kernel) -> Callable[..., None]:
+    """The compiled kernel of ``kernel``'s signature (compiled on its first call)."""
+    key = kernel.signature
+    fn = _KERNELS.get(key)
+    if fn is None:
+        with _LOCK:
+            fn = _KERNELS.get(key)
+            if fn is None:
+                fn = _KERNELS[key] = torch.compile(_kernel_function(kernel), dynamic=True, fullgraph=True,
+                                                   options=_inductor_options())
+    return fn
+
+
+def _inductor_options() -> dict[str, Any]:
+    return dict(_INDUCTOR)
+
+
+class CompiledSampler(PortableSampler):
+    """Portable mode with the fills of ``kernels`` run as compiled kernels: the same values
+    as ``PortableSampler`` (on CPU, bit for bit), other random ops as there."""
+
+    def __init__(self, seed: int, keys: dict[fx.Node, str], kernels: dict[fx.Node, Kernel]) -> None:
+        super().__init__(seed, keys)
+        self.kernels = kernels
+
+    def prepare(self, random_nodes: list[fx.Node]) -> None:
+        """Compile every kernel the plan needs before anything runs, so that compiling is
+        timed apart (``STATS``) and never happens on worker threads."""
+        for kernel in {k.signature: k for k in self.kernels.values()}.values():
+            if kernel.signature in _WARM:
+                continue
+            started = time.perf_counter()
+            out = torch.empty(MIN_ELEMENTS + 1, dtype=kernel.cast or kernel.dtype, device=kernel.device)
+            self._run(kernel, out, 0, 0, {"scale": 1.0, "shift": 0.0}, _example_numbers(kernel))
+            STATS.kernels += 1
+            STATS.seconds += time.perf_counter() - started
+            _WARM.add(kernel.signature)
+
+    def call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
+        kernel = self.kernels.get(node)
+        if kernel is None:
+            return super().call(node, args, kwargs)
+        out, kind, params = sampler_params(node, args, kwargs)
+        self._fill(kernel, out.view(-1), self.streams[node], 0, params, node)
+        return out
+
+    def fill_pieces(self, node: fx.Node, args: tuple, kwargs: dict, pieces: Ranges) -> None:
+        kernel = self.kernels.get(node)
+        if kernel is None:
+            return super().fill_pieces(node, args, kwargs, pieces)
+        _, _, params = sampler_params(node, args, kwargs)
+        flat = args[0].view(-1)
+        for lo, hi in pieces:
+            self._fill(kernel, flat[lo:hi], self.streams[node], lo, params, node)
+
+    def fill_cast(self, fused: FusedCast, out: torch.Tensor) -> None:
+        kernel = self.kernels.get(fused.fill)
+        if kernel is None:
+            return super().fill_cast(fused, out)
+        spec = fused.alloc.meta["spec"]
+        target = torch.empty(spec.shape, dtype=spec.dtype, device="meta")  # what the fill would have filled
+        _, _, params = sampler_params(fused.fill, (target, *fused.fill.args[1:]), dict(fused.fill.kwargs))
+        self._fill(kernel, out.view(-1), self.streams[fused.fill], 0, params, fused.fill)
+
+    def _fill(self, kernel: Kernel, flat: torch.Tensor, stream: int, first: int, params: dict[str, Any],
+              node: fx.Node) -> None:
+        numbers = tuple(v for n in kernel.chain for v in (*n.args[1:], *(n.kwargs[k] for k in sorted(n.kwargs))))
+        if flat.numel() < MIN_ELEMENTS:  # the same bits, eagerly
+            return self._eager(kernel, flat, stream, first, params, numbers)
+        self._run(kernel, flat, stream, first, params, numbers)
+
+    @staticmethod
+    def _run(kernel: Kernel, flat: torch.Tensor, stream: int, first: int, params: dict[str, Any],
+             numbers: tuple) -> None:
+        device = flat.device
+        STATS.calls += 1
+        compiled(kernel)(flat, torch.tensor(first, dtype=torch.int64, device=device),
+                         torch.tensor(stream, dtype=torch.int64, device=device),
+                         float(params["scale"]), float(params["shift"]), *numbers)
+
+    @staticmethod
+    def _eager(kernel: Kernel, flat: torch.Tensor, stream: int, first: int, params: dict[str, Any],
+               numbers: tuple) -> None:
+        _kernel_function(kernel)(flat, torch.tensor(first, device=flat.device), stream, float(params["scale"]),
+                                 float(params["shift"]), *numbers)
+
+
+_WARM: set[tuple] = set()
+
+
+def _example_numbers(kernel: Kernel) -> tuple:
+    """The chain's numbers from its first nodes (compiled code does not depend on them)."""
+    return tuple(v for n in kernel.chain for v in (*n.args[1:], *(n.kwargs[k] for k in sorted(n.kwargs))))
+
+
+def compile_available(device: torch.device) -> str | None:
+    """Why torch.compile cannot generate kernels for ``device`` here, or None if it can."""
+    return _why_not(device.type)
+
+
+@functools.lru_cache(maxsize=None)
+def _why_not(device_type: str) -> str | None:
+    try:
+        if device_type == "cuda":
+            from torch.utils._triton import has_triton
+
+            return None if has_triton() else "Triton is not installed"
+        if device_type == "cpu":
+            from torch._inductor.cpp_builder import get_cpp_compiler
+
+            get_cpp_compiler()
+            return None
+        return f"fxinit compiles fills for cpu and cuda, not {device_type}"
+    except Exception as exc:  # no C++ compiler, a broken install
+        return f"{type(exc).__name__}: {exc}"
+
+
+def refuse(device: torch.device, why: str) -> DeferredInitError:
+    return DeferredInitError(f"compile=True: torch.compile cannot generate kernels for {device} here ({why})",
+                             hint="materialize with compile=None (fxinit picks) or compile=False")

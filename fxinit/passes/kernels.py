@@ -1,0 +1,136 @@
+"""Compiled fills: which portable fills run as kernels that torch.compile generates, and which
+element-wise ops after them run inside the same kernel.
+
+A uniform or normal fill of a contiguous float32, bfloat16 or float16 tensor is
+``rng.portable.sample24`` (element-wise torch ops of the element index and the stream),
+times a scale plus a shift, rounded to the tensor's dtype. An in-place chain that follows a
+random factory on its own temporary (``torch.randn(n, m) * 0.02 + 1``; ``passes.inplace``)
+joins the kernel when each op is exactly rounded (``+ - * /`` by a number, negation,
+absolute value, clamping): compiled code computes them with the bits eager computes.
+Transcendental ops (``exp``, ``tanh``...) stay out: their last bit may differ between
+torch's kernels and generated code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.fx as fx
+
+from fxinit.ops import is_random
+from fxinit.passes.cast_fusion import FusedCast
+from fxinit.passes.fills import IN_PLACE_SAMPLERS, is_in_place_sampler
+from fxinit.spec import TensorSpec
+
+aten = torch.ops.aten
+
+#: Dtypes a compiled fill writes: those whose samples are ``sample24`` (24-bit units).
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: Random factories whose values are one distribution of ``sample24``.
+FACTORIES = {aten.rand: "uniform", aten.randn: "normal", aten.normal: "normal", aten.rand_like: "uniform",
+             aten.randn_like: "normal"}
+#: Element-wise ops that join a compiled fill's kernel: exactly rounded, so compiled code
+#: gives eager's bits (``alpha`` of add/sub is refused: eager fuses it into a multiply-add).
+CHAIN_OPS = frozenset({
+    aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar, aten.mul.Tensor, aten.mul.Scalar,
+    aten.div.Tensor, aten.div.Scalar, aten.neg.default, aten.abs.default, aten.clamp.default,
+    aten.clamp_min.default, aten.clamp_max.default,
+})
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A portable fill run as one compiled kernel: samples of ``kind``, times a scale plus a
+    shift, rounded to ``dtype``, then the element-wise ``chain`` (nodes whose values are the
+    fill's, in order), then cast to ``cast`` if given (a fused cast)."""
+
+    kind: str
+    dtype: torch.dtype
+    device: torch.device
+    chain: tuple[fx.Node, ...] = ()
+    cast: torch.dtype | None = None
+
+    @property
+    def signature(self) -> tuple:
+        """What the generated code depends on (sizes, offsets, streams and numbers are
+        runtime arguments): one compiled kernel per distinct signature."""
+        return (self.kind, self.dtype, self.device.type, self.cast, tuple(_chain_signature(n) for n in self.chain))
+
+
+def _chain_signature(n: fx.Node) -> tuple:
+    return (n.target, tuple(type(a).__name__ for a in n.args[1:]), tuple(sorted(n.kwargs)))
+
+
+def compiled_fills(nodes: Sequence[fx.Node], in_place: Mapping[fx.Node, Any], fused: Mapping[fx.Node, FusedCast],
+                   device_map: Mapping[torch.device, torch.device]) -> dict[fx.Node, Kernel]:
+    """``{random node: Kernel}`` for the fills of the slice ``nodes`` that compile: plain
+    in-place samplers and random factories of ``KERNEL_DTYPES`` into contiguous tensors
+    (a fused cast's fill with its cast); ``in_place`` is the plan's in-place map."""
+    users: dict[fx.Node, list[fx.Node]] = {}
+    for n in nodes:
+        for inp in n.all_input_nodes:
+            users.setdefault(inp, []).append(n)
+    out: dict[fx.Node, Kernel] = {}
+    for n in nodes:
+        if not is_random(n):
+            continue
+        if n in fused:
+            f = fused[n]
+            kind = _in_place_kind(n)
+            spec = f.alloc.meta["spec"]
+            if kind is not None and spec.dtype in KERNEL_DTYPES:
+                out[n] = Kernel(kind, spec.dtype, _device(spec, device_map), cast=f.dtype)
+            continue
+        kind = _in_place_kind(n)
+        if kind is not None:
+            spec = n.args[0].meta.get("spec")  # type: ignore[union-attr]
+            chain: tuple[fx.Node, ...] = ()
+        else:
+            kind = _factory_kind(n)
+            spec = n.meta.get("spec")
+            chain = _chain(n, in_place, users)
+        if kind is None or spec is None or spec.dtype not in KERNEL_DTYPES or not spec.is_contiguous():
+            continue
+        out[n] = Kernel(kind, spec.dtype, _device(spec, device_map), chain)
+    return out
+
+
+def _in_place_kind(n: fx.Node) -> str | None:
+    if not is_in_place_sampler(n):
+        return None
+    kind = IN_PLACE_SAMPLERS[n.target.overloadpacket][0]
+    return kind if kind in ("uniform", "normal") else None
+
+
+def _factory_kind(n: fx.Node) -> str | None:
+    packet = getattr(n.target, "overloadpacket", None)
+    if packet is aten.normal and n.target is not aten.normal.float_float:
+        return None  # a tensor mean or std
+    return FACTORIES.get(packet)
+
+
+def _device(spec: TensorSpec, device_map: Mapping[torch.device, torch.device]) -> torch.device:
+    return device_map.get(spec.device, spec.device)
+
+
+def _chain(start: fx.Node, in_place: Mapping[fx.Node, Any], users: Mapping[fx.Node, list[fx.Node]]
+           ) -> tuple[fx.Node, ...]:
+    """The in-place element-wise nodes that follow factory ``start`` on its value, in order."""
+    chain: list[fx.Node] = []
+    value = start
+    while True:
+        following = users.get(value, [])
+        if len(following) != 1:
+            break
+        n = following[0]
+        if n not in in_place or n.target not in CHAIN_OPS or n.args[0] is not value:
+            break
+        if any(isinstance(a, fx.Node) for a in (*n.args[1:], *n.kwargs.values())):
+            break  # another tensor: not a per-element function of the fill alone
+        if n.kwargs.get("alpha", 1) != 1:
+            break
+        chain.append(n)
+        value = n
+    return tuple(chain)

@@ -1,0 +1,110 @@
+"""Portable fills compiled by torch.compile (Inductor): the same bits as fxinit's C kernel, a
+handful of kernels per model, and compile=None/True/False as documented."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import fxinit
+from fxinit import execute
+from fxinit.backends import compiled
+from fxinit.errors import DeferredInitError
+from fxinit.rng.native import portable_library
+
+F32, BF16 = torch.float32, torch.bfloat16
+
+
+class Fills(nn.Module):
+    """Every kind of compiled fill: in-place samplers, factories with element-wise chains (in
+    float32 and bfloat16), a fill large enough to be cast chunk-free with dtype=, and a fill
+    whose rows are asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(512, 300)
+        nn.init.normal_(self.a.weight, std=0.02)
+        self.chain = nn.Parameter(torch.randn(1000, 7) * 0.02 + 1)
+        self.low = nn.Parameter(torch.rand(333, dtype=BF16) * 2 - 1)
+        self.big = nn.Parameter(torch.empty(300, 512))
+        nn.init.uniform_(self.big, -0.1, 0.1)
+        self.tail = nn.Parameter(torch.randn(1).exp())  # exp stays out of kernels: not exactly rounded
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(_bits(a[k]), _bits(b[k])), k
+
+
+@pytest.fixture(scope="module")
+def graph() -> fxinit.InitGraph:
+    torch.manual_seed(0)
+    return fxinit.init_graph(fxinit.trace_init(Fills))
+
+
+def test_compiled_fills_are_the_c_kernels_bits(graph: fxinit.InitGraph) -> None:
+    plan = graph.plan(rng="portable", compile=True)
+    chains = {tuple(str(n.target) for n in k.chain) for k in plan.kernels.values()}
+    assert chains == {(), ("aten.mul.Tensor", "aten.add.Tensor"), ("aten.mul.Tensor", "aten.sub.Tensor")}
+    assert {(k.kind, k.dtype) for k in plan.kernels.values()} == {("normal", F32), ("uniform", F32), ("uniform", BF16)}
+    assert "compiled kernel on cpu: normal -> float32 -> mul -> add" in str(plan)
+    before = compiled.STATS.calls
+    _same(graph.materialize(rng="portable", compile=True), graph.materialize(rng="portable", compile=False))
+    assert compiled.STATS.calls - before >= len(plan.kernels)  # the kernels ran
+
+    cast = graph.plan(rng="portable", compile=True, dtype=BF16)
+    assert any(k.cast == BF16 for k in cast.kernels.values())  # a fused cast written in bfloat16 directly
+    _same(graph.materialize(rng="portable", compile=True, dtype=BF16),
+          graph.materialize(rng="portable", compile=False, dtype=BF16))
+
+    rows = {"big": (100, 137)}  # only the pieces a row range needs
+    assert graph.plan(["big"], rng="portable", compile=True, rows=rows).pieces
+    _same(graph.materialize(["big"], rng="portable", compile=True, rows=rows),
+          graph.materialize(["big"], rng="portable", compile=False, rows=rows))
+
+
+def test_module_materialize_compiles_and_keeps_the_values(graph: fxinit.InitGraph) -> None:
+    torch.manual_seed(0)
+    m = fxinit.materialize(fxinit.trace_init(Fills), rng="portable", compile=True)
+    _same(dict(m.named_parameters()), graph.materialize(rng="portable", compile=False))
+
+
+def _llama(layers: int) -> fxinit.InitGraph:
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=300)
+    torch.manual_seed(0)
+    return fxinit.init_graph(fxinit.trace_init(LlamaForCausalLM, cfg))
+
+
+def test_a_model_compiles_the_same_few_kernels_whatever_its_depth() -> None:
+    shallow, deep = _llama(2), _llama(12)
+    signatures = [{k.signature for k in g.plan(rng="portable", compile=True).kernels.values()} for g in (shallow, deep)]
+    assert signatures[0] == signatures[1] and len(signatures[0]) == 1  # every fill: normal_ into float32
+    assert len(deep.plan(rng="portable", compile=True).kernels) > 5 * len(shallow.plan(rng="portable", compile=True).kernels) // 2
+    _same(shallow.materialize(rng="portable", compile=True), shallow.materialize(rng="portable"))
+    compiled_before = compiled.STATS.kernels
+    _same(deep.materialize(rng="portable", compile=True), deep.materialize(rng="portable"))
+    assert compiled.STATS.kernels == compiled_before  # nothing new to compile for 12 layers
+
+
+def test_compile_none_false_and_exact_mode(graph: fxinit.InitGraph) -> None:
+    if portable_library() is not None:  # fxinit's C kernel beats Inductor's code on the CPU
+        assert not graph.plan(rng="portable").kernels
+    assert not graph.plan(rng="portable", compile=False).kernels
+    assert not graph.plan(compile=True).kernels  # exact mode: torch's generators, nothing compiled
+    assert graph.plan(rng="portable", compile=True).kernels
+
+
+def test_compile_true_is_refused_where_torch_compile_cannot_generate_code(
+        graph: fxinit.InitGraph, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(execute, "compile_available", lambda device: "no C++ compiler")
+    with pytest.raises(DeferredInitError, match="compile=True: torch.compile cannot generate kernels for cpu"):
+        graph.materialize(rng="portable", compile=True)
+    assert not graph.plan(rng="portable", compile=None).kernels

@@ -157,7 +157,8 @@ def cmd_materialize(args: argparse.Namespace) -> int:
     import torch
 
     dtype = getattr(torch, args.dtype) if args.dtype else None
-    values = _materialize_with_progress(graph, names, args.device, args.rng, args.seed, quiet=args.quiet, dtype=dtype)
+    values = _materialize_with_progress(graph, names, args.device, args.rng, args.seed, quiet=args.quiet, dtype=dtype,
+                                        compile=args.compile)
     save_safetensors(values, graph, Path(args.output))
     print(f"wrote {len(values)} tensors to {args.output}")
     return EXIT_OK
@@ -184,7 +185,7 @@ def _export(args: argparse.Namespace) -> int:
     done = fxinit.save(args.graph, args.output, format=args.format, rng=args.rng, seed=args.seed,
                        dtype=getattr(torch, args.dtype) if args.dtype else None, only=args.only, part=part,
                        max_shard_size=max_shard_size, resume=args.resume, memory=memory, workers=args.workers,
-                       quiet=args.quiet)
+                       quiet=args.quiet, compile=args.compile)
     rate = done.bytes / done.seconds / 1e9 if done.seconds else 0.0
     line = f"wrote {_count(done.files, 'file')} ({done.bytes:,} bytes) to {args.output} in {done.seconds:.1f} s " \
            f"({rate:.2f} GB/s)"
@@ -201,7 +202,7 @@ def _count(items: Sequence[object], noun: str) -> str:
 
 
 def _materialize_with_progress(graph: Any, names: list[str], device: str | None, rng: str, seed: int | None,
-                               quiet: bool, dtype: Any = None) -> dict[str, Any]:
+                               quiet: bool, dtype: Any = None, compile: bool | None = None) -> dict[str, Any]:
     """Materialize in batches of about 256 MiB so a long run shows progress; each tie
     group is computed once."""
     tied_to = {n: g[0] for g in graph.ties for n in g}
@@ -227,7 +228,7 @@ def _materialize_with_progress(graph: Any, names: list[str], device: str | None,
             bar = None
     values: dict[str, Any] = {}
     for batch in batches:
-        values.update(graph.materialize(batch, device=device, rng=rng, seed=seed, dtype=dtype))
+        values.update(graph.materialize(batch, device=device, rng=rng, seed=seed, dtype=dtype, compile=compile))
         if bar is not None:
             bar.update(sum(graph.spec(n).nbytes for n in batch))
     if bar is not None:
@@ -283,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rng", default="exact", choices=["exact", "portable"],
                    help="exact: eager's values; portable: the counter-based stream (default %(default)s)")
     p.add_argument("--seed", type=int, help="portable mode's seed (default: the seed the trace saw)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="portable mode: run the fills as kernels torch.compile generates for the device (the same "
+                        "values); default: where that is fastest (CUDA; the CPU keeps fxinit's C kernel)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"],
                    help="cast floating-point (and complex) tensors to this dtype as Module.to does, without the "
                         "full-precision model in memory")

@@ -57,6 +57,9 @@ def test_portable_materialize_from_the_command_line(tmp_path: Path) -> None:
     assert main(["materialize", str(graph), "-o", str(b), "--rng", "portable", "--only", "layers.1.*", "-q"]) == EXIT_OK
     whole, part = safetensors_torch.load_file(a), safetensors_torch.load_file(b)
     assert part and all(torch.equal(v, whole[k]) for k, v in part.items())
+    compiled = tmp_path / "c.safetensors"  # kernels torch.compile generates: the same bits
+    assert main(["materialize", str(graph), "-o", str(compiled), "--rng", "portable", "--compile", "-q"]) == EXIT_OK
+    assert all(same_bits(v, whole[k]) for k, v in safetensors_torch.load_file(compiled).items())
 
 
 def test_materialize_in_another_dtype(tmp_path: Path) -> None:

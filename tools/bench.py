@@ -9,6 +9,8 @@ writing it once, which any materialization into fresh memory does), both measure
     python tools/bench.py --model tiny     # a quick look
     python tools/bench.py --trace-405b     # also: tracing a 405B Llama vs meta construction
     python tools/bench.py --samplers       # only the portable samplers' ns per element vs torch's
+    python tools/bench.py --kernels        # compiled portable fills of the 0.5B and 405B configs:
+                                           # kernels, compile time cold and warm
 
 Rows:
   eager                 torch.manual_seed(0); LlamaForCausalLM(config)
@@ -21,6 +23,8 @@ Rows:
                         values (compiled kernels cached by an earlier process)
   fxinit portable cold  the same with an empty kernel cache: the C compiler runs first
                         (its time is reported as compile_s)
+  fxinit portable compiled  the same with compile=True: kernels torch.compile generates (Inductor's
+                        C++ on CPU; cached by an earlier process), compile_s of the time spent compiling
   fxinit last layer     trace_init + materialize(model.model.layers[-1]) only
   eager + to(bf16)      eager construction, then model.to(torch.bfloat16)
   fxinit exact bf16     trace_init + materialize(dtype=torch.bfloat16): the same bits, the
@@ -101,6 +105,11 @@ ROWS = {
         "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nfxinit.materialize(m, rng='portable')\n"
         "extra = {'compile_s': compile_s}"
     ),
+    "fxinit portable compiled": (
+        "from fxinit.backends.compiled import STATS\n"
+        "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nfxinit.materialize(m, rng='portable', compile=True)\n"
+        "extra = {'compile_s': STATS.seconds, 'kernels': STATS.kernels}"
+    ),
     "fxinit last layer": (
         "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nfxinit.materialize(m.model.layers[-1])\nextra = None"
     ),
@@ -117,6 +126,41 @@ TRACE_ROWS = {
         "extra = lambda: {'nodes': fxinit.init_graph(m).stats()['nodes_captured']}"
     ),
 }
+
+
+# The kernels a config's portable fills compile to, and the time compiling them takes (in
+# float32 and with dtype=bfloat16); nothing is materialized, so the 405B config fits.
+KERNELS_ROW = (
+    "import os\nos.environ['TORCHINDUCTOR_CACHE_DIR'] = @CACHE@\n"
+    "from fxinit.backends.compiled import STATS, CompiledSampler\n"
+    "m = fxinit.trace_init(LlamaForCausalLM, cfg)\ng = fxinit.init_graph(m)\nextra = {}\n"
+    "for name, dtype in (('float32', None), ('bfloat16', torch.bfloat16)):\n"
+    "    plan = g.plan(rng='portable', compile=True, dtype=dtype)\n"
+    "    before = (STATS.kernels, STATS.seconds)\n"
+    "    CompiledSampler(0, plan.streams, plan.kernels).prepare(plan.random_nodes)\n"
+    "    extra[name] = {'fills': len(plan.kernels), 'kernels': len({k.signature for k in plan.kernels.values()}),\n"
+    "                   'compiled': STATS.kernels - before[0], 'compile_s': STATS.seconds - before[1]}\n"
+)
+
+
+def kernels_table(repeat: int) -> str:
+    """Compiled kernels of the 0.5B and 405B configs: fills, distinct kernels, compile time in
+    a process with an empty Inductor cache (cold) and in later processes (warm)."""
+    import tempfile
+
+    lines = ["compiled portable fills: fills run as kernels, distinct kernels, compile seconds cold (empty "
+             "Inductor cache) and warm (median of later processes)"]
+    for model in ("0.5b", "405b"):
+        cache = tempfile.mkdtemp(prefix="fxinit-inductor-")
+        body = KERNELS_ROW.replace("@CACHE@", repr(cache))
+        cold = run_child(MODELS[model], body)["extra"]
+        warm = [run_child(MODELS[model], body)["extra"] for _ in range(repeat)]
+        for dtype in ("float32", "bfloat16"):
+            c = cold[dtype]
+            w = statistics.median(r[dtype]["compile_s"] for r in warm)
+            lines.append(f"  {model:>5} {dtype:<9}: {c['fills']:>5} fills, {c['kernels']} kernels; "
+                         f"compile {c['compile_s']:.1f} s cold, {w:.1f} s warm")
+    return "\n".join(lines)
 
 
 STATS_ROW = (
@@ -213,10 +257,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace-405b", action="store_true", help="also time tracing the 405B config")
     ap.add_argument("--json", type=Path, help="write raw measurements here")
     ap.add_argument("--samplers", action="store_true", help="only time the portable samplers against torch's")
+    ap.add_argument("--kernels", action="store_true",
+                    help="only count and compile the kernels of compiled portable fills (0.5B and 405B)")
     args = ap.parse_args(argv)
     if args.samplers:
         sys.path.insert(0, str(ROOT))
         print(sampler_speed())
+        return 0
+    if args.kernels:
+        print(kernels_table(args.repeat))
         return 0
 
     import torch  # only for the header

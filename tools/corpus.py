@@ -6,6 +6,7 @@
     python tools/corpus.py --refresh-list        # rebuild tools/corpus_models.json
     python tools/corpus.py --device cuda --jobs 1 # eager and trace under `with torch.device("cuda")`
     python tools/corpus.py --from-pretrained     # AutoModel.from_pretrained of a partial checkpoint
+    python tools/corpus.py --rng portable --compile  # compiled portable fills against the C kernel
 
 For each architecture (``AutoModel.from_config`` on a tiny config), seed and default
 dtype it builds the eager reference, then with fxinit: trace + materialize whole, and
@@ -252,10 +253,11 @@ def check_model(model_type: str, seed: int = 0, dtype: str = "float32", variant:
 
 @_in_default_dtype
 def check_model_portable(model_type: str, seed: int = 0, dtype: str = "float32", variant: str = "tiny",
-                         orders: tuple[str, ...] = ("whole", "reverse")) -> dict[str, Any]:
+                         orders: tuple[str, ...] = ("whole", "reverse"), compile: bool = False) -> dict[str, Any]:
     """Portable mode: materializing the module (whole, or leaf by leaf in reverse) gives the
     values its init graph gives for all tensors at once; "unsupported: ..." when a
-    random op has no portable sampler."""
+    random op has no portable sampler. ``compile``: the module is materialized with
+    compiled kernels (``compile=True``), the reference without (fxinit's C kernel)."""
     import torch
     from transformers import AutoModel
 
@@ -271,7 +273,7 @@ def check_model_portable(model_type: str, seed: int = 0, dtype: str = "float32",
             try:
                 torch.manual_seed(seed)
                 m = fxinit.trace_init(AutoModel.from_config, cfg)
-                _materialize(m, order, rng="portable")
+                _materialize(m, order, rng="portable", compile=compile)
                 got = _tensors(m)
                 problems = [f"{k}: missing" for k in ref if k not in got]
                 problems += [f"{k}: values" for k in ref if k in got and not torch.equal(_bits(ref[k]), _bits(got[k]))]
@@ -291,13 +293,14 @@ def check_model_portable(model_type: str, seed: int = 0, dtype: str = "float32",
 
 def check_model_settings(model_type: str, settings: list[tuple[int, str]], variant: str,
                          orders: tuple[str, ...], rng: str = "exact", cast: str | None = None,
-                         device: str | None = None, pretrained: bool = False) -> list[dict[str, Any]]:
+                         device: str | None = None, pretrained: bool = False,
+                         compile: bool = False) -> list[dict[str, Any]]:
     """``check_model`` (or ``check_model_portable``) for several (seed, dtype) settings in
     one process (one import of the model)."""
     if rng == "exact":
         return [check_model(model_type, seed, dtype, variant, orders, cast, device, pretrained)
                 for seed, dtype in settings]
-    return [check_model_portable(model_type, seed, dtype, variant, orders) for seed, dtype in settings]
+    return [check_model_portable(model_type, seed, dtype, variant, orders, compile) for seed, dtype in settings]
 
 
 # ----------------------------------------------------------------------------- the list
@@ -439,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write per-check results here")
     ap.add_argument("--rng", choices=["exact", "portable"], default="exact",
                     help="portable: check order independence of the portable stream instead of eager equality")
+    ap.add_argument("--compile", action="store_true",
+                    help="with --rng portable: materialize with compile=True (kernels torch.compile generates) and "
+                         "check them bit for bit against fxinit's C kernel")
     ap.add_argument("--cast", choices=["bfloat16", "float16", "float32", "float64"],
                     help="materialize with dtype=CAST and compare with eager followed by Module.to(CAST)")
     ap.add_argument("--device", help="build eager and trace under `with torch.device(DEVICE)` (cuda: on the GPU)")
@@ -475,8 +481,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--device checks exact mode; tools/gpu_check.py compares portable values across devices")
     if args.from_pretrained and args.rng != "exact":
         raise SystemExit("--from-pretrained checks exact mode against eager from_pretrained")
-    jobs = [(n, settings, buildable[n]["variant"], orders, args.rng, args.cast, args.device, args.from_pretrained)
-            for n in names]
+    if args.compile and args.rng != "portable":
+        raise SystemExit("--compile checks portable mode: compiled kernels against fxinit's C kernel")
+    jobs = [(n, settings, buildable[n]["variant"], orders, args.rng, args.cast, args.device, args.from_pretrained,
+             args.compile) for n in names]
     print(f"{len(names)} architectures x {len(settings)} (seed, dtype) x {len(orders)} orders; "
           f"{len(listing) - len(buildable)} of {len(listing)} model types do not build tiny")
     results: list[dict[str, Any]] = []
@@ -503,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
             refused = sum(r[o].startswith(("cannot defer", "unsupported")) for r in rs)
             wrong += sum(r[o].startswith(("mismatch", "crash")) for r in rs)
             what = "bitwise-equal" if args.rng == "exact" else "portable, order-independent"
+            if args.compile:
+                what += ", compiled = C kernel bit for bit"
             if args.cast:
                 what += f" to eager + .to({args.cast})"
             if args.from_pretrained:

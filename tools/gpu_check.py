@@ -11,20 +11,25 @@ portable
     Tiny transformers models and torch.nn modules, traced for DEVICE and for the CPU and
     materialized with ``rng="portable"``: each tensor's values on DEVICE against the CPU's,
     as distances in units in the last place, grouped by the random ops that wrote the tensor.
-    Tensors written only by uniform-family ops must be bitwise equal, float32 and bfloat16
-    tensors written by normal-family ops within 2 ulp; anything else is reported, not judged
-    (float64 normals and the rarer samplers use torch's ``log1p``/``exp``, whose last bit
-    may differ between devices; non-random buffers are eager's own arithmetic on each device).
-    With ``--device cpu`` the "device" side runs the torch-op samplers (``FXINIT_NO_NATIVE=1``),
-    the code CUDA runs, against fxinit's C kernels.
+    Two paths on DEVICE: the torch-op samplers run as torch ops (``compile=False``), and the
+    same ops compiled by torch.compile (``compile=True``: Triton on CUDA, Inductor's C++ on
+    CPU). Tensors written only by uniform-family ops must be bitwise equal, float32 and
+    bfloat16 tensors written by normal-family ops within 2 ulp as torch ops and bitwise
+    equal compiled (no FMA contraction, correctly rounded square roots and divisions), those
+    of ``trunc_normal_`` (portable's inverse-CDF sampler, torch ops either way) within 2 ulp;
+    anything else is reported, not judged (float64 normals and the rarer samplers use
+    torch's ``log1p``/``exp``, whose last bit may differ between devices; non-random buffers
+    are eager's own arithmetic on each device). With ``--device cpu`` the torch-op path runs
+    with ``FXINIT_NO_NATIVE=1``, the code CUDA runs, against fxinit's C kernels.
 
 bench
     An 8B Llama (hidden 4096, intermediate 14336, 32 layers, 32 heads, 8 kv heads, vocab
     128256) built in bfloat16 on DEVICE: eager under ``with torch.device(DEVICE)``, then
     fxinit traced for DEVICE and materialized there, exact (checked bit for bit against the
-    eager model) and portable. Each row reports its time and the achieved bandwidth (output
-    bytes / materialize time) against DEVICE's copy bandwidth (bytes read + written per
-    second by one large copy). ``--small`` uses a ~25M-parameter Llama instead.
+    eager model), portable as torch ops and portable compiled (its kernels compiled first:
+    their compile time is reported apart). Each row reports its time and the achieved
+    bandwidth (output bytes / materialize time) against DEVICE's copy bandwidth (bytes read +
+    written per second by one large copy). ``--small`` uses a ~25M-parameter Llama instead.
 
 Exit status 1 when a portable tensor breaks its bound or the exact bench model differs from eager.
 """
@@ -58,7 +63,8 @@ BENCH_CONFIGS = {
 PORTABLE_MODELS = ("llama", "bert", "gpt2", "t5", "vit", "mixtral")
 UNIFORM_FAMILY = {"uniform_", "rand", "rand_like", "random_", "randint", "randint_like", "randperm", "bernoulli_",
                   "bernoulli"}
-NORMAL_FAMILY = {"normal_", "normal", "randn", "randn_like", "torch.nn.init.trunc_normal_"}
+NORMAL_FAMILY = {"normal_", "normal", "randn", "randn_like"}
+TRUNC_NORMAL = {"torch.nn.init.trunc_normal_"}  # portable's own inverse-CDF sampler: torch ops, not compiled
 MAX_NORMAL_ULP = 2
 
 
@@ -147,6 +153,8 @@ def _family(kinds: set[str]) -> str:
         return "uniform"
     if kinds <= UNIFORM_FAMILY | NORMAL_FAMILY:
         return "normal"
+    if kinds <= UNIFORM_FAMILY | NORMAL_FAMILY | TRUNC_NORMAL:
+        return "trunc_normal"
     return "other"
 
 
@@ -184,42 +192,44 @@ def _transformers_models(names: tuple[str, ...]) -> dict[str, Callable[[], torch
 
 
 def portable_values(factory: Callable[[], torch.nn.Module], device: torch.device, seed: int,
-                    ) -> tuple[fxinit.InitGraph, dict[str, torch.Tensor]]:
+                    compile: bool | None = False) -> tuple[fxinit.InitGraph, dict[str, torch.Tensor]]:
     """The portable values of a model traced for ``device``, materialized there."""
     torch.manual_seed(seed)
     with device:
         m = fxinit.trace_init(factory)
     graph = fxinit.init_graph(m)
-    return graph, graph.materialize(rng="portable")
+    return graph, graph.materialize(rng="portable", compile=compile)
 
 
 def check_portable(device: torch.device, dtypes: list[torch.dtype], seed: int = 0) -> tuple[list[dict], bool]:
-    """Per model, dtype and family of random ops: the worst ulp distance DEVICE vs CPU."""
+    """Per model, dtype, path (torch ops, compiled) and family of random ops: the worst ulp
+    distance DEVICE vs CPU (fxinit's C kernel)."""
     cpu = torch.device("cpu")
     models = {**_nn_models(), **_transformers_models(PORTABLE_MODELS)}
     rows, ok = [], True
-    for dtype in dtypes:
-        for label, factory in models.items():
-            with _default_dtype(dtype):
-                graph, ref = portable_values(factory, cpu, seed)
-                with _torch_op_samplers() if device.type == "cpu" else contextlib.nullcontext():
-                    _, got = portable_values(factory, device, seed)
-            worst: dict[str, tuple[int, str]] = {}
-            for name, value in ref.items():
-                family = _family(random_kinds(graph, name))
-                if got[name].dtype != value.dtype or got[name].shape != value.shape:
-                    dist = -1
-                else:
-                    dist = ulp_distance(got[name], value)
-                if family not in worst or _rank(dist) > _rank(worst[family][0]):
-                    worst[family] = (dist, name)
-            for family, (dist, name) in sorted(worst.items()):
-                bound = 0 if family == "uniform" else MAX_NORMAL_ULP if family == "normal" and dtype in (
-                    torch.float32, torch.bfloat16) else None
-                good = dist >= 0 and (bound is None or dist <= bound)
-                ok &= good
-                rows.append({"model": label, "dtype": str(dtype).removeprefix("torch."), "family": family,
-                             "max_ulp": dist, "bound": bound, "worst": name, "ok": good})
+    for dtype, (label, factory), compile in ((d, m, c) for d in dtypes for m in models.items() for c in (False, True)):
+        with _default_dtype(dtype):
+            graph, ref = portable_values(factory, cpu, seed)
+            with _torch_op_samplers() if device.type == "cpu" and not compile else contextlib.nullcontext():
+                _, got = portable_values(factory, device, seed, compile=compile)
+        worst: dict[str, tuple[int, str]] = {}
+        for name, value in ref.items():
+            family = _family(random_kinds(graph, name))
+            if got[name].dtype != value.dtype or got[name].shape != value.shape:
+                dist = -1
+            else:
+                dist = ulp_distance(got[name], value)
+            if family not in worst or _rank(dist) > _rank(worst[family][0]):
+                worst[family] = (dist, name)
+        for family, (dist, name) in sorted(worst.items()):
+            low_precision = dtype in (torch.float32, torch.bfloat16)
+            bound = {"uniform": 0, "normal": 0 if compile else MAX_NORMAL_ULP if low_precision else None,
+                     "trunc_normal": MAX_NORMAL_ULP if low_precision else None}.get(family)
+            good = dist >= 0 and (bound is None or dist <= bound)
+            ok &= good
+            rows.append({"model": label, "dtype": str(dtype).removeprefix("torch."), "family": family,
+                         "path": "compiled" if compile else "torch ops", "max_ulp": dist, "bound": bound,
+                         "worst": name, "ok": good})
     return rows, ok
 
 
@@ -227,11 +237,12 @@ def print_portable(rows: list[dict], device: torch.device) -> None:
     side = "cpu (torch-op samplers)" if device.type == "cpu" else str(device)
     print(f"\nportable values on {side} against the CPU's (ulp: units in the last place; -1: NaN pattern, "
           f"dtype or shape differs)")
-    print(f"{'model':<24}{'dtype':<10}{'written by':<12}{'max ulp':>8}{'bound':>7}  worst tensor")
+    print(f"{'model':<24}{'dtype':<10}{'path':<11}{'written by':<12}{'max ulp':>8}{'bound':>7}  worst tensor")
     for r in rows:
         bound = "-" if r["bound"] is None else str(r["bound"])
         flag = "" if r["ok"] else "  <-- over the bound"
-        print(f"{r['model']:<24}{r['dtype']:<10}{r['family']:<12}{r['max_ulp']:>8}{bound:>7}  {r['worst']}{flag}")
+        print(f"{r['model']:<24}{r['dtype']:<10}{r['path']:<11}{r['family']:<12}{r['max_ulp']:>8}{bound:>7}  "
+              f"{r['worst']}{flag}")
 
 
 # ----------------------------------------------------------------------------- bench
@@ -286,7 +297,16 @@ def bench(device: torch.device, size: str) -> tuple[list[dict], bool]:
         del eager, ref, m
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        rows.append(_fxinit_row("fxinit portable", LlamaForCausalLM, cfg, device, rng="portable")[0])
+        rows.append(_fxinit_row("fxinit portable", LlamaForCausalLM, cfg, device, rng="portable", compile=False)[0])
+        from fxinit.backends.compiled import STATS
+
+        with device:  # compile the kernels on the small model: the row below times running them
+            before = STATS.seconds
+            fxinit.materialize(fxinit.trace_init(LlamaForCausalLM, LlamaConfig(**BENCH_CONFIGS["small"])),
+                               rng="portable", compile=True)
+        row = _fxinit_row("portable compiled", LlamaForCausalLM, cfg, device, rng="portable", compile=True)[0]
+        row["compile_s"] = STATS.seconds - before
+        rows.append(row)
     copy = copy_bandwidth(device, min(1 << 30, nbytes))
     for r in rows:
         r["gb_s"] = r["bytes"] / r["seconds"] / 1e9
@@ -296,7 +316,7 @@ def bench(device: torch.device, size: str) -> tuple[list[dict], bool]:
     print(f"{'row':<18}{'build s':>14}{'trace s':>9}{'GB/s':>8}{'of copy':>9}  note  (build: eager construction, or materialize)")
     for r in rows:
         trace = "-" if r["trace_s"] is None else f"{r['trace_s']:.3f}"
-        note = ""
+        note = f"kernels compiled first in {r['compile_s']:.1f} s" if "compile_s" in r else ""
         if "mismatched" in r:
             note = "bitwise equal to eager" if not r["mismatched"] else f"DIFFERS from eager: {r['mismatched'][:3]}"
         print(f"{r['row']:<18}{r['seconds']:>14.3f}{trace:>9}{r['gb_s']:>8.1f}{r['of_copy']:>8.0%}  {note}")

@@ -55,6 +55,7 @@ class Export:
     memory: int = 1 << 30
     workers: int = 1
     quiet: bool = False
+    compile: bool | None = None  # portable mode: compiled fills (the same values: not in the plan's fingerprint)
     _record: Record | None = field(default=None, repr=False)
 
     def record(self, files: Sequence[FilePlan]) -> Record:
@@ -90,7 +91,7 @@ class Export:
         """``(piece, value)`` in the order of ``pieces``, computed ahead on worker threads;
         ``compact``: each value in a storage of its own (not a view of a larger one)."""
         workers = self.workers if _uniform_default_dtype(self.source) else 1
-        producer = Producer(lambda batch: self.source.compute(batch, self.rng, self.seed, self.dtype, compact),
+        producer = Producer(lambda batch: self.source.compute(batch, self.rng, self.seed, self.dtype, compact, self.compile),
                             batches(pieces, self.piece_bytes), self.ahead, workers)
         with _default_dtype(self.source):
             yield from producer

@@ -22,7 +22,7 @@ def save(obj: "torch.nn.Module | InitGraph | str | os.PathLike", directory: "str
          format: str = "hf", rng: str = "exact", seed: int | None = None, dtype: torch.dtype | None = None,
          only: str | None = None, part: "str | tuple[int, int] | None" = None,
          max_shard_size: int | str = "5GB", resume: bool = False, memory: int | str = "1GiB",
-         workers: int | None = None, quiet: bool = True) -> Exported:
+         workers: int | None = None, quiet: bool = True, compile: bool | None = None) -> Exported:
     """Write the parameters and persistent buffers of ``obj`` — a model traced with
     ``trace_init`` (tensors already materialized are written as they are), an
     ``InitGraph``, or an init-graph file — to the checkpoint directory ``directory``.
@@ -31,8 +31,8 @@ def save(obj: "torch.nn.Module | InitGraph | str | os.PathLike", directory: "str
     ``max_shard_size``, their index, ``config.json`` for a graph traced from a transformers
     config). ``format="dcp"``: a ``torch.distributed.checkpoint`` directory (``dcp.load``,
     torchtitan's seed checkpoint), files of at most ``max_shard_size``. Values are exact
-    (``rng="exact"``) or the portable stream (``rng="portable"``, ``seed``); ``dtype``
-    casts floating-point tensors as ``Module.to`` would.
+    (``rng="exact"``) or the portable stream (``rng="portable"``, ``seed``; ``compile`` as
+    for ``fxinit.materialize``); ``dtype`` casts floating-point tensors as ``Module.to`` would.
 
     Tensors are computed on ``workers`` threads (default: torch's thread count) while
     earlier ones are written, with at most ``memory`` bytes computed and not yet written;
@@ -62,7 +62,8 @@ def save(obj: "torch.nn.Module | InitGraph | str | os.PathLike", directory: "str
         seed = source.graph.seed
     export = Export(source.select(names), Path(directory), format, rng=rng, seed=seed, dtype=dtype,
                     max_shard_size=parse_size(max_shard_size), part=parse_part(part), resume=resume,
-                    memory=parse_size(memory), workers=workers or torch.get_num_threads(), quiet=quiet)
+                    memory=parse_size(memory), workers=workers or torch.get_num_threads(), quiet=quiet,
+                    compile=compile)
     prepare_directory(export.directory)
     if format == "hf":
         from fxinit.export.hf import write_hf

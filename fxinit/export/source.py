@@ -101,17 +101,18 @@ class Source:
         written = written_elements(todo.nodes, node, graph.output_storage[name], todo.pieces)
         return written <= _PIECE_OVERHEAD * rows * (spec.numel // spec.shape[0])
 
-    def compute(self, pieces: Sequence[Piece], rng: str, seed: int | None,
-                dtype: torch.dtype | None, compact: bool = False) -> list[torch.Tensor]:
+    def compute(self, pieces: Sequence[Piece], rng: str, seed: int | None, dtype: torch.dtype | None,
+                compact: bool = False, compile: bool | None = None) -> list[torch.Tensor]:
         """The values of ``pieces`` (contiguous CPU tensors in the written dtype), computed
-        together; with ``compact``, each in a storage of its own."""
+        together; with ``compact``, each in a storage of its own. ``compile``: as for
+        ``InitGraph.materialize``."""
         from_graph = [p for p in pieces if p.name not in self.real]
         values: dict[str, torch.Tensor] = {}
         if from_graph:
             assert self.graph is not None
             rows = {p.name: (p.start, p.stop) for p in from_graph if not p.whole}
             values = self.graph.materialize([p.name for p in from_graph], rng=rng, seed=seed, dtype=dtype,
-                                            rows=rows)
+                                            rows=rows, compile=compile)
         out = []
         for p in pieces:
             if p.name in self.real:

@@ -5,7 +5,7 @@ torch.distributed.checkpoint), in a process that needs nothing of the model's co
     fxinit trace my_pkg.models:build -o init.pt --kwargs '{"layers": 4}'
     fxinit trace transformers:AutoModelForCausalLM.from_config -o llama.pt \\
         --hf-config '{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2}'
-    fxinit show init.pt [--only 'model.layers.0.*'] [--explain NAME]
+    fxinit show init.pt [--only 'model.layers.0.*'] [--explain NAME] [--plan]
     fxinit viz init.pt -o deps.svg [--only NAME] [--no-collapse]
     fxinit materialize init.pt -o weights.safetensors [--only PATTERN] [--device cpu]
     fxinit materialize init.pt -o llama/ --format hf [--max-shard-size 5GB] [--resume] [--part 2/8]
@@ -120,6 +120,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     names = select(graph, args.only)
     if not names:
         raise UsageError(f"--only {args.only!r} matches no tensor")
+    if args.plan:
+        import torch
+
+        print(graph.plan(names, rng=args.rng, dtype=getattr(torch, args.dtype) if args.dtype else None,
+                         compile=args.compile))
+        return EXIT_OK
     print(show_table(graph, names))
     return EXIT_OK
 
@@ -260,6 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("graph", metavar="GRAPH", help="an init-graph file (init.pt) written by `fxinit trace`")
     p.add_argument("--only", metavar="PATTERN", help="glob over tensor names, or a module prefix")
     p.add_argument("--explain", metavar="NAME", help="explain one tensor op by op")
+    p.add_argument("--plan", action="store_true",
+                   help="print the plan of materializing the tensors: what runs and what every pass decided")
+    p.add_argument("--rng", default="exact", choices=["exact", "portable"], help="--plan: the random mode")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"], help="--plan: the output dtype")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="--plan: portable fills as compiled kernels (default: where that is fastest)")
     p.set_defaults(run=cmd_show)
 
     p = sub.add_parser("viz", help="draw the init dependencies with graphviz")

@@ -77,18 +77,23 @@ def slicer(program: Program, eliminate_dead: bool = True) -> Slicer:
 
 def plan(program: Program, targets: Iterable[Target], *, rng: str = "exact", seed: int | None = None,
          dtype: torch.dtype | None = None, exposed: Mapping[fx.Node, Extent] | None = None,
-         device_map: DeviceMap | None = None, eliminate_dead: bool = True, compile: bool | None = False) -> Plan:
+         device_map: DeviceMap | None = None, eliminate_dead: bool = True, compile: bool | None = False,
+         labels: Mapping[fx.Node, str] | None = None) -> Plan:
     """The plan computing ``targets`` (``(value node, storage id)``) of ``program``: exact
     (eager's values) or portable (the streams of ``seed``), cast to ``dtype`` by
     ``Module.to``'s rule; ``exposed`` and ``device_map`` as for ``plan.make_plan``.
     ``compile`` (portable mode): fills run as kernels torch.compile generates; None: where
-    that is the fastest way (``compile_on``)."""
+    that is the fastest way (``compile_on``). ``labels``: names of the targets, for printing
+    (default: the names of their storages)."""
     targets = list(targets)
     nodes, dead = slicer(program, eliminate_dead).required(targets, to_run=True)
+    if labels is None:
+        names = program.storage_names()
+        labels = {node: names[sid] for node, sid in targets if sid in names}
     keys = stream_keys(op_nodes(program), program.storage_names()) if rng == "portable" else None
     return make_plan(nodes, {node for node, _ in targets}, rng=rng, seed=seed, streams=keys, output_dtype=dtype,
                      exposed=exposed, device_map=device_map, dead=dead,
-                     compile_on=compile_on(compile) if rng == "portable" else frozenset())
+                     compile_on=compile_on(compile) if rng == "portable" else frozenset(), labels=labels)
 
 
 def compile_on(compile: bool | None) -> frozenset[str]:

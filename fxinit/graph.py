@@ -123,7 +123,11 @@ class InitGraph:
             raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
         if dtype is not None and not cast_by_to(dtype):
             raise ValueError(f"dtype={dtype}: like Module.to, materialize takes a floating-point or complex dtype")
-        return execute.plan(self, self._targets(wanted), rng=rng, dtype=dtype,
+        labels: dict[fx.Node, str] = {}
+        for name in wanted:
+            node = self.outputs[name]
+            labels[node] = f"{labels[node]}, {name}" if node in labels else name
+        return execute.plan(self, self._targets(wanted), rng=rng, dtype=dtype, labels=labels,
                             seed=_portable_seed(seed, self.seed) if rng == "portable" else None,
                             exposed=self._rows_extents(wanted, rows or {}), compile=compile)
 

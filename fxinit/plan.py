@@ -52,6 +52,7 @@ class Plan:
     streams: dict[fx.Node, str] = field(default_factory=dict)  # portable: random node -> stream key
     kernels: dict[fx.Node, Kernel] = field(default_factory=dict)  # compiled: fill -> the kernel it runs as
     exposed: dict[fx.Node, Extent] = field(default_factory=dict)  # kept node -> the storage extent read of it
+    labels: dict[fx.Node, str] = field(default_factory=dict)  # kept node -> the name it is asked for by (printing)
     device_map: dict[torch.device, torch.device] = field(default_factory=dict)  # unavailable -> used device
 
     @property
@@ -88,7 +89,8 @@ class Plan:
 def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "exact", seed: int | None = None,
               streams: Mapping[fx.Node, str] | None = None, output_dtype: torch.dtype | None = None,
               exposed: Mapping[fx.Node, Extent] | None = None, device_map: DeviceMap | None = None,
-              dead: Sequence[fx.Node] = (), compile_on: AbstractSet[str] = frozenset()) -> Plan:
+              dead: Sequence[fx.Node] = (), compile_on: AbstractSet[str] = frozenset(),
+              labels: Mapping[fx.Node, str] | None = None) -> Plan:
     """The plan for the slice ``nodes`` (program order, from ``passes.slicing``) whose
     values ``keep`` the caller gets. ``exposed``: kept nodes of which the caller reads only
     this storage extent (their random fills fill what it needs, and they are not cast to
@@ -124,7 +126,7 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
         # a CSE duplicate runs in the group of the value it reuses
         groups=independent_groups(nodes, [(dup, first) for dup, (first, _) in reuse.items()]),
         streams={n: k for n, k in (streams or {}).items() if n in members}, kernels=kernels, exposed=exposed,
-        device_map=device_map)
+        device_map=device_map, labels=dict(labels or {}))
 
 
 def _fusable(fused: FusedCast, rng: str) -> bool:
@@ -155,43 +157,49 @@ def last_uses(nodes: Sequence[fx.Node], reuse: Mapping[fx.Node, tuple[fx.Node, b
 
 # ---------------------------------------------------------------------------- printing
 def format_plan(plan: Plan) -> str:
-    """One line per node: what it computes and what the passes decided about it."""
+    """One line per node: what it computes, then what the passes decided about it."""
     head = (f"plan: {len(plan.nodes)} nodes in {len(plan.groups)} independent group(s), rng {plan.rng}"
             + (f" (seed {plan.seed})" if plan.seed is not None else "")
             + (f", output dtype {_dtype(plan.output_dtype)}" if plan.output_dtype is not None else "")
             + f", {_mib(plan.bytes_allocated())} allocated")
     lines = [head]
     if plan.dead:
-        lines.append("skipped (dead: overwritten before anything reads them): "
-                     + ", ".join(f"{n.name} {op_name(n)}" for n in plan.dead))
+        lines.append(f"skipped {len(plan.dead)} dead write(s), overwritten before anything reads them: "
+                     + ", ".join(f"{n.name}" for n in plan.dead))
     if plan.device_map:
         lines.append("devices: " + ", ".join(f"{a} -> {b}" for a, b in plan.device_map.items()))
     fused_by_member = {m: f for f in plan.fused_casts.values() for m in f.members}
+    in_kernel = {m: f for f, k in plan.kernels.items() for m in k.chain}
     for i, group in enumerate(plan.groups, 1):
         if len(plan.groups) > 1:
             lines.append(f"group {i}:")
         for n in group:
-            lines.append(f"  {_call(n):<58} {'  '.join(_decisions(plan, n, fused_by_member))}".rstrip())
+            decisions = _decisions(plan, n, fused_by_member, in_kernel)
+            lines.append(f"  {_call(n):<52} {'; '.join(decisions)}".rstrip())
     return "\n".join(lines)
 
 
-def _decisions(plan: Plan, n: fx.Node, fused_by_member: Mapping[fx.Node, FusedCast]) -> list[str]:
+def _decisions(plan: Plan, n: fx.Node, fused_by_member: Mapping[fx.Node, FusedCast],
+               in_kernel: Mapping[fx.Node, fx.Node]) -> list[str]:
     out = []
     spec = n.meta.get("spec")
     if spec is not None and allocates(n):
-        out.append(f"-> {_dtype(spec.dtype)}{list(spec.shape)}")
+        out.append(f"{_dtype(spec.dtype)}{list(spec.shape)}")
     if n in plan.keep:
-        out.append("kept" + (f" (rows: storage {plan.exposed[n][0]}..{plan.exposed[n][1]})" if n in plan.exposed else ""))
+        label = plan.labels.get(n)
+        out.append(f"-> {label}" if label else "kept")
+        if n in plan.exposed:
+            out.append(f"only storage {plan.exposed[n][0]}..{plan.exposed[n][1]} read")
     if is_random(n):
         source = (f"stream {plan.streams[n]!r}" if n in plan.streams
-                  else ", ".join(f"{g}: {k}" for g, k in n.meta["generators"].items()))
+                  else "snapshot " + ", ".join(f"{k}" for k in n.meta["generators"].values()))
         out.append(f"random from {source}")
     if n in plan.kernels:
         k = plan.kernels[n]
         steps = [f"{k.kind} -> {_dtype(k.dtype)}", *(op_name(m) for m in k.chain)]
         if k.cast is not None:
-            steps.append(f"cast to {_dtype(k.cast)}")
-        out.append(f"compiled kernel on {k.device.type}: {' -> '.join(steps)}")
+            steps.append(f"-> {_dtype(k.cast)}")
+        out.append(f"compiled kernel on {k.device.type}: {' '.join(steps)}")
     if n in plan.pieces:
         ranges = plan.pieces[n]
         shown = ", ".join(f"{lo}..{hi}" for lo, hi in ranges[:3]) + (" ..." if len(ranges) > 3 else "")
@@ -200,24 +208,27 @@ def _decisions(plan: Plan, n: fx.Node, fused_by_member: Mapping[fx.Node, FusedCa
         out.append(f"in chunks of {CHUNK}")
     if n in plan.fused_casts:
         f = plan.fused_casts[n]
-        out.append(f"fused: fills {f.alloc.name} in chunks of {CHUNK}, cast to {_dtype(f.dtype)} into "
-                   + ", ".join(r.name for r in f.results))
+        how = "in one kernel" if n in plan.kernels else f"in chunks of {CHUNK}"
+        out.append(f"fused with the cast to {_dtype(f.dtype)} ({how}): " + ", ".join(r.name for r in f.results)
+                   + f" never whole in {_dtype(f.alloc.meta['spec'].dtype)}")
     elif n in fused_by_member:
-        out.append(f"fused into {fused_by_member[n].fill.name}")
-    chained = next((f for f, k in plan.kernels.items() if n in k.chain), None)
-    if chained is not None:
-        out.append(f"in {chained.name}'s kernel")
+        out.append(f"filled by {fused_by_member[n].fill.name}")
+    if n in in_kernel:
+        out.append(f"in {in_kernel[n].name}'s kernel")
+    elif n in plan.in_place:
+        out.append(f"in place ({op_name(n)}_ on {n.args[0].name})")
     if n in plan.reuse:
         first, copy = plan.reuse[n]
         out.append(f"reuses {first.name}" + (" (a copy)" if copy else ""))
-    if n in plan.in_place and chained is None:
-        out.append(f"in place ({op_name(n)}_ on {n.args[0].name})")
     for k in plan.casts.get(n, ()):
         out.append(f"then {k.name} cast to {_dtype(plan.output_dtype)}")
     freed = [v.name for v in plan.frees.get(n, ()) if v is not n]
     if freed:
         out.append("frees " + ", ".join(freed))
     return out
+
+
+_QUIET = {"pin_memory": False, "layout": torch.strided}  # keyword arguments not worth a reader's time
 
 
 def _call(n: fx.Node) -> str:
@@ -229,12 +240,14 @@ def _call(n: fx.Node) -> str:
             return "[" + ", ".join(show(x) for x in a) + "]"
         if isinstance(a, torch.dtype):
             return _dtype(a)
-        return repr(a) if not isinstance(a, torch.device) else str(a)
+        if isinstance(a, float):
+            return repr(a) if len(repr(a)) <= 10 else f"{a:.6g}"
+        return str(a) if isinstance(a, torch.device) else repr(a)
 
     if n.op == "get_attr":
         return f"%{n.name} = constant {n.target}"
     args = [show(a) for a in (n.args[1:] if n.meta.get("opaque") else n.args)]
-    args += [f"{k}={show(v)}" for k, v in n.kwargs.items() if v is not None]
+    args += [f"{k}={show(v)}" for k, v in n.kwargs.items() if v is not None and _QUIET.get(k, ...) != v]
     return f"%{n.name} = {op_name(n)}({', '.join(args)})"
 
 

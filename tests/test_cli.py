@@ -72,6 +72,15 @@ def test_materialize_in_another_dtype(tmp_path: Path) -> None:
     assert got and all(v.dtype == torch.bfloat16 and same_bits(v, ref[k]) for k, v in got.items())
 
 
+def test_show_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    graph = _trace(tmp_path)
+    capsys.readouterr()
+    assert main(["show", str(graph), "--plan", "--only", "layers.1", "--dtype", "bfloat16"]) == EXIT_OK
+    plan = capsys.readouterr().out
+    assert plan.startswith("plan: ") and "output dtype bfloat16" in plan and "-> layers.1.fc.weight" in plan
+    assert "dead write" in plan  # kaiming_uniform_'s draw, overwritten by normal_
+
+
 def test_only_and_explain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     graph = _trace(tmp_path)
     assert main(["show", str(graph), "--only", "layers.1"]) == EXIT_OK

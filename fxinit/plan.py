@@ -196,10 +196,10 @@ def _decisions(plan: Plan, n: fx.Node, fused_by_member: Mapping[fx.Node, FusedCa
         out.append(f"random from {source}")
     if n in plan.kernels:
         k = plan.kernels[n]
-        steps = [f"{k.kind} -> {_dtype(k.dtype)}", *(op_name(m) for m in k.chain)]
+        steps = [k.kind, _dtype(k.dtype), *(op_name(m) for m in k.chain)]
         if k.cast is not None:
-            steps.append(f"-> {_dtype(k.cast)}")
-        out.append(f"compiled kernel on {k.device.type}: {' '.join(steps)}")
+            steps.append(_dtype(k.cast))
+        out.append(f"compiled kernel on {k.device.type}: {' -> '.join(steps)}")
     if n in plan.pieces:
         ranges = plan.pieces[n]
         shown = ", ".join(f"{lo}..{hi}" for lo, hi in ranges[:3]) + (" ..." if len(ranges) > 3 else "")

@@ -95,7 +95,12 @@ def compiled(kernel: Kernel) -> Callable[..., None]:
 
 
 def _inductor_options() -> dict[str, Any]:
-    return dict(_INDUCTOR)
+    """``_INDUCTOR``, less what the installed torch's Inductor does not know (``passes.kernels``
+    keeps divisions out of CUDA kernels when it has no IEEE division)."""
+    from torch._inductor import config
+
+    known = config.get_config_copy()
+    return {k: v for k, v in _INDUCTOR.items() if k in known}
 
 
 class CompiledSampler(PortableSampler):

@@ -91,6 +91,8 @@ def compiled_fills(nodes: Sequence[fx.Node], in_place: Mapping[fx.Node, Any], fu
             kind = _factory_kind(n)
             spec = n.meta.get("spec")
             chain = _chain(n, in_place, users)
+            if spec is not None and not _divides_exactly(_device(spec, device_map)):
+                chain = chain[:next((i for i, m in enumerate(chain) if m.target in _DIVISIONS), len(chain))]
         if kind is None or spec is None or spec.dtype not in KERNEL_DTYPES or not spec.is_contiguous():
             continue
         out[n] = Kernel(kind, spec.dtype, _device(spec, device_map), chain)
@@ -109,6 +111,19 @@ def _factory_kind(n: fx.Node) -> str | None:
     if packet is aten.normal and n.target is not aten.normal.float_float:
         return None  # a tensor mean or std
     return FACTORIES.get(packet)
+
+
+_DIVISIONS = {aten.div.Tensor, aten.div.Scalar}
+
+
+def _divides_exactly(device: torch.device) -> bool:
+    """Whether compiled code for ``device`` divides with IEEE rounding: Triton's ``/`` is
+    approximate unless the installed Inductor has ``eager_numerics.division_rounding``."""
+    if device.type != "cuda":
+        return True
+    from torch._inductor import config
+
+    return "eager_numerics.division_rounding" in config.get_config_copy()
 
 
 def _device(spec: TensorSpec, device_map: Mapping[torch.device, torch.device]) -> torch.device:

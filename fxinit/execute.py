@@ -13,7 +13,7 @@ while recording) or a self-contained ``InitGraph`` (``InitGraph.materialize``, e
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 import torch
 import torch.fx as fx
@@ -83,7 +83,7 @@ def plan(program: Program, targets: Iterable[Target], *, rng: str = "exact", see
     (eager's values) or portable (the streams of ``seed``), cast to ``dtype`` by
     ``Module.to``'s rule; ``exposed`` and ``device_map`` as for ``plan.make_plan``.
     ``compile`` (portable mode): fills run as kernels torch.compile generates; None: where
-    that is the fastest way (``compile_on``). ``labels``: names of the targets, for printing
+    that is the fastest way (``compiles``). ``labels``: names of the targets, for printing
     (default: the names of their storages)."""
     targets = list(targets)
     nodes, dead = slicer(program, eliminate_dead).required(targets, to_run=True)
@@ -93,27 +93,30 @@ def plan(program: Program, targets: Iterable[Target], *, rng: str = "exact", see
     keys = stream_keys(op_nodes(program), program.storage_names()) if rng == "portable" else None
     return make_plan(nodes, {node for node, _ in targets}, rng=rng, seed=seed, streams=keys, output_dtype=dtype,
                      exposed=exposed, device_map=device_map, dead=dead,
-                     compile_on=compile_on(compile) if rng == "portable" else frozenset(), labels=labels)
+                     compiles=compiles(compile) if rng == "portable" else None, labels=labels)
 
 
-def compile_on(compile: bool | None) -> frozenset[str]:
-    """The device types whose portable fills run as compiled kernels. ``True``: CPU and CUDA
-    (refused where torch.compile cannot generate code); ``None``: where measured or known to
-    be fastest: CUDA, with Triton (its eager torch ops make ~40 passes over memory per fill),
-    and the CPU only without fxinit's C kernel (which beats Inductor's code there: 1.2 ns
-    against 4.5 ns per value on one AVX2 core), when a C++ compiler still lets Inductor run."""
+def compiles(compile: bool | None) -> Callable[[torch.device], bool] | None:
+    """Whether portable fills on a device run as compiled kernels. ``True``: yes (refused
+    with ``DeferredInitError`` where torch.compile cannot generate code for the device);
+    ``None``: where measured or known to be fastest: CUDA, with Triton (its eager torch ops
+    make ~40 passes over memory per fill), and the CPU only without fxinit's C kernel (which
+    beats Inductor's code there: 1.2 ns against 4.5 ns per value on one AVX2 core), when a
+    C++ compiler still lets Inductor run; ``False``: never (None)."""
+    if compile not in (None, True, False):
+        raise ValueError(f"compile={compile!r}: choose True, False or None")
     if compile is False:
-        return frozenset()
-    on = set()
-    for device in ("cpu", "cuda"):
-        why = compile_available(torch.device(device))
+        return None
+
+    def on(device: torch.device) -> bool:
+        why = compile_available(device)
         if compile is True:
-            if why is not None and (device == "cpu" or torch.cuda.is_available()):
-                raise refuse(torch.device(device), why)
-            on.add(device)
-        elif why is None and (device == "cuda" or portable_library() is None):
-            on.add(device)
-    return frozenset(on)
+            if why is not None:
+                raise refuse(device, why)
+            return True
+        return why is None and (device.type == "cuda" or portable_library() is None)
+
+    return on
 
 
 def unwritten(plan: Plan, targets: Iterable[Target]) -> list[tuple[fx.Node, fx.Node]]:

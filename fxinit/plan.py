@@ -11,7 +11,7 @@ plan without deciding anything; ``InitGraph.stats`` reads one; ``print(plan)`` s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import AbstractSet, Any, Mapping, Sequence
+from typing import AbstractSet, Any, Callable, Mapping, Sequence
 
 import torch
 import torch.fx as fx
@@ -89,14 +89,14 @@ class Plan:
 def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "exact", seed: int | None = None,
               streams: Mapping[fx.Node, str] | None = None, output_dtype: torch.dtype | None = None,
               exposed: Mapping[fx.Node, Extent] | None = None, device_map: DeviceMap | None = None,
-              dead: Sequence[fx.Node] = (), compile_on: AbstractSet[str] = frozenset(),
+              dead: Sequence[fx.Node] = (), compiles: Callable[[torch.device], bool] | None = None,
               labels: Mapping[fx.Node, str] | None = None) -> Plan:
     """The plan for the slice ``nodes`` (program order, from ``passes.slicing``) whose
     values ``keep`` the caller gets. ``exposed``: kept nodes of which the caller reads only
     this storage extent (their random fills fill what it needs, and they are not cast to
     ``output_dtype``: the caller casts the part it reads). ``streams``: portable mode's key
-    of every random node (``passes.stream_keys``). ``compile_on``: device types (``"cpu"``,
-    ``"cuda"``) whose portable fills run as kernels torch.compile generates (``passes.kernels``)."""
+    of every random node (``passes.stream_keys``). ``compiles(device)``: whether portable
+    fills on ``device`` run as kernels torch.compile generates (``passes.kernels``)."""
     keep = frozenset(keep)
     members = set(nodes)
     exposed = dict(exposed or {})
@@ -105,18 +105,21 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
     fused = {fill: f for fill, f in fused_casts(nodes, keep, output_dtype).items()
              if _fusable(f, rng) and not exposed.keys() & {*f.members, *f.results}}
     pieces: dict[fx.Node, Ranges] = {}
+    pieces_of = portable_pieces if rng == "portable" else exact_pieces
     for node, ranges in partial_fills(nodes, keep, exposed).items():
         if node in fused:
             continue
-        pieces_of = portable_pieces if rng == "portable" else exact_pieces
         found = pieces_of(node, ranges, device_map)
         if found is not None:
             pieces[node] = found
     chunked = frozenset() if rng == "portable" else frozenset(
         n for n in nodes if is_random(n) and n not in pieces and n not in fused and exact_chunks(n, None, device_map))
     in_place = in_place_chains(nodes, keep, reuse)
-    kernels = {n: k for n, k in compiled_fills(nodes, in_place, fused, device_map).items()
-               if k.device.type in compile_on} if rng == "portable" and compile_on else {}
+    kernels: dict[fx.Node, Kernel] = {}
+    if rng == "portable" and compiles is not None:
+        candidates = compiled_fills(nodes, in_place, fused, device_map)
+        on = {d: compiles(d) for d in {k.device for k in candidates.values()}}
+        kernels = {n: k for n, k in candidates.items() if on[k.device]}
     done_in_dtype = {r for f in fused.values() for r in f.results}
     casts = cast_points(nodes, keep - done_in_dtype - exposed.keys(), reuse) if output_dtype is not None else {}
     return Plan(

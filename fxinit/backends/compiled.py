@@ -56,7 +56,7 @@ class CompileStats:
 
 STATS = CompileStats()
 _KERNELS: dict[tuple, Callable[..., None]] = {}
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
 
 
 def _kernel_function(kernel: Kernel) -> Callable[..., None]:
@@ -115,21 +115,22 @@ class CompiledSampler(PortableSampler):
         """Compile every kernel the plan needs before anything runs, so that compiling is
         timed apart (``STATS``) and never happens on worker threads."""
         for kernel in {k.signature: k for k in self.kernels.values()}.values():
-            if kernel.signature in _WARM:
-                continue
-            started = time.perf_counter()
-            out = torch.empty(MIN_ELEMENTS + 1, dtype=kernel.cast or kernel.dtype, device=kernel.device)
-            self._run(kernel, out, 0, 0, {"scale": 1.0, "shift": 0.0}, _example_numbers(kernel))
-            STATS.kernels += 1
-            STATS.seconds += time.perf_counter() - started
-            _WARM.add(kernel.signature)
+            with _LOCK:  # exports plan and run on several threads
+                if kernel.signature in _WARM:
+                    continue
+                started = time.perf_counter()
+                out = torch.empty(MIN_ELEMENTS + 1, dtype=kernel.cast or kernel.dtype, device=kernel.device)
+                self._run(kernel, out, 0, 0, {"scale": 1.0, "shift": 0.0})
+                STATS.kernels += 1
+                STATS.seconds += time.perf_counter() - started
+                _WARM.add(kernel.signature)
 
     def call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         kernel = self.kernels.get(node)
         if kernel is None:
             return super().call(node, args, kwargs)
-        out, kind, params = sampler_params(node, args, kwargs)
-        self._fill(kernel, out.view(-1), self.streams[node], 0, params, node)
+        out, _, params = sampler_params(node, args, kwargs)
+        self._fill(kernel, out.view(-1), self.streams[node], 0, params)
         return out
 
     def fill_pieces(self, node: fx.Node, args: tuple, kwargs: dict, pieces: Ranges) -> None:
@@ -139,7 +140,7 @@ class CompiledSampler(PortableSampler):
         _, _, params = sampler_params(node, args, kwargs)
         flat = args[0].view(-1)
         for lo, hi in pieces:
-            self._fill(kernel, flat[lo:hi], self.streams[node], lo, params, node)
+            self._fill(kernel, flat[lo:hi], self.streams[node], lo, params)
 
     def fill_cast(self, fused: FusedCast, out: torch.Tensor) -> None:
         kernel = self.kernels.get(fused.fill)
@@ -148,36 +149,31 @@ class CompiledSampler(PortableSampler):
         spec = fused.alloc.meta["spec"]
         target = torch.empty(spec.shape, dtype=spec.dtype, device="meta")  # what the fill would have filled
         _, _, params = sampler_params(fused.fill, (target, *fused.fill.args[1:]), dict(fused.fill.kwargs))
-        self._fill(kernel, out.view(-1), self.streams[fused.fill], 0, params, fused.fill)
+        self._fill(kernel, out.view(-1), self.streams[fused.fill], 0, params)
 
-    def _fill(self, kernel: Kernel, flat: torch.Tensor, stream: int, first: int, params: dict[str, Any],
-              node: fx.Node) -> None:
-        numbers = tuple(v for n in kernel.chain for v in (*n.args[1:], *(n.kwargs[k] for k in sorted(n.kwargs))))
+    def _fill(self, kernel: Kernel, flat: torch.Tensor, stream: int, first: int, params: dict[str, Any]) -> None:
+        """Elements ``first ..`` of ``kernel``'s fill, into contiguous ``flat``."""
         if flat.numel() < MIN_ELEMENTS:  # the same bits, eagerly
-            return self._eager(kernel, flat, stream, first, params, numbers)
-        self._run(kernel, flat, stream, first, params, numbers)
+            _kernel_function(kernel)(flat, torch.tensor(first, device=flat.device), stream,
+                                     float(params["scale"]), float(params["shift"]), *_numbers(kernel))
+            return
+        self._run(kernel, flat, stream, first, params)
 
     @staticmethod
-    def _run(kernel: Kernel, flat: torch.Tensor, stream: int, first: int, params: dict[str, Any],
-             numbers: tuple) -> None:
+    def _run(kernel: Kernel, flat: torch.Tensor, stream: int, first: int, params: dict[str, Any]) -> None:
         device = flat.device
         STATS.calls += 1
         compiled(kernel)(flat, torch.tensor(first, dtype=torch.int64, device=device),
                          torch.tensor(stream, dtype=torch.int64, device=device),
-                         float(params["scale"]), float(params["shift"]), *numbers)
-
-    @staticmethod
-    def _eager(kernel: Kernel, flat: torch.Tensor, stream: int, first: int, params: dict[str, Any],
-               numbers: tuple) -> None:
-        _kernel_function(kernel)(flat, torch.tensor(first, device=flat.device), stream, float(params["scale"]),
-                                 float(params["shift"]), *numbers)
+                         float(params["scale"]), float(params["shift"]), *_numbers(kernel))
 
 
-_WARM: set[tuple] = set()
+_WARM: set[tuple] = set()  # signatures compiled in this process
 
 
-def _example_numbers(kernel: Kernel) -> tuple:
-    """The chain's numbers from its first nodes (compiled code does not depend on them)."""
+def _numbers(kernel: Kernel) -> tuple:
+    """The numbers of ``kernel``'s chain, in the order the kernel takes them (runtime
+    arguments: they are not part of the compiled code)."""
     return tuple(v for n in kernel.chain for v in (*n.args[1:], *(n.kwargs[k] for k in sorted(n.kwargs))))
 
 

@@ -10,7 +10,8 @@ from fxinit.capture import DeferredTensor, clear_meta_init_cache, deferred_init,
 from fxinit.graph import InitGraph, load_graph
 from fxinit.errors import ArtifactError, DeferredInitError, ExportError
 from fxinit.export import Exported, save
-from fxinit.materialize import init_graph, is_deferred, materialize, materialize_module, materialize_tensor
+from fxinit.extract import init_graph
+from fxinit.materialize import is_deferred, materialize, materialize_module, materialize_tensor
 
 __version__ = "0.1.0"
 

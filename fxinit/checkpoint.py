@@ -10,13 +10,17 @@ nothing the caller asks for is never opened. ``torch.save`` files are read with
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections import defaultdict
 from pathlib import Path
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Callable, Mapping, Sequence, Union
 
 import torch
 
+from fxinit.capture.names import tensor_slots
+from fxinit.distributed import local_part
 from fxinit.errors import DeferredInitError
 
 CheckpointSource = Union[Mapping[str, torch.Tensor], str, os.PathLike, Sequence[Union[str, os.PathLike]]]
@@ -171,3 +175,49 @@ def _torch_load(path: Path) -> Mapping[str, torch.Tensor]:
         raise DeferredInitError(f"checkpoint {path} holds a {type(loaded).__name__}, not a state dict",
                                 hint="torch.save(model.state_dict(), path) makes one")
     return loaded
+
+
+def checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], state_dict: CheckpointSource,
+                       prefix: str, strict: bool, sharded: Mapping[int, tuple[Any, Any]] | None = None,
+                       ) -> dict[int, Callable[[], torch.Tensor]]:
+    """``id(tensor) -> reader of its checkpoint tensor`` for the deferred tensors the checkpoint
+    names; for the deferred DTensors of ``sharded``, a reader of this rank's part only.
+
+    Names are ``prefix`` + the name under ``module``; of tied names, the first the
+    checkpoint has wins. Non-persistent buffers are not read, as ``load_state_dict`` reads
+    none. Shapes must match; dtypes are converted as ``load_state_dict`` does.
+    """
+    ckpt = Checkpoint(state_dict)
+    keys = ckpt.keys()
+    targets: dict[int, Any] = {id(t): t for t in tensors}
+    targets.update({tid: dt for tid, (dt, _) in (sharded or {}).items()})
+    names: dict[int, list[str]] = defaultdict(list)
+    for name, mod, kind, local, t in tensor_slots(module):
+        if id(t) in targets and not (kind == "_buffers" and local in mod._non_persistent_buffers_set):
+            names[id(t)].append(prefix + name)  # the names load_state_dict reads
+    found: dict[int, str] = {}
+    for tid, fqns in names.items():
+        hit = next((k for k in fqns if k in keys), None)
+        if hit is not None:
+            found[tid] = hit
+    if strict:
+        missing = sorted(n for tid, fqns in names.items() if tid not in found for n in fqns)
+        used = {n for tid in found for n in names[tid]}
+        unexpected = sorted(k for k in keys if k.startswith(prefix) and k not in used)
+        if missing or unexpected:
+            raise DeferredInitError(
+                f"checkpoint does not match the module: missing {missing[:8]}, unexpected {unexpected[:8]}",
+                hint="pass strict=False to initialize what the checkpoint lacks and ignore what it has extra")
+    out: dict[int, Callable[[], torch.Tensor]] = {}
+    for tid, key in found.items():
+        shape = ckpt.shape(key)
+        if shape != tuple(targets[tid].shape):  # a DTensor's shape is the full tensor's
+            raise DeferredInitError(
+                f"checkpoint tensor {key!r} has shape {shape}, the module's has "
+                f"{tuple(targets[tid].shape)}",
+                hint="check that the checkpoint belongs to this model and config")
+        if sharded and tid in sharded:
+            out[tid] = functools.partial(local_part, targets[tid], functools.partial(ckpt.get_part, key))
+        else:
+            out[tid] = functools.partial(ckpt.get, key)
+    return out

@@ -1,4 +1,5 @@
-"""Running slices of the init graph and swapping the results into the user's objects.
+"""Materializing: finding a model's deferred tensors, getting their values (``execute``, or
+a checkpoint), and swapping the results into the user's objects.
 
 Values are computed first for everything requested, then swapped in with
 ``torch.utils.swap_tensors``: the same Python objects become real tensors (Parameter
@@ -8,7 +9,6 @@ survive), and a failure while computing leaves every tensor deferred, never half
 
 from __future__ import annotations
 
-import functools
 import warnings
 import weakref
 from collections import defaultdict
@@ -20,14 +20,12 @@ import torch.fx as fx
 from fxinit import execute
 from fxinit.capture.api import clear_meta_init_cache
 from fxinit.capture.deferred import dressed_as, is_deferred_tensor, state_of
-from fxinit.capture.names import tensor_slots
 from fxinit.capture.recorder import Recorder
-from fxinit.checkpoint import Checkpoint, CheckpointSource
-from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, local_part, materialize_dtensors
+from fxinit.checkpoint import CheckpointSource, checkpoint_values
+from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materialize_dtensors
 from fxinit.errors import DeferredInitError
-from fxinit.graph import InitGraph
-from fxinit.spec import OutputInfo, dtype_after_to
 from fxinit.execute import slicer
+from fxinit.spec import dtype_after_to
 
 _TRACED_SEED = -(1 << 70)  # marker: the portable stream uses the seed each trace saw
 Location = tuple[torch.nn.Module, str, str]  # (module, attribute name, "_parameters" | "_buffers" | "__dict__")
@@ -270,52 +268,6 @@ def _empty_like(t: torch.Tensor, target: torch.device | None, dtype: torch.dtype
     return torch.empty_strided(t.size(), t.stride(), dtype=dtype_after_to(t.dtype, dtype), device=target or state_of(t).device)
 
 
-def _checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], state_dict: CheckpointSource,
-                       prefix: str, strict: bool, sharded: Mapping[int, tuple[Any, Any]] | None = None,
-                       ) -> dict[int, Callable[[], torch.Tensor]]:
-    """``id(tensor) -> reader of its checkpoint tensor`` for the deferred tensors the checkpoint
-    names; for the deferred DTensors of ``sharded``, a reader of this rank's part only.
-
-    Names are ``prefix`` + the name under ``module``; of tied names, the first the
-    checkpoint has wins. Non-persistent buffers are not read, as ``load_state_dict`` reads
-    none. Shapes must match; dtypes are converted as ``load_state_dict`` does.
-    """
-    ckpt = Checkpoint(state_dict)
-    keys = ckpt.keys()
-    targets: dict[int, Any] = {id(t): t for t in tensors}
-    targets.update({tid: dt for tid, (dt, _) in (sharded or {}).items()})
-    names: dict[int, list[str]] = defaultdict(list)
-    for name, mod, kind, local, t in tensor_slots(module):
-        if id(t) in targets and not (kind == "_buffers" and local in mod._non_persistent_buffers_set):
-            names[id(t)].append(prefix + name)  # the names load_state_dict reads
-    found: dict[int, str] = {}
-    for tid, fqns in names.items():
-        hit = next((k for k in fqns if k in keys), None)
-        if hit is not None:
-            found[tid] = hit
-    if strict:
-        missing = sorted(n for tid, fqns in names.items() if tid not in found for n in fqns)
-        used = {n for tid in found for n in names[tid]}
-        unexpected = sorted(k for k in keys if k.startswith(prefix) and k not in used)
-        if missing or unexpected:
-            raise DeferredInitError(
-                f"checkpoint does not match the module: missing {missing[:8]}, unexpected {unexpected[:8]}",
-                hint="pass strict=False to initialize what the checkpoint lacks and ignore what it has extra")
-    out: dict[int, Callable[[], torch.Tensor]] = {}
-    for tid, key in found.items():
-        shape = ckpt.shape(key)
-        if shape != tuple(targets[tid].shape):  # a DTensor's shape is the full tensor's
-            raise DeferredInitError(
-                f"checkpoint tensor {key!r} has shape {shape}, the module's has "
-                f"{tuple(targets[tid].shape)}",
-                hint="check that the checkpoint belongs to this model and config")
-        if sharded and tid in sharded:
-            out[tid] = functools.partial(local_part, targets[tid], functools.partial(ckpt.get_part, key))
-        else:
-            out[tid] = functools.partial(ckpt.get, key)
-    return out
-
-
 def _weakref_holders(where: dict[int, list[Location]], tensors: list[torch.Tensor]) -> list[torch.nn.Module]:
     """Modules that keep weak references to the tensors being swapped (RNNs' flat weights).
 
@@ -400,7 +352,7 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     if state_dict is not None:
         if not isinstance(obj, torch.nn.Module):
             raise TypeError("state_dict= needs a module to name the tensors")
-        loaded = _checkpoint_values(obj, tensors, state_dict, prefix, strict, sharded)
+        loaded = checkpoint_values(obj, tensors, state_dict, prefix, strict, sharded)
     from_meta_init = any(state_of(t).recorder.kind == "meta_init" for t in tensors)
     if sharded:
         def compute(rec: Recorder, locals_: list[torch.Tensor], describe: Callable[[int], str]) -> list[torch.Tensor]:
@@ -442,80 +394,3 @@ def materialize_module(module: torch.nn.Module, buffers_only: bool = False,
 def materialize_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """torchdistX-compatible: the materialized tensor (the same object, filled in place)."""
     return materialize(tensor, keep_cache=True)
-
-
-def init_graph(module: torch.nn.Module) -> InitGraph:
-    """The InitGraph of ``module``'s deferred parameters and buffers, by fully qualified name."""
-    named: dict[str, torch.Tensor] = {}
-    info: dict[str, OutputInfo] = {}
-    for fqn, mod, kind, name, t in tensor_slots(module):
-        if is_deferred_tensor(t) and fqn not in named:
-            named[fqn] = t
-            info[fqn] = OutputInfo(requires_grad=t.requires_grad, is_parameter=kind == "_parameters",
-                                   persistent=kind == "_parameters" or name not in mod._non_persistent_buffers_set)
-    if not named:
-        raise ValueError("this module has no deferred tensors (was it built with fxinit.trace_init?)")
-    recorders = {id(state_of(t).recorder): state_of(t).recorder for t in named.values()}
-    if len(recorders) != 1:
-        raise DeferredInitError("this module's tensors come from several traces; take init_graph of each part")
-    rec = next(iter(recorders.values()))
-    rec._check_live()
-    targets = {fqn: (state_of(t).node, rec.storage_id(t)) for fqn, t in named.items()}
-    nodes = slicer(rec, eliminate_dead=False).required(targets.values())[0]
-    paths = rec.module_paths()
-    graph = fx.Graph()
-    remap: dict[fx.Node, fx.Node] = {}
-    for n in nodes:
-        new = graph.node_copy(n, lambda x: remap[x])
-        ref = new.meta.pop("module_ref", None)
-        mod = ref() if ref is not None else None
-        if "module" not in new.meta and mod is not None and id(mod) in paths:
-            new.meta["module"] = paths[id(mod)]
-        remap[n] = new
-    outputs = {fqn: remap[node] for fqn, (node, _) in targets.items()}
-    graph.output({fqn: node for fqn, node in outputs.items()})
-    groups: dict[int, list[str]] = defaultdict(list)
-    for fqn, t in named.items():
-        groups[id(t)].append(fqn)
-    for fqn, _, _, _, t in tensor_slots(module):
-        if is_deferred_tensor(t) and fqn not in groups[id(t)]:
-            groups[id(t)].append(fqn)
-    ties = [g for g in groups.values() if len(g) > 1]
-    for g in ties:
-        for fqn in g:
-            outputs.setdefault(fqn, outputs[g[0]])
-            info.setdefault(fqn, info[g[0]])
-    storage = {fqn: targets[fqn][1] for fqn in targets}
-    for g in ties:
-        for fqn in g:
-            storage.setdefault(fqn, targets[g[0]][1])
-    used_storages = {sid for n in nodes for sid in (*n.meta.get("reads", ()), *n.meta.get("mutates", ()))}
-    used_consts = {n.target for n in nodes if n.op == "get_attr"}
-    used_snapshots = {k for n in nodes for k in (n.meta.get("generators") or {}).values()}
-    return InitGraph(
-        graph=graph,
-        outputs=outputs,
-        output_storage=storage,
-        info=info,
-        ties=ties,
-        constants={k: v for k, v in rec.constants.items() if k in used_consts},
-        snapshots={k: v for k, v in rec.snapshots.items() if k in used_snapshots},
-        default_dtype=rec.default_dtype,
-        seed=rec.seed,
-        stream_names={sid: name for sid, name in rec.storage_names().items() if sid in used_storages},
-        hf_config=_hf_config(module),
-    )
-
-
-def _hf_config(module: torch.nn.Module) -> dict[str, Any] | None:
-    """``module.config`` as ``config.json`` would hold it, when the module is a transformers
-    model (``architectures`` filled as ``save_pretrained`` fills it)."""
-    config = getattr(module, "config", None)
-    to_json = getattr(config, "to_json_string", None)
-    if to_json is None or not hasattr(config, "model_type"):
-        return None
-    import json
-
-    data = json.loads(to_json(use_diff=False))
-    data["architectures"] = data.get("architectures") or [type(module).__name__]
-    return data

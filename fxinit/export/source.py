@@ -148,7 +148,7 @@ def _of_module(module: torch.nn.Module) -> Source:
 
     from fxinit.capture.deferred import is_deferred_tensor
     from fxinit.capture.names import tensor_slots
-    from fxinit.materialize import _hf_config, init_graph
+    from fxinit.extract import hf_config, init_graph
 
     tensors: dict[str, torch.Tensor] = {}
     groups: dict[int, list[str]] = {}
@@ -169,7 +169,7 @@ def _of_module(module: torch.nn.Module) -> Source:
     real = {n: t for n, t in tensors.items() if not is_deferred_tensor(t)}
     return Source(list(tensors), {n: tuple(t.shape) for n, t in tensors.items()},
                   {n: t.dtype for n, t in tensors.items()}, [g for g in groups.values() if len(g) > 1],
-                  graph=graph, real=real, hf_config=graph.hf_config if graph is not None else _hf_config(module),
+                  graph=graph, real=real, hf_config=graph.hf_config if graph is not None else hf_config(module),
                   parameters=parameters)
 
 

@@ -1,0 +1,99 @@
+"""The InitGraph of a traced module: its deferred tensors' slice of the trace, self-contained.
+
+``init_graph(module)`` copies the nodes the module's still-deferred parameters and buffers
+need out of the trace's graph (with the constants and generator snapshots they read, the
+names storages had when the trace ended, and the transformers config it was built from), so
+the result materializes, saves and exports without the model or its code.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from fxinit.capture.deferred import is_deferred_tensor, state_of
+from fxinit.capture.names import tensor_slots
+from fxinit.errors import DeferredInitError
+from fxinit.execute import slicer
+from fxinit.graph import InitGraph
+from fxinit.spec import OutputInfo
+
+
+def init_graph(module: torch.nn.Module) -> InitGraph:
+    """The InitGraph of ``module``'s deferred parameters and buffers, by fully qualified name."""
+    named: dict[str, torch.Tensor] = {}
+    info: dict[str, OutputInfo] = {}
+    for fqn, mod, kind, name, t in tensor_slots(module):
+        if is_deferred_tensor(t) and fqn not in named:
+            named[fqn] = t
+            info[fqn] = OutputInfo(requires_grad=t.requires_grad, is_parameter=kind == "_parameters",
+                                   persistent=kind == "_parameters" or name not in mod._non_persistent_buffers_set)
+    if not named:
+        raise ValueError("this module has no deferred tensors (was it built with fxinit.trace_init?)")
+    recorders = {id(state_of(t).recorder): state_of(t).recorder for t in named.values()}
+    if len(recorders) != 1:
+        raise DeferredInitError("this module's tensors come from several traces; take init_graph of each part")
+    rec = next(iter(recorders.values()))
+    rec._check_live()
+    targets = {fqn: (state_of(t).node, rec.storage_id(t)) for fqn, t in named.items()}
+    nodes = slicer(rec, eliminate_dead=False).required(targets.values())[0]
+    paths = rec.module_paths()
+    graph = fx.Graph()
+    remap: dict[fx.Node, fx.Node] = {}
+    for n in nodes:
+        new = graph.node_copy(n, lambda x: remap[x])
+        ref = new.meta.pop("module_ref", None)
+        mod = ref() if ref is not None else None
+        if "module" not in new.meta and mod is not None and id(mod) in paths:
+            new.meta["module"] = paths[id(mod)]
+        remap[n] = new
+    outputs = {fqn: remap[node] for fqn, (node, _) in targets.items()}
+    graph.output({fqn: node for fqn, node in outputs.items()})
+    groups: dict[int, list[str]] = defaultdict(list)
+    for fqn, t in named.items():
+        groups[id(t)].append(fqn)
+    for fqn, _, _, _, t in tensor_slots(module):
+        if is_deferred_tensor(t) and fqn not in groups[id(t)]:
+            groups[id(t)].append(fqn)
+    ties = [g for g in groups.values() if len(g) > 1]
+    for g in ties:
+        for fqn in g:
+            outputs.setdefault(fqn, outputs[g[0]])
+            info.setdefault(fqn, info[g[0]])
+    storage = {fqn: targets[fqn][1] for fqn in targets}
+    for g in ties:
+        for fqn in g:
+            storage.setdefault(fqn, targets[g[0]][1])
+    used_storages = {sid for n in nodes for sid in (*n.meta.get("reads", ()), *n.meta.get("mutates", ()))}
+    used_consts = {n.target for n in nodes if n.op == "get_attr"}
+    used_snapshots = {k for n in nodes for k in (n.meta.get("generators") or {}).values()}
+    return InitGraph(
+        graph=graph,
+        outputs=outputs,
+        output_storage=storage,
+        info=info,
+        ties=ties,
+        constants={k: v for k, v in rec.constants.items() if k in used_consts},
+        snapshots={k: v for k, v in rec.snapshots.items() if k in used_snapshots},
+        default_dtype=rec.default_dtype,
+        seed=rec.seed,
+        stream_names={sid: name for sid, name in rec.storage_names().items() if sid in used_storages},
+        hf_config=hf_config(module),
+    )
+
+
+def hf_config(module: torch.nn.Module) -> dict[str, Any] | None:
+    """``module.config`` as ``config.json`` would hold it, when the module is a transformers
+    model (``architectures`` filled as ``save_pretrained`` fills it)."""
+    config = getattr(module, "config", None)
+    to_json = getattr(config, "to_json_string", None)
+    if to_json is None or not hasattr(config, "model_type"):
+        return None
+    import json
+
+    data = json.loads(to_json(use_diff=False))
+    data["architectures"] = data.get("architectures") or [type(module).__name__]
+    return data

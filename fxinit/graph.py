@@ -12,7 +12,8 @@ An InitGraph is a ``torch.fx.Graph`` of init ops in program order (aten overload
 
 Node metadata (``node.meta``): ``pos`` (program order), ``spec`` (TensorSpec of the
 value), ``reads``/``mutates`` (storage ids, for slicing with aliasing), ``generators``
-(``{generator: key in snapshots}`` on random ops), ``prov`` (Provenance), ``module`` (dotted path), ``default_dtype``.
+(``{generator: key in snapshots}`` on random ops), ``prov`` (Provenance), ``module``
+(dotted path), ``default_dtype``.
 """
 
 from __future__ import annotations
@@ -89,7 +90,6 @@ class InitGraph:
         are, so eager construction gives them whatever the memory held, and so does
         materialization. A model usually means to initialize them (e.g. parameters that
         ``from_pretrained`` found missing and ``_init_weights`` does not cover)."""
-
         written = {sid for n in self.nodes for sid in n.meta.get("mutates", ())}
         names = []
         for name, node in self.outputs.items():
@@ -107,11 +107,6 @@ class InitGraph:
     def save(self, path: str | os.PathLike) -> None:
         """Write this graph to ``path`` (format: docs/artifact-format.md); ``fxinit.load_graph`` reads it."""
         save_graph(self, path)
-
-    @staticmethod
-    def load(path: str | os.PathLike) -> "InitGraph":
-        """Read a graph written by ``save`` (``fxinit.load_graph``)."""
-        return load_graph(path)
 
     def plan(self, names: Iterable[str] | None = None, rng: str = "exact", seed: int | None = None,
              dtype: torch.dtype | None = None, rows: Mapping[str, tuple[int, int]] | None = None,

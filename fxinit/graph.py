@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import torch
 import torch.fx as fx
 
 from fxinit import execute
 from fxinit.artifact import decode, read_graph, save_graph
+from fxinit.dependencies import dependency_graph
 from fxinit.errors import DeferredInitError
 from fxinit.execute import program_dead_writes, slicer
 from fxinit.ops import ALLOCATIONS, allocates, is_random, view_base
@@ -35,6 +36,9 @@ from fxinit.plan import Plan
 from fxinit.report import explain
 from fxinit.rng import Snapshot
 from fxinit.spec import OutputInfo, TensorSpec, cast_by_to, dtype_after_to
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 
 @dataclass
@@ -103,6 +107,12 @@ class InitGraph:
         """How the tensor ``name`` is initialized, in words: each op with the init function,
         module and source line it came from, which ops are random, which are dead and why."""
         return explain(self, name)
+
+    def to_networkx(self) -> "nx.DiGraph":
+        """The init dependencies as a ``networkx.DiGraph`` of op nodes and tensor names, for
+        analysis with networkx (``networkx.ancestors(g, name)``: what ``name`` comes from);
+        see ``fxinit.dependencies``."""
+        return dependency_graph(self.nodes, self.outputs, self.output_storage, self.dead_writes())
 
     def save(self, path: str | os.PathLike) -> None:
         """Write this graph to ``path`` (format: docs/artifact-format.md); ``fxinit.load_graph`` reads it."""

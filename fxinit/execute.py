@@ -101,7 +101,7 @@ def compiles(compile: bool | None) -> Callable[[torch.device], bool] | None:
     with ``DeferredInitError`` where torch.compile cannot generate code for the device);
     ``None``: where measured or known to be fastest: CUDA, with Triton (its eager torch ops
     make ~40 passes over memory per fill), and the CPU only without fxinit's C kernel (which
-    beats Inductor's code there: 1.2 ns against 4.5 ns per value on one AVX2 core), when a
+    beats Inductor's code there: a float32 normal in 1.4 ns against 7.8 ns on one AVX2 core), when a
     C++ compiler still lets Inductor run; ``False``: never (None)."""
     if compile not in (None, True, False):
         raise ValueError(f"compile={compile!r}: choose True, False or None")

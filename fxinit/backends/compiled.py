@@ -42,6 +42,9 @@ _INDUCTOR = {
     "emulate_precision_casts": True,  # Triton: no FMA contraction; every bf16/fp16 rounding kept
     "eager_numerics.division_rounding": True,  # Triton: IEEE division
     "cpp.enable_floating_point_contract_flag": "off",  # C++: no FMA contraction
+    # C++: loops run on OpenMP's threads whatever the size the kernel was compiled for (sizes
+    # are symbolic; Inductor otherwise decides from the first call's size, and caches that)
+    "cpp.dynamic_threads": True,
 }
 
 

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import torch
 import torch.fx as fx
 
+from fxinit.backends.heap import HeapWatch
 from fxinit.backends.interpreter import Interpreter, Sampler, default_dtype
 from fxinit.plan import Plan
 from fxinit.rng.portable import serial_fills
@@ -31,9 +32,12 @@ def run_plan(plan: Plan, constants: Mapping[str, torch.Tensor], sampler: Sampler
         return Interpreter(plan, constants, sampler, graph_dtype).run()
     dtypes = {n.meta.get("default_dtype", graph_dtype) for n in plan.nodes}
     env: dict[fx.Node, Any] = {}
+    heap = HeapWatch()  # freed temporaries do not stay resident
     if workers == 1 or len(dtypes) > 1:
         for group in plan.groups:
-            env.update(Interpreter(plan, constants, sampler, graph_dtype).run(group))
+            values = Interpreter(plan, constants, sampler, graph_dtype).run(group)
+            heap.kept(values.values())
+            env.update(values)
         return env
     (dtype,) = dtypes
     every_core_busy = len(plan.groups) >= workers  # then a fill uses only its own thread
@@ -42,8 +46,11 @@ def run_plan(plan: Plan, constants: Mapping[str, torch.Tensor], sampler: Sampler
         interpreter = Interpreter(plan, constants, sampler, dtype)
         if every_core_busy:
             with serial_fills():
-                return interpreter.run(group)
-        return interpreter.run(group)
+                values = interpreter.run(group)
+        else:
+            values = interpreter.run(group)
+        heap.kept(values.values())
+        return values
 
     with default_dtype(dtype), ThreadPoolExecutor(min(workers, len(plan.groups)), "fxinit") as pool:
         for values in pool.map(run, plan.groups):

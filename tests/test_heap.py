@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -9,33 +14,34 @@ from fxinit.backends import heap
 
 MiB = 1 << 20
 
-
-def _fragment() -> list[torch.Tensor]:
-    """Leave ~150 MiB free in the middle of the C heap: 1 MiB blocks (under malloc's mmap
-    threshold once a 16 MiB block was freed), every fourth kept."""
-    del_me = torch.ones(16 * MiB // 4)
-    del del_me  # raises glibc's mmap threshold past 1 MiB: the blocks below come from the heap
-    blocks = [torch.ones(MiB // 4) for _ in range(200)]
-    return blocks[::4]
-
-
-def _resident_beyond_base_and_kept(trim: bool, monkeypatch: pytest.MonkeyPatch) -> int:
-    if not trim:
-        monkeypatch.setattr(heap, "_malloc_trim", lambda: (lambda pad: 0))
-    watch = heap.HeapWatch(slack=64 * MiB)
+# In a fresh process, so that the state of the C heap is known: ~150 MiB freed in the middle
+# of the heap (1 MiB blocks, under malloc's mmap threshold once a 16 MiB block was freed,
+# every fourth kept), measured before and after the watch sees the run's kept values.
+_FRAGMENT = textwrap.dedent("""
+    import json, torch
+    from fxinit.backends import heap
+    watch = heap.HeapWatch(slack=64 << 20)
     base = watch.base
-    kept = _fragment()
+    first = torch.ones(4 << 20)
+    del first
+    blocks = [torch.ones(1 << 18) for _ in range(200)]
+    kept = blocks[::4]
+    del blocks
+    held = sum(t.untyped_storage().nbytes() for t in kept)
+    before = heap.resident_bytes() - base - held
     watch.kept(kept)
-    assert watch.held == sum(t.untyped_storage().nbytes() for t in kept)
-    return heap.resident_bytes() - base - watch.held
+    print(json.dumps({"before": before, "after": heap.resident_bytes() - base - held, "held": watch.held == held}))
+""")
 
 
-def test_a_run_that_freed_more_than_the_slack_gives_it_back(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_run_that_freed_more_than_the_slack_gives_it_back() -> None:
     if heap._malloc_trim() is None or heap.resident_bytes() == 0:
         pytest.fail("this test needs Linux with glibc (what CI runs)")
-    with monkeypatch.context() as m:
-        assert _resident_beyond_base_and_kept(False, m) > 100 * MiB  # freed blocks stay resident untrimmed
-    assert _resident_beyond_base_and_kept(True, monkeypatch) < 64 * MiB
+    out = subprocess.run([sys.executable, "-c", _FRAGMENT], capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["held"]
+    assert got["before"] > 100 * MiB, got  # freed blocks stay resident until trimmed
+    assert got["after"] < 64 * MiB, got
 
 
 def test_no_trim_within_the_slack(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -76,6 +76,27 @@ def test_module_materialize_compiles_and_keeps_the_values(graph: fxinit.InitGrap
     _same(dict(m.named_parameters()), graph.materialize(rng="portable", compile=False))
 
 
+class HalfChains(nn.Module):
+    """Chains on bfloat16 and float16 fills whose numbers those dtypes cannot hold: eager
+    rounds ``add``/``sub``'s number to the dtype first (torch 2.13) and every op's result."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sub = nn.Parameter(torch.rand(10007, dtype=BF16) - 0.1)
+        self.div_sub = nn.Parameter(torch.rand(10007, dtype=BF16) / 7.0 - 0.1)
+        self.mul_add_mul = nn.Parameter((torch.randn(10007, dtype=torch.float16) * 0.3 + 0.1) * 1.7)
+        self.int_add = nn.Parameter(torch.rand(10007, dtype=BF16) * 300 + 257)
+        self.clamped = nn.Parameter(torch.randn(10007, dtype=BF16).mul(0.02).clamp(-0.03, 0.03).add(1 / 3))
+
+
+def test_chains_on_half_dtypes_round_as_eager_ops_do() -> None:
+    torch.manual_seed(0)
+    graph = fxinit.init_graph(fxinit.trace_init(HalfChains))
+    plan = graph.plan(rng="portable", compile=True)
+    assert sum(len(k.chain) for k in plan.kernels.values()) == 11  # every op ran inside a kernel
+    _same(graph.materialize(rng="portable", compile=True), graph.materialize(rng="portable", compile=False))
+
+
 def _llama(layers: int) -> fxinit.InitGraph:
     cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=300)

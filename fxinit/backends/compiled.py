@@ -31,7 +31,7 @@ import torch.fx as fx
 from fxinit.errors import DeferredInitError
 from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes.fills import Ranges
-from fxinit.passes.kernels import Kernel
+from fxinit.passes.kernels import Kernel, number_rounding, round_number
 from fxinit.rng.portable import sample24
 from fxinit.backends.streams import PortableSampler, sampler_params
 
@@ -75,7 +75,9 @@ def _kernel_function(kernel: Kernel) -> Callable[..., None]:
         for target, n_args, keys in chain:
             args, kwargs = numbers[k:k + n_args], dict(zip(keys, numbers[k + n_args:k + n_args + len(keys)]))
             k += n_args + len(keys)
-            x = target(x, *args, **kwargs)
+            # as eager computes a bfloat16/float16 op: in float32, rounded after each op (with
+            # emulate_precision_casts Inductor keeps these roundings; on CPU it elides implicit ones)
+            x = target(x.float(), *args, **kwargs).to(dtype)
         out.copy_(x if cast is None else x.to(cast))
 
     # Dynamo keeps compiled code per code object: a code object of its own per signature keeps
@@ -176,8 +178,14 @@ _WARM: set[tuple] = set()  # signatures compiled in this process
 
 def _numbers(kernel: Kernel) -> tuple:
     """The numbers of ``kernel``'s chain, in the order the kernel takes them (runtime
-    arguments: they are not part of the compiled code)."""
-    return tuple(v for n in kernel.chain for v in (*n.args[1:], *(n.kwargs[k] for k in sorted(n.kwargs))))
+    arguments: they are not part of the compiled code), rounded to the kernel's dtype where
+    eager ops round them (``passes.kernels.number_rounding``)."""
+    out = []
+    for n in kernel.chain:
+        rounds = number_rounding(n.target, kernel.dtype) == "dtype"
+        for v in (*n.args[1:], *(n.kwargs[k] for k in sorted(n.kwargs))):
+            out.append(round_number(v, kernel.dtype) if rounds and isinstance(v, (int, float)) else v)
+    return tuple(out)
 
 
 def compile_available(device: torch.device) -> str | None:

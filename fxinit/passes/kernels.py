@@ -13,6 +13,7 @@ torch's kernels and generated code.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -90,7 +91,7 @@ def compiled_fills(nodes: Sequence[fx.Node], in_place: Mapping[fx.Node, Any], fu
         else:
             kind = _factory_kind(n)
             spec = n.meta.get("spec")
-            chain = _chain(n, in_place, users)
+            chain = _chain(n, in_place, users, spec.dtype if spec is not None else None)
             if spec is not None and not _divides_exactly(_device(spec, device_map)):
                 chain = chain[:next((i for i, m in enumerate(chain) if m.target in _DIVISIONS), len(chain))]
         if kind is None or spec is None or spec.dtype not in KERNEL_DTYPES or not spec.is_contiguous():
@@ -130,9 +131,10 @@ def _device(spec: TensorSpec, device_map: Mapping[torch.device, torch.device]) -
     return device_map.get(spec.device, spec.device)
 
 
-def _chain(start: fx.Node, in_place: Mapping[fx.Node, Any], users: Mapping[fx.Node, list[fx.Node]]
-           ) -> tuple[fx.Node, ...]:
-    """The in-place element-wise nodes that follow factory ``start`` on its value, in order."""
+def _chain(start: fx.Node, in_place: Mapping[fx.Node, Any], users: Mapping[fx.Node, list[fx.Node]],
+           dtype: torch.dtype | None) -> tuple[fx.Node, ...]:
+    """The in-place element-wise nodes that follow factory ``start`` (of ``dtype``) on its
+    value, in order, as long as the kernel can apply their numbers as eager does."""
     chain: list[fx.Node] = []
     value = start
     while True:
@@ -146,6 +148,53 @@ def _chain(start: fx.Node, in_place: Mapping[fx.Node, Any], users: Mapping[fx.No
             break  # another tensor: not a per-element function of the fill alone
         if n.kwargs.get("alpha", 1) != 1:
             break
+        if dtype is None or number_rounding(n.target, dtype) is None:
+            break
         chain.append(n)
         value = n
     return tuple(chain)
+
+
+_PROBE_NUMBERS = (0.1, 0.3, 1 / 3, 0.02, 7.0, 257, 2049, -1.7)
+
+
+@functools.lru_cache(maxsize=None)
+def number_rounding(target: Any, dtype: torch.dtype) -> str | None:
+    """How eager torch (CPU, the installed version) applies a Python number to a ``dtype``
+    tensor in chain op ``target``: ``"float"``, as a float32 number (what a kernel computing
+    in float32 does), or ``"dtype"``, rounded to ``dtype`` first (measured on torch 2.13:
+    ``add`` and ``sub`` of bfloat16 and float16 tensors; ``mul`` and ``div`` do not); None
+    when neither gives eager's bits, and the op stays out of kernels. Compiled kernels apply
+    numbers the measured way, so they give the bits eager ops give (``backends.compiled``)."""
+    if dtype == torch.float32:
+        return "float"
+    x = torch.linspace(-3, 3, 4099, dtype=torch.float32).to(dtype)
+    found = None
+    for how in ("float", "dtype"):
+        same = True
+        for number in _PROBE_NUMBERS:
+            eager = _probe_call(target, x, number)
+            applied = round_number(number, dtype) if how == "dtype" else number
+            computed = _probe_call(target, x.float(), applied).to(dtype)
+            if not torch.equal(eager.view(torch.int16), computed.view(torch.int16)):
+                same = False
+                break
+        if same:
+            found = how
+            break
+    return found
+
+
+def round_number(number: Any, dtype: torch.dtype) -> Any:
+    """``number`` rounded to ``dtype`` (an int stays an int)."""
+    rounded = torch.tensor(float(number), dtype=torch.float64).to(dtype).item()
+    return int(rounded) if isinstance(number, int) and not isinstance(number, bool) else rounded
+
+
+def _probe_call(target: Any, x: torch.Tensor, number: Any) -> torch.Tensor:
+    packet = target.overloadpacket
+    if packet in (aten.neg, aten.abs):
+        return target(x)
+    if packet is aten.clamp:
+        return target(x, -abs(number), abs(number))
+    return target(x, number)

@@ -3,11 +3,11 @@
 glibc's malloc keeps memory freed in the middle of its heaps (blocks under its mmap
 threshold, which grows to 32 MiB as large blocks are freed) for later allocations of the
 process. A run that computes a full tensor, copies a rank's shard out of it and frees it, a
-few hundred times, can leave hundreds of MiB resident that nothing uses (measured: 1.45x a
-rank's shards on a 2 x 2 mesh instead of 1.01x). ``malloc_trim`` hands free pages back, but
-each page handed back is faulted in again by the next allocation that uses it (trimming
-after every group cost 30-45% of the run), so ``HeapWatch`` trims only once the process
-holds more than ``SLACK`` bytes beyond what it had and what the run has kept.
+few hundred times, can leave hundreds of MiB resident that nothing uses (measured: a rank of
+a 2 x 2 mesh holding 1.45x its shards). ``malloc_trim`` hands free pages back, but each page
+handed back is faulted in again by the next allocation that uses it (trimming after every
+group: 1.01x, but 30-45% slower), so ``HeapWatch`` trims only once the process holds more
+than ``SLACK`` bytes beyond what it had and what the run has kept (1.04-1.26x, as fast).
 """
 
 from __future__ import annotations

@@ -77,11 +77,12 @@ def slicer(program: Program, eliminate_dead: bool = True) -> Slicer:
 
 def plan(program: Program, targets: Iterable[Target], *, rng: str = "exact", seed: int | None = None,
          dtype: torch.dtype | None = None, exposed: Mapping[fx.Node, Extent] | None = None,
-         device_map: DeviceMap | None = None, eliminate_dead: bool = True, compile: bool | None = False,
-         labels: Mapping[fx.Node, str] | None = None) -> Plan:
+         devices: Callable[[list[fx.Node]], DeviceMap] | None = None, eliminate_dead: bool = True,
+         compile: bool | None = False, labels: Mapping[fx.Node, str] | None = None) -> Plan:
     """The plan computing ``targets`` (``(value node, storage id)``) of ``program``: exact
     (eager's values) or portable (the streams of ``seed``), cast to ``dtype`` by
-    ``Module.to``'s rule; ``exposed`` and ``device_map`` as for ``plan.make_plan``.
+    ``Module.to``'s rule; ``exposed`` as for ``plan.make_plan``; ``devices(slice)``: the
+    plan's ``device_map`` (unavailable devices the slice asks for, and what runs instead).
     ``compile`` (portable mode): fills run as kernels torch.compile generates; None: where
     that is the fastest way (``compiles``). ``labels``: names of the targets, for printing
     (default: the names of their storages)."""
@@ -92,7 +93,7 @@ def plan(program: Program, targets: Iterable[Target], *, rng: str = "exact", see
         labels = {node: names[sid] for node, sid in targets if sid in names}
     keys = stream_keys(op_nodes(program), program.storage_names()) if rng == "portable" else None
     return make_plan(nodes, {node for node, _ in targets}, rng=rng, seed=seed, streams=keys, output_dtype=dtype,
-                     exposed=exposed, device_map=device_map, dead=dead,
+                     exposed=exposed, device_map=devices(nodes) if devices is not None else None, dead=dead,
                      compiles=compiles(compile) if rng == "portable" else None, labels=labels)
 
 

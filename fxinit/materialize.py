@@ -20,6 +20,7 @@ import torch.fx as fx
 from fxinit import execute
 from fxinit.capture.api import clear_meta_init_cache
 from fxinit.capture.deferred import dressed_as, is_deferred_tensor, state_of
+from fxinit.capture.devices import device_available
 from fxinit.capture.recorder import Recorder
 from fxinit.checkpoint import CheckpointSource, checkpoint_values
 from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materialize_dtensors
@@ -94,8 +95,7 @@ def _device_map(nodes: list[fx.Node], target: torch.device | None) -> dict[torch
     for n in nodes:
         dev = n.kwargs.get("device") if n.op == "call_function" else None
         if isinstance(dev, torch.device) and dev.type not in ("cpu", "meta") and dev not in mapping:
-            mod = getattr(torch, dev.type, None)
-            if mod is not None and getattr(mod, "is_available", lambda: False)():
+            if device_available(dev):
                 continue
             if target is None:
                 raise DeferredInitError(
@@ -116,9 +116,8 @@ def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.devi
     targets = [(state_of(t).node, recorder.storage_id(t)) for t in tensors]
     if seed is not None:
         recorder.stamp_module_paths()
-    nodes = slicer(recorder).required(targets, to_run=True)[0]
     todo = execute.plan(recorder, targets, rng="exact" if seed is None else "portable", seed=seed, dtype=dtype,
-                        device_map=_device_map(nodes, target), compile=compile)
+                        devices=lambda nodes: _device_map(nodes, target), compile=compile)
     unwritten = execute.unwritten(todo, targets)
     if unwritten:
         raise _unwritten_error(recorder, targets, unwritten, describe)

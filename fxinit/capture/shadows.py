@@ -69,10 +69,9 @@ class Shadows:
             return shadow
         node = state_of(t).node
         targets = [(node, self.storage_id(t))]
-        nodes = execute.slicer(self, eliminate_dead=False).required(targets, to_run=True)[0]
-        if sum(n.meta["spec"].nbytes for n in nodes if n.meta.get("spec") is not None) > EVAL_BUDGET:
+        todo = execute.plan(self, targets, devices=unavailable_to_cpu, eliminate_dead=False)
+        if sum(n.meta["spec"].nbytes for n in todo.nodes if n.meta.get("spec") is not None) > EVAL_BUDGET:
             return None
-        todo = execute.plan(self, targets, device_map=unavailable_to_cpu(nodes), eliminate_dead=False)
         with self.suspended():
             value = execute.run(self, todo, workers=1)[node].to("cpu")
             if value.untyped_storage().nbytes() <= SHADOW_LIMIT * value.element_size():

@@ -87,7 +87,6 @@ def exact_pieces(node: fx.Node, ranges: Ranges, device_map: Mapping[torch.device
         return None
     assert spec is not None
     n, tail = spec.numel, split[1]
-    pieces: Ranges = []
     pieces = _close_gaps([widen(lo, hi, n, tail) for lo, hi in ranges], EXACT_SKIP_MIN)
     if sum(hi - lo for lo, hi in pieces) < MIN_ELEMENTS or pieces == [(0, n)]:
         return None

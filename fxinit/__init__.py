@@ -12,6 +12,7 @@ from fxinit.errors import ArtifactError, DeferredInitError, ExportError
 from fxinit.export import Exported, save
 from fxinit.extract import init_graph
 from fxinit.materialize import is_deferred, materialize, materialize_module, materialize_tensor
+from fxinit.check import check
 
 __version__ = "0.1.0"
 
@@ -22,6 +23,7 @@ __all__ = [
     "ExportError",
     "Exported",
     "InitGraph",
+    "check",
     "clear_meta_init_cache",
     "deferred_init",
     "dry_run",

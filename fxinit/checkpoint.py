@@ -179,35 +179,44 @@ def _torch_load(path: Path) -> Mapping[str, torch.Tensor]:
 
 def checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], state_dict: CheckpointSource,
                        prefix: str, strict: bool, sharded: Mapping[int, tuple[Any, Any]] | None = None,
-                       ) -> dict[int, Callable[[], torch.Tensor]]:
+                       incompatible: list[list[str]] | None = None) -> dict[int, Callable[[], torch.Tensor]]:
     """``id(tensor) -> reader of its checkpoint tensor`` for the deferred tensors the checkpoint
     names; for the deferred DTensors of ``sharded``, a reader of this rank's part only.
 
     Names are ``prefix`` + the name under ``module``; of tied names, the first the
     checkpoint has wins. Non-persistent buffers are not read, as ``load_state_dict`` reads
-    none. Shapes must match; dtypes are converted as ``load_state_dict`` does.
+    none. Shapes must match; dtypes are converted as ``load_state_dict`` does. ``strict``
+    refuses missing keys (deferred tensors the checkpoint lacks) and unexpected ones (keys
+    under ``prefix`` that name no tensor of the module); ``incompatible`` receives both lists.
     """
     ckpt = Checkpoint(state_dict)
     keys = ckpt.keys()
     targets: dict[int, Any] = {id(t): t for t in tensors}
     targets.update({tid: dt for tid, (dt, _) in (sharded or {}).items()})
     names: dict[int, list[str]] = defaultdict(list)
+    module_keys: set[str] = set()
     for name, mod, kind, local, t in tensor_slots(module):
-        if id(t) in targets and not (kind == "_buffers" and local in mod._non_persistent_buffers_set):
-            names[id(t)].append(prefix + name)  # the names load_state_dict reads
+        if not (kind == "_buffers" and local in mod._non_persistent_buffers_set):
+            module_keys.add(prefix + name)  # the names load_state_dict reads
+            if id(t) in targets:
+                names[id(t)].append(prefix + name)
     found: dict[int, str] = {}
     for tid, fqns in names.items():
         hit = next((k for k in fqns if k in keys), None)
         if hit is not None:
             found[tid] = hit
-    if strict:
-        missing = sorted(n for tid, fqns in names.items() if tid not in found for n in fqns)
-        used = {n for tid in found for n in names[tid]}
-        unexpected = sorted(k for k in keys if k.startswith(prefix) and k not in used)
-        if missing or unexpected:
-            raise DeferredInitError(
-                f"checkpoint does not match the module: missing {missing[:8]}, unexpected {unexpected[:8]}",
-                hint="pass strict=False to initialize what the checkpoint lacks and ignore what it has extra")
+    missing = sorted(n for tid, fqns in names.items() if tid not in found for n in fqns)
+    unexpected = sorted(k for k in keys if k.startswith(prefix) and k not in module_keys)
+    if incompatible is not None:
+        incompatible.extend([missing, unexpected])
+    if strict and (missing or unexpected):
+        raise DeferredInitError(
+            f"checkpoint does not match the module: {len(missing)} missing key(s) {missing[:8]}"
+            f"{' ...' if len(missing) > 8 else ''}, {len(unexpected)} unexpected key(s) {unexpected[:8]}"
+            f"{' ...' if len(unexpected) > 8 else ''}",
+            hint=_prefix_hint(missing, unexpected, prefix)
+            + "pass strict=False to initialize what the checkpoint lacks and ignore what it has extra "
+              "(materialize then returns the missing and unexpected keys, as load_state_dict does)")
     out: dict[int, Callable[[], torch.Tensor]] = {}
     for tid, key in found.items():
         shape = ckpt.shape(key)
@@ -221,3 +230,26 @@ def checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], stat
         else:
             out[tid] = functools.partial(ckpt.get, key)
     return out
+
+
+def _prefix_hint(missing: list[str], unexpected: list[str], prefix: str) -> str:
+    """A hint when one prefix added or dropped explains the mismatch (``module.`` of DDP,
+    ``_orig_mod.`` of torch.compile, ``model.`` of a wrapper)."""
+    if not missing or not unexpected:
+        return ""
+    want = {k[len(prefix):] for k in missing}
+    have = [k[len(prefix):] for k in unexpected]
+    for k in have:
+        for cut in range(1, k.count(".") + 1):
+            extra = k.split(".", cut)[:cut]
+            head = ".".join(extra) + "."
+            if k[len(head):] in want and sum(h.startswith(head) and h[len(head):] in want for h in have) * 2 >= len(want):
+                return (f"the checkpoint's keys carry a prefix {head!r} the module's lack: pass "
+                        f"prefix={prefix + head!r}, or strip it from the keys; ")
+    for k in want:
+        for cut in range(1, k.count(".") + 1):
+            head = ".".join(k.split(".", cut)[:cut]) + "."
+            if k[len(head):] in set(have):
+                return (f"the module's keys carry a prefix {head!r} the checkpoint's lack: materialize the "
+                        f"submodule under {head[:-1]!r} instead; ")
+    return ""

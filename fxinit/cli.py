@@ -1,6 +1,7 @@
 """The ``fxinit`` command: trace a model to an init-graph file, show it, draw it, and
 materialize it to safetensors or a checkpoint directory (Hugging Face or
-torch.distributed.checkpoint), in a process that needs nothing of the model's code.
+torch.distributed.checkpoint), in a process that needs nothing of the model's code; check
+that fxinit builds a model of yours bit for bit as eager construction does.
 
     fxinit trace my_pkg.models:build -o init.pt --kwargs '{"layers": 4}'
     fxinit trace transformers:AutoModelForCausalLM.from_config -o llama.pt \\
@@ -10,9 +11,10 @@ torch.distributed.checkpoint), in a process that needs nothing of the model's co
     fxinit materialize init.pt -o weights.safetensors [--only PATTERN] [--device cpu]
     fxinit materialize init.pt -o llama/ --format hf [--max-shard-size 5GB] [--resume] [--part 2/8]
     fxinit materialize init.pt -o step-0/ --format dcp [--only 'model.layers.31.*']
+    fxinit check my_pkg.models:build --kwargs '{"layers": 2}' [--hf-config JSON] [--seed N]
 
-Exit codes: 0 success, 1 fxinit refused or failed (the message says why and what to do),
-2 bad command line.
+Exit codes: 0 success, 1 fxinit refused or failed (the message says why and what to do) or
+`check` found a difference, 2 bad command line.
 """
 
 from __future__ import annotations
@@ -75,11 +77,9 @@ def _json(text: str | None, kind: type, what: str) -> Any:
     return value
 
 
-def cmd_trace(args: argparse.Namespace) -> int:
-    import torch
-
-    import fxinit
-
+def call_arguments(args: argparse.Namespace) -> tuple[Callable[..., Any], list[Any], dict[str, Any]]:
+    """The callable TARGET names and its arguments: ``--args``, ``--kwargs``, and the
+    transformers config ``--hf-config`` builds, passed first (``trace`` and ``check``)."""
     fn = resolve_target(args.target)
     call_args = list(_json(args.args, list, "--args"))
     call_kwargs = _json(args.kwargs, dict, "--kwargs")
@@ -91,6 +91,15 @@ def cmd_trace(args: argparse.Namespace) -> int:
         if model_type is None:
             raise UsageError('--hf-config needs a "model_type" (e.g. "llama")')
         call_args.insert(0, AutoConfig.for_model(model_type, **cfg))
+    return fn, call_args, call_kwargs
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    import torch
+
+    import fxinit
+
+    fn, call_args, call_kwargs = call_arguments(args)
     torch.manual_seed(args.seed)
     saved = torch.get_default_dtype()
     if args.dtype:
@@ -105,6 +114,25 @@ def cmd_trace(args: argparse.Namespace) -> int:
     graph.save(args.output)
     print(f"{args.output}: {graph}")
     return EXIT_OK
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    import torch
+
+    from fxinit.check import check
+
+    fn, call_args, call_kwargs = call_arguments(args)
+
+    def build(*a: Any, **kw: Any) -> Any:
+        model = fn(*a, **kw)
+        if not isinstance(model, torch.nn.Module):
+            raise UsageError(f"{args.target} returned {type(model).__name__}, not an nn.Module")
+        return model
+
+    report = check(build, *call_args, seed=args.seed, **call_kwargs)
+    report.target = args.target
+    print(report)
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -242,6 +270,15 @@ def _materialize_with_progress(graph: Any, names: list[str], device: str | None,
     return {n: values[first[tied_to.get(n, n)]] for n in names}
 
 
+def _add_call_arguments(p: argparse.ArgumentParser, seed_help: str) -> None:
+    """TARGET and its arguments (``call_arguments`` reads them), and ``--seed``."""
+    p.add_argument("target", metavar="TARGET", help="module:callable or path/to/file.py:callable returning an nn.Module")
+    p.add_argument("--args", help="JSON list of positional arguments")
+    p.add_argument("--kwargs", help="JSON object of keyword arguments")
+    p.add_argument("--hf-config", help='JSON of a transformers config, passed first: {"model_type": "llama", ...}')
+    p.add_argument("--seed", type=int, default=0, help=seed_help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     summary, examples = __doc__.split("\n\n")[:2]
     parser = argparse.ArgumentParser(prog="fxinit", description=summary,
@@ -251,16 +288,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("trace", help="trace a model constructor to an init-graph file",
                        description="Call TARGET under fxinit.trace_init (nothing is allocated) and save its init graph.")
-    p.add_argument("target", metavar="TARGET", help="module:callable or path/to/file.py:callable returning an nn.Module")
+    _add_call_arguments(p, seed_help="torch.manual_seed before tracing (default %(default)s)")
     p.add_argument("-o", "--output", required=True,
                    help="the init-graph file to write, e.g. init.pt (a torch.save archive)")
-    p.add_argument("--args", help="JSON list of positional arguments")
-    p.add_argument("--kwargs", help="JSON object of keyword arguments")
-    p.add_argument("--hf-config", help='JSON of a transformers config, passed first: {"model_type": "llama", ...}')
-    p.add_argument("--seed", type=int, default=0, help="torch.manual_seed before tracing (default %(default)s)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"],
                    help="torch's default dtype while tracing")
     p.set_defaults(run=cmd_trace)
+
+    p = sub.add_parser("check", help="check that fxinit builds a model bit for bit as eager construction does",
+                       description="Build TARGET eagerly and with fxinit (trace_init + materialize) from the same "
+                                   "seed and compare every tensor and the global RNG afterwards, bit for bit "
+                                   "(fxinit.check). Exit code 0: equal; 1: different or refused. Both models are "
+                                   "built whole: check a small config.")
+    _add_call_arguments(p, seed_help="torch.manual_seed before each build (default %(default)s)")
+    p.set_defaults(run=cmd_check)
 
     p = sub.add_parser("show", help="print the tensors of an init-graph file and how each is initialized")
     p.add_argument("graph", metavar="GRAPH", help="an init-graph file (init.pt) written by `fxinit trace`")

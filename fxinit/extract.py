@@ -14,25 +14,40 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from fxinit.capture.deferred import is_deferred_tensor, state_of
+from fxinit.capture.deferred import MATERIALIZED, is_deferred_tensor, state_of
 from fxinit.capture.names import tensor_slots
 from fxinit.errors import DeferredInitError
 from fxinit.execute import slicer
 from fxinit.graph import InitGraph
-from fxinit.spec import OutputInfo
+from fxinit.reachable import left_behind
+from fxinit.spec import OutputInfo, TensorSpec
 
 
-def init_graph(module: torch.nn.Module) -> InitGraph:
-    """The InitGraph of ``module``'s deferred parameters and buffers, by fully qualified name."""
+def init_graph(module: torch.nn.Module, carry_real: bool = True) -> InitGraph:
+    """The InitGraph of ``module``'s deferred parameters and buffers, by fully qualified name.
+
+    With ``carry_real`` (default), the real tensors the model holds that fxinit did not
+    materialize (``torch.load`` or numpy data kept as it is, a buffer computed by an init
+    step after the trace) are outputs too, as constants: the graph is the whole model."""
     named: dict[str, torch.Tensor] = {}
     info: dict[str, OutputInfo] = {}
+    real: dict[str, torch.Tensor] = {}
     for fqn, mod, kind, name, t in tensor_slots(module):
-        if is_deferred_tensor(t) and fqn not in named:
-            named[fqn] = t
+        if fqn in named or fqn in real:
+            continue
+        if is_deferred_tensor(t) or (carry_real and t.device.type != "meta" and MATERIALIZED not in t.__dict__
+                                     and not hasattr(t, "_local_tensor")):
+            (named if is_deferred_tensor(t) else real)[fqn] = t
             info[fqn] = OutputInfo(requires_grad=t.requires_grad, is_parameter=kind == "_parameters",
                                    persistent=kind == "_parameters" or name not in mod._non_persistent_buffers_set)
     if not named:
         raise ValueError("this module has no deferred tensors (was it built with fxinit.trace_init?)")
+    left = left_behind(module)
+    if left:
+        raise DeferredInitError(
+            f"{len(left)} tensor(s) of this model are plain meta tensors fxinit did not record: {', '.join(left[:6])}",
+            hint="see fxinit.materialize's error for the same model: build them on a real device, or record the "
+                 "step that makes them inside `with fxinit.recording(model):`")
     recorders = {id(state_of(t).recorder): state_of(t).recorder for t in named.values()}
     if len(recorders) != 1:
         raise DeferredInitError("this module's tensors come from several traces; take init_graph of each part")
@@ -51,6 +66,9 @@ def init_graph(module: torch.nn.Module) -> InitGraph:
             new.meta["module"] = paths[id(mod)]
         remap[n] = new
     outputs = {fqn: remap[node] for fqn, (node, _) in targets.items()}
+    constants = {k: v for k, v in rec.constants.items() if k in used_consts(nodes)}
+    storage = {fqn: targets[fqn][1] for fqn in targets}
+    carry_real(graph, real, outputs, storage, constants)
     graph.output({fqn: node for fqn, node in outputs.items()})
     groups: dict[int, list[str]] = defaultdict(list)
     for fqn, t in named.items():
@@ -63,12 +81,10 @@ def init_graph(module: torch.nn.Module) -> InitGraph:
         for fqn in g:
             outputs.setdefault(fqn, outputs[g[0]])
             info.setdefault(fqn, info[g[0]])
-    storage = {fqn: targets[fqn][1] for fqn in targets}
     for g in ties:
         for fqn in g:
             storage.setdefault(fqn, targets[g[0]][1])
     used_storages = {sid for n in nodes for sid in (*n.meta.get("reads", ()), *n.meta.get("mutates", ()))}
-    used_consts = {n.target for n in nodes if n.op == "get_attr"}
     used_snapshots = {k for n in nodes for k in (n.meta.get("generators") or {}).values()}
     return InitGraph(
         graph=graph,
@@ -76,13 +92,37 @@ def init_graph(module: torch.nn.Module) -> InitGraph:
         output_storage=storage,
         info=info,
         ties=ties,
-        constants={k: v for k, v in rec.constants.items() if k in used_consts},
+        constants=constants,
         snapshots={k: v for k, v in rec.snapshots.items() if k in used_snapshots},
         default_dtype=rec.default_dtype,
         seed=rec.seed,
         stream_names={sid: name for sid, name in rec.storage_names().items() if sid in used_storages},
         hf_config=hf_config(module),
     )
+
+
+def used_consts(nodes: list[fx.Node]) -> set[str]:
+    return {n.target for n in nodes if n.op == "get_attr"}
+
+
+def carry_real(graph: fx.Graph, real: dict[str, torch.Tensor], outputs: dict[str, fx.Node],
+               storage: dict[str, int], constants: dict[str, torch.Tensor]) -> None:
+    """Real tensors the model holds that fxinit did not materialize (``torch.load`` or numpy
+    data kept as it is, a buffer an init step computed after the trace) go into the graph as
+    constants, a copy of their value now: the file is the whole model, not its deferred part."""
+    by_object: dict[int, tuple[fx.Node, int]] = {}
+    last = max((n.meta.get("pos", 0) for n in graph.nodes), default=0)
+    sids = [sid for n in graph.nodes for sid in (*n.meta.get("reads", ()), *n.meta.get("mutates", ()))]
+    free_sid = max([*sids, *storage.values(), 0]) + 1  # storage ids no recorded node uses
+    for fqn, t in real.items():
+        if id(t) not in by_object:
+            i = len(by_object)
+            name = f"_real{i}"
+            constants[name] = t.detach().clone(memory_format=torch.preserve_format)
+            node = graph.get_attr(name)
+            node.meta.update(reads=(), mutates=(), spec=TensorSpec.of(t, t.device), pos=last + 1 + i)
+            by_object[id(t)] = (node, free_sid + i)
+        outputs[fqn], storage[fqn] = by_object[id(t)]
 
 
 def hf_config(module: torch.nn.Module) -> dict[str, Any] | None:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 import torch
 import torch.fx as fx
+from torch.nn.modules.module import _IncompatibleKeys
 
 from fxinit import execute
 from fxinit.capture.api import clear_meta_init_cache
@@ -26,6 +27,7 @@ from fxinit.checkpoint import CheckpointSource, checkpoint_values
 from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materialize_dtensors
 from fxinit.errors import DeferredInitError
 from fxinit.execute import slicer
+from fxinit.reachable import CONTAINERS, MODULE_DICTS, contained, left_behind
 from fxinit.spec import dtype_after_to
 
 _TRACED_SEED = -(1 << 70)  # marker: the portable stream uses the seed each trace saw
@@ -33,7 +35,8 @@ Location = tuple[torch.nn.Module, str, str]  # (module, attribute name, "_parame
 
 
 def _module_tensors(mod: torch.nn.Module, buffers_only: bool = False) -> Iterable[tuple[str, str, torch.Tensor]]:
-    """(kind, name, tensor) for a module's own deferred parameters, buffers and tensor attributes."""
+    """(kind, name, tensor) for a module's own deferred parameters, buffers, tensor attributes
+    and tensors in list, tuple and dict attributes (kind ``"container"``)."""
     kinds = ("_buffers",) if buffers_only else ("_parameters", "_buffers")
     for kind in kinds:
         for name, t in getattr(mod, kind).items():
@@ -43,6 +46,10 @@ def _module_tensors(mod: torch.nn.Module, buffers_only: bool = False) -> Iterabl
         for name, t in vars(mod).items():
             if is_deferred_tensor(t):
                 yield "__dict__", name, t
+            elif type(t) in CONTAINERS and name not in MODULE_DICTS:
+                for key, x in contained(t):
+                    if is_deferred_tensor(x):
+                        yield "container", f"{name}{key}", x
 
 
 def _deferred_in_module(module: torch.nn.Module, buffers_only: bool = False
@@ -191,6 +198,10 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
                 ) from exc
             warnings.warn(f"fxinit: could not swap in place ({exc}); replaced the module attribute instead, "
                           "so other references to the old object stay deferred", stacklevel=3)
+            if any(kind == "container" for _, _, kind in places):
+                raise DeferredInitError(
+                    f"fxinit could not swap the materialized value into a tensor kept in a container attribute "
+                    f"({places[0][1]}): {exc}", hint="drop other references to the deferred tensor") from exc
             for mod, name, kind in places:
                 if kind == "__dict__":
                     setattr(mod, name, new)
@@ -214,6 +225,8 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
     target = torch.device(device) if device is not None else None
     if init and target is not None and target.type != "meta":
         _refuse_meta_values(tensors, loaded, target)
+    elif init and target is None:
+        _refuse_meta_values([t for t in tensors if state_of(t).recorder.meta_around], loaded, None)
     plan: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
     for rec, ts in by_recorder.values():
         sharing = defaultdict(int)
@@ -248,14 +261,25 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
             mod._init_flat_weights()
 
 
-def _refuse_meta_values(tensors: list[torch.Tensor], loaded: Mapping[int, Any], target: torch.device) -> None:
-    """Tensors built on meta (by the model, or under ``with torch.device("meta")`` around the
-    trace) have no values in eager construction either: there is nothing exact to put on ``target``."""
+def _refuse_meta_values(tensors: list[torch.Tensor], loaded: Mapping[int, Any], target: torch.device | None) -> None:
+    """Tensors built on meta (by the model, or under ``with torch.device("meta")`` or
+    ``torch.set_default_device("meta")`` around the trace) have no values in eager
+    construction either: there is nothing exact to put on ``target``. With no target,
+    only those built so because of the default device around the trace are refused: a
+    meta tensor handed back there would pass for a materialized one, while model code that
+    builds on meta itself (a skeleton) gets meta tensors, as in eager construction."""
     meta = [t for t in tensors if state_of(t).device.type == "meta" and id(t) not in loaded]
     if not meta:
         return
     rec = state_of(meta[0]).recorder
     name = rec.storage_names().get(rec.storage_id(meta[0]), "a tensor")
+    if target is None:
+        raise DeferredInitError(
+            f"{len(meta)} tensor(s), e.g. {name!r}, were built on the meta device because the default device was "
+            "meta around trace_init (torch.set_default_device('meta') or `with torch.device('meta')`): eager "
+            "construction gives meta tensors without values there, and so would this",
+            hint="trace without it (fxinit defers every tensor by itself); or give them values first: "
+                 "model.to_empty(device=...) and your init step (recorded), or materialize(..., state_dict=...)")
     raise DeferredInitError(
         f"{len(meta)} tensor(s), e.g. {name!r}, were built on the meta device, where eager construction "
         f"computes no values: they cannot be materialized on {target}",
@@ -293,7 +317,7 @@ M = TypeVar("M", torch.nn.Module, torch.Tensor)
 
 def materialize(obj: M, *, device: torch.device | str | None = None, init: bool = True,
                 keep_cache: bool = False, state_dict: CheckpointSource | None = None,
-                prefix: str = "", strict: bool = False, rng: str = "exact", seed: int | None = None,
+                prefix: str = "", strict: bool = True, rng: str = "exact", seed: int | None = None,
                 dtype: torch.dtype | None = None, compile: bool | None = None) -> M:
     """Fill the deferred tensors of ``obj`` in place and return ``obj``.
 
@@ -311,8 +335,16 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     when it holds a tensor asked for) provides values for the tensors it names
     (``prefix`` + their name under ``obj``): those are read straight onto their device and
     their init never runs; everything else initializes exactly, as if eager construction
-    had been followed by ``load_state_dict``. ``strict=True`` refuses a checkpoint that
-    lacks tensors of ``obj`` or has extra ones under ``prefix``.
+    had been followed by ``load_state_dict``. Like ``load_state_dict``, ``strict=True`` (the
+    default) refuses a checkpoint that lacks deferred tensors of ``obj`` or has keys under
+    ``prefix`` that name none of its tensors, saying which prefix explains them when one
+    does (``module.``, ``_orig_mod.``); with ``strict=False`` what the checkpoint lacks
+    initializes exactly, and materialize returns ``load_state_dict``'s result
+    (``missing_keys``, ``unexpected_keys``) instead of ``obj``.
+
+    When it returns, nothing reachable from a module ``obj`` (parameters, buffers, tensor
+    attributes, tensors in list and dict attributes) is deferred any more; a plain meta
+    tensor there (built after the trace without being recorded) is refused before any work.
 
     ``rng="portable"`` draws every random op from the counter-based stream keyed by
     ``seed`` (default: the seed the trace saw), the name of the tensor it writes and the
@@ -347,11 +379,14 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     else:
         raise TypeError(f"materialize expects an nn.Module or a tensor, got {type(obj).__name__}")
     sharded = deferred_dtensors(obj) if isinstance(obj, torch.nn.Module) else {}
+    if isinstance(obj, torch.nn.Module) and init:
+        _refuse_left_behind(obj)
     loaded = None
+    incompatible: list[list[str]] = []
     if state_dict is not None:
         if not isinstance(obj, torch.nn.Module):
             raise TypeError("state_dict= needs a module to name the tensors")
-        loaded = checkpoint_values(obj, tensors, state_dict, prefix, strict, sharded)
+        loaded = checkpoint_values(obj, tensors, state_dict, prefix, strict, sharded, incompatible)
     from_meta_init = any(state_of(t).recorder.kind == "meta_init" for t in tensors)
     if sharded:
         def compute(rec: Recorder, locals_: list[torch.Tensor], describe: Callable[[int], str]) -> list[torch.Tensor]:
@@ -363,7 +398,20 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     _materialize_tensors(tensors, where, device, init, loaded, stream_seed, dtype, compile)
     if from_meta_init and not keep_cache:
         clear_meta_init_cache()
+    if state_dict is not None and not strict:
+        return _IncompatibleKeys(*incompatible)  # type: ignore[return-value]
     return obj
+
+
+def _refuse_left_behind(module: torch.nn.Module) -> None:
+    left = left_behind(module)
+    if left:
+        raise DeferredInitError(
+            f"{len(left)} tensor(s) of this model are plain meta tensors that fxinit did not record, so materialize "
+            f"cannot give them values: {', '.join(left[:6])}{' ...' if len(left) > 6 else ''}",
+            hint="they were built after trace_init on a deferred tensor's device (which is 'meta' once the trace has "
+                 "ended), or by to_empty(device='meta'); run that init step inside `with fxinit.recording(model):` "
+                 "so that it is recorded, or build those tensors on a real device")
 
 
 def materialize_module(module: torch.nn.Module, buffers_only: bool = False,

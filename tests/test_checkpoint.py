@@ -130,9 +130,10 @@ def test_non_persistent_buffers_are_not_read_as_load_state_dict_does() -> None:
     stale = dict(state, **{"model.rotary_emb.inv_freq": torch.full((4,), 7.0)})
     torch.manual_seed(0)
     m = fxinit.trace_init(_llama)
-    with pytest.raises(DeferredInitError, match=r"unexpected \['model.rotary_emb.inv_freq'\]"):
-        fxinit.materialize(m, state_dict=stale, strict=True)
-    fxinit.materialize(m, state_dict=stale)
+    with pytest.raises(DeferredInitError, match=r"unexpected key\(s\) \['model.rotary_emb.inv_freq'\]"):
+        fxinit.materialize(m, state_dict=stale)  # strict by default, as load_state_dict
+    keys = fxinit.materialize(m, state_dict=stale, strict=False)
+    assert (keys.missing_keys, keys.unexpected_keys) == ([], ["model.rotary_emb.inv_freq"])
     _assert_equal_to(m, _eager_then_load(state))
     torch.manual_seed(0)
     m = fxinit.trace_init(_llama)
@@ -174,7 +175,7 @@ def test_torch_save_shards_with_an_index(tmp_path: Path) -> None:
     (tmp_path / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     torch.manual_seed(0)
     m = fxinit.trace_init(_llama)
-    fxinit.materialize(m, state_dict=tmp_path)
+    fxinit.materialize(m, state_dict=tmp_path, strict=False)
     _assert_equal_to(m, _eager_then_load(state))
 
 
@@ -262,7 +263,8 @@ def test_checkpoint_values_land_in_shared_storage() -> None:
     ref.load_state_dict(state, strict=False)
     torch.manual_seed(0)
     m = fxinit.trace_init(Views)
-    fxinit.materialize(m, state_dict=state)
+    keys = fxinit.materialize(m, state_dict=state, strict=False)
+    assert keys == ref.load_state_dict(state, strict=False)
     for name in "qkv":
         assert torch.equal(getattr(m, name), getattr(ref, name)), name
     assert m.q.untyped_storage().data_ptr() == m.k.untyped_storage().data_ptr()
@@ -278,3 +280,22 @@ def test_load_state_dict_on_a_deferred_model_is_recorded_and_kills_the_init() ->
     assert fxinit.init_graph(m).stats()["random_ops"] == 0
     fxinit.materialize(m)
     _assert_equal_to(m, _eager_then_load(state))
+
+
+def test_checkpoints_are_strict_by_default_and_name_the_prefix_that_explains_them() -> None:
+    """A DDP checkpoint (``module.`` on every key) loads nothing into a bare model: refused,
+    with both lists and the prefix that fixes it; strict=False returns load_state_dict's result."""
+    torch.manual_seed(0)
+    m = fxinit.trace_init(_llama)
+    state = _checkpoint()
+    ddp = {f"module.{k}": v for k, v in state.items()}
+    with pytest.raises(DeferredInitError, match=r"(?s)missing key.*unexpected key.*prefix='module\.'"):
+        fxinit.materialize(m, state_dict=ddp)
+    assert fxinit.is_deferred(m)
+    fxinit.materialize(m, state_dict=ddp, prefix="module.")
+    _assert_equal_to(m, _eager_then_load(state))
+    torch.manual_seed(0)
+    m = fxinit.trace_init(_llama)
+    ref = _llama()
+    got = fxinit.materialize(m, state_dict=dict(state, extra=torch.ones(1)), strict=False)
+    assert got == ref.load_state_dict(dict(state, extra=torch.ones(1)), strict=False)

@@ -267,12 +267,19 @@ def test_tensors_the_model_builds_on_meta_stay_meta(outer: str | None) -> None:
         with torch.device(outer):
             m = fxinit.trace_init(BuildsOnMeta)
     assert m.seen == ref.seen == torch.device("meta")
-    if outer is not None:  # everything was built on meta, as eager would: no values to move
+    if outer is not None:  # everything was built on meta, as eager would: no values, and never a silent meta
         with pytest.raises(fxinit.DeferredInitError, match="built on the meta device"):
             fxinit.materialize(m, device="cpu")
         assert _all_deferred(m)
+        with pytest.raises(fxinit.DeferredInitError, match="default device was meta around trace_init"):
+            fxinit.materialize(m)
+        assert _all_deferred(m)
+        m.to_empty(device="cpu")  # the way out the hint gives: to_empty, then an init step
+        with torch.no_grad():
+            m.lin.reset_parameters()
+            m.real.copy_(torch.tensor([1.0, 2.0]))
         fxinit.materialize(m)
-        assert all(t.is_meta for t in m.state_dict().values())
+        assert not fxinit.is_deferred(m) and m.real.tolist() == [1.0, 2.0]
         return
     with pytest.raises(fxinit.DeferredInitError, match=r"3 tensor\(s\)"):
         fxinit.materialize(m, device="cpu")

@@ -751,16 +751,29 @@ def test_parametrization_registered_after_trace() -> None:
                          forward=lambda m: m.weight)
 
 
-def test_parametrization_building_tensors_after_trace_needs_recording() -> None:
-    """Without ``recording`` the parametrization builds plain meta tensors: a clear error, not wrong values."""
+def test_parametrization_building_tensors_after_trace_needs_no_wrapper() -> None:
+    """Registered after the trace, with nothing around it: the parametrization's helpers are
+    built on the weight's intended device (real tensors), its init is recorded."""
+    assert_same_as_eager(lambda: nn.Linear(4, 4), post=lambda m: P.orthogonal(m), forward=lambda m: m.weight)
+    assert_same_as_eager(lambda: nn.Linear(4, 5), post=lambda m: P.spectral_norm(m),
+                         forward=lambda m: m.eval()(_x(2, 4)))
+
+
+def test_tensors_built_on_meta_by_torch_distributed_after_the_trace_are_refused() -> None:
+    """A plain meta tensor nothing recorded, reachable from the model: materialize refuses
+    before any work, naming it, instead of returning a meta tensor as if materialized."""
     m = fxinit.trace_init(nn.Linear, 4, 4)
-    with pytest.raises(fxinit.DeferredInitError, match="recording"):
-        P.orthogonal(m)
+    m.register_buffer("stale", torch.empty(3, device="meta"))
+    with pytest.raises(fxinit.DeferredInitError, match="plain meta tensors.*stale"):
+        fxinit.materialize(m)
+    assert fxinit.is_deferred(m.weight)
 
 
 def test_reinit_after_trace_with_tensors_made_on_the_parameters_device() -> None:
-    """Re-init code often builds helper tensors with ``device=p.device`` (after trace a deferred
-    parameter reports ``device='meta'``); eager builds them on the CPU."""
+    """Re-init code often builds helper tensors with ``device=p.device``; eager builds them on
+    the CPU. After the trace, a deferred parameter reports its intended device to code outside
+    torch, so the helpers are real tensors, computed now from the real generator, with or
+    without ``recording``."""
 
     def post(m):
         with torch.no_grad():
@@ -769,9 +782,7 @@ def test_reinit_after_trace_with_tensors_made_on_the_parameters_device() -> None
             m.bias.copy_(torch.arange(m.bias.numel(), device=m.bias.device, dtype=m.bias.dtype))
 
     assert_same_as_eager(lambda: nn.Linear(4, 3), post=_recorded(post))
-    m = fxinit.trace_init(nn.Linear, 4, 3)
-    with pytest.raises(fxinit.DeferredInitError, match="plain meta tensor"):
-        post(m)
+    assert_same_as_eager(lambda: nn.Linear(4, 3), post=post)
 
 
 def test_generator_attribute_reused_after_trace() -> None:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import torch
 
 from fxinit.capture.deferred import is_deferred_tensor, state_of
+from fxinit.capture.doors import parameter_classes
 from fxinit.capture.lazy import lazy_module_support
 from fxinit.capture.modes import active_modes
 from fxinit.capture.provenance import source_lines_scope
@@ -33,7 +34,8 @@ def _capturing(recorder: Recorder) -> Iterator[None]:
     recorder.capturing = True
     _local.depth = _depth() + 1
     try:
-        with source_lines_scope(), recorder.lazy_cpu.scope(), fmode, dmode, lazy_module_support(recorder):
+        with source_lines_scope(), recorder.lazy_cpu.scope(), parameter_classes(), fmode, dmode, \
+                lazy_module_support(recorder):
             yield
     finally:
         _local.depth = _depth() - 1

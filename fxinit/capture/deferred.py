@@ -16,6 +16,7 @@ It is a meta tensor underneath (so every shape computation is PyTorch's own), wi
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -25,7 +26,10 @@ from torch._C import TensorBase
 from fxinit.errors import DeferredInitError
 
 _META = torch.device("meta")
+_DISTRIBUTED_DIR = os.path.join(os.path.dirname(torch.__file__), "distributed") + os.sep
 STATE_ATTR = "_fxinit_state"
+PARAMETER_CLASS = "_fxinit_parameter_class"  # an nn.Parameter subclass the tensor was made as (capture.doors)
+MATERIALIZED = "_fxinit_materialized"  # on every tensor materialize swapped a value into
 
 # Getters and methods handled specially, keyed by the descriptor/function object.
 _DEVICE = TensorBase.device
@@ -33,6 +37,8 @@ _IS_META = TensorBase.is_meta
 _IS_CPU = TensorBase.is_cpu
 _IS_CUDA = TensorBase.is_cuda
 _DATA = TensorBase.data
+_HOOK_SLOTS = [getattr(TensorBase, name) for name in ("_backward_hooks", "_post_accumulate_grad_hooks")
+               if hasattr(TensorBase, name)]
 _RAW_ACCESS = {
     TensorBase.data_ptr,
     TensorBase.untyped_storage,
@@ -42,6 +48,7 @@ _RAW_ACCESS = {
 }
 _LOAD_FROM_STATE_DICT = torch.nn.Module._load_from_state_dict.__code__
 _VALUE_READS = {TensorBase.tolist, TensorBase.numpy, torch.Tensor.__array__}
+_PYTHON_ELEMENTWISE = {TensorBase.apply_, TensorBase.map_, TensorBase.map2_}
 #: ``{code object: answer(frame, tensor) -> bool | None}``: library functions that ask a
 #: deferred tensor ``is_meta`` to decide whether to communicate (``capture.collectives``);
 #: None lets the usual answer through.
@@ -68,17 +75,27 @@ def is_deferred_tensor(t: object) -> bool:
 
 
 def dressed_as(deferred: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """``value`` in the place of ``deferred``: a Parameter if that was one, its
-    ``requires_grad``, and the attributes user code set on it (not fxinit's own)."""
-    if isinstance(deferred, torch.nn.Parameter):
+    """``value`` in the place of ``deferred``: a Parameter (of the subclass it was made as)
+    if that was one, its ``requires_grad``, its gradient hooks, and the attributes user code
+    set on it (not fxinit's own)."""
+    cls = deferred.__dict__.get(PARAMETER_CLASS)
+    if cls is not None:
+        new = torch.Tensor._make_subclass(cls, value.detach(), deferred.requires_grad)
+    elif isinstance(deferred, torch.nn.Parameter):
         new = torch.nn.Parameter(value, requires_grad=deferred.requires_grad)
     else:
         new = value.detach()
         if deferred.requires_grad:
             new.requires_grad_(True)
     for k, v in deferred.__dict__.items():
-        if k not in (STATE_ATTR, "_is_param") and k not in new.__dict__:
+        if k not in (STATE_ATTR, PARAMETER_CLASS, MATERIALIZED, "_is_param") and k not in new.__dict__:
             new.__dict__[k] = v
+    with torch._C.DisableTorchFunctionSubclass():  # gradient hooks registered on the deferred tensor
+        for hooks in _HOOK_SLOTS:
+            registered = hooks.__get__(deferred)
+            if registered:
+                hooks.__set__(new, registered)
+    new.__dict__[MATERIALIZED] = True
     return new
 
 
@@ -138,7 +155,11 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
     elif func in _RAW_ACCESS:
         _recorder_of(args, kwargs).fail_raw_access(func)
     elif func in _VALUE_READS:
-        return _recorder_of(args, kwargs).read_values(func, args[0], args[1:], kwargs)
+        return _recorder_of(args, kwargs).read_only_values(func, args[0], args[1:], kwargs)
+    elif func is TensorBase.new and is_deferred_tensor(args[0]):
+        return _recorder_of(args, kwargs).legacy_new(args[0], args[1:], kwargs)
+    elif func in _PYTHON_ELEMENTWISE:  # capture.doors
+        return _recorder_of(args, kwargs).python_elementwise(func, args, kwargs)
     elif func is TensorBase.to or func is TensorBase.cpu or func is TensorBase.cuda:
         result = _maybe_noop_move(func, args, kwargs)
         if result is not None:
@@ -190,9 +211,21 @@ def _recorder_of(args: Any, kwargs: Any) -> Any:
     raise RuntimeError("fxinit internal error: no deferred tensor among the arguments")
 
 
-def reported_device(t: torch.Tensor) -> torch.device:
+def reported_device(t: torch.Tensor, caller: Any = None) -> torch.device:
+    """The device a deferred tensor reports to the code in frame ``caller``.
+
+    While its model is recorded: the intended device, so model code takes eager's branches.
+    Afterwards, to torch.distributed (FSDP, DTensor, tensor parallelism), whose layout code
+    reads ``meta`` as "no storage yet" and then allocates instead of communicating: ``meta``.
+    To any other code (a framework's ``init_weights``, a parametrization, the user's): the
+    intended device, as eager construction would answer, so that tensors it builds "on the
+    parameter's device" are real tensors computed now, exactly, instead of plain meta
+    tensors nothing records (docs/design.md, "How a deferred tensor presents itself").
+    """
     st = state_of(t)
-    return st.device if st.recorder.capturing else _META
+    if st.recorder.capturing or caller is None or not caller.f_code.co_filename.startswith(_DISTRIBUTED_DIR):
+        return st.device
+    return _META
 
 
 def _property(kind: str, owner: Any, args: tuple) -> Any:
@@ -203,11 +236,11 @@ def _property(kind: str, owner: Any, args: tuple) -> Any:
             return None
         return _NOT_HANDLED
     if kind == "__get__":
+        caller = sys._getframe(3)  # past deferred_torch_function and its caller
         if owner is _DEVICE:
-            return reported_device(t)
+            return reported_device(t, caller)
         if owner is _IS_META:
             rec = state_of(t).recorder
-            caller = sys._getframe(3)  # past deferred_torch_function and its caller
             if rec.try_record_opaque(caller, t):
                 return True
             if caller.f_code is _LOAD_FROM_STATE_DICT:
@@ -217,11 +250,11 @@ def _property(kind: str, owner: Any, args: tuple) -> Any:
                 answered = answer(caller, t)
                 if answered is not None:
                     return answered
-            return reported_device(t).type == "meta"
+            return reported_device(t, caller).type == "meta"
         if owner is _IS_CPU:
-            return reported_device(t).type == "cpu"
+            return reported_device(t, caller).type == "cpu"
         if owner is _IS_CUDA:
-            return reported_device(t).type == "cuda"
+            return reported_device(t, caller).type == "cuda"
         if owner is _DATA:
             return state_of(t).recorder.data_alias(t)
     elif kind == "__set__" and owner is _DATA:

@@ -16,7 +16,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxinit.capture.deferred import PROPERTY_CALL, DeferredTensor, deferred_torch_function
+from fxinit.capture.deferred import PROPERTY_CALL, DeferredTensor, deferred_torch_function, state_of
 from fxinit.capture.devices import default_device
 from fxinit.capture.recorder import Recorder
 
@@ -101,10 +101,26 @@ class CaptureFunctionMode(TorchFunctionMode):
                 kwargs = {**kwargs, "device": "meta"}
                 with recorder.intended_device(torch.device(device)):
                     return func(*args, **kwargs)
+            if outermost and device is None and func not in _FACTORIES:
+                like = _deferred_device(args)
+                if like is not None:
+                    # A composite (F.one_hot, torch.combinations) builds its helper tensors with
+                    # its input's options, which are meta underneath: they belong where the input is.
+                    with recorder.intended_device(like):
+                        return _call(func, types, args, kwargs)
             return _call(func, types, args, kwargs)
         finally:
             if outermost:
                 recorder.call_site = None
+
+
+def _deferred_device(args: tuple) -> torch.device | None:
+    """The intended device of the first deferred tensor among ``args`` (not meta), if any."""
+    for a in args:
+        if type(a) is DeferredTensor:
+            device = state_of(a).device
+            return device if device.type != "meta" else None
+    return None
 
 
 def active_modes(recorder: Recorder) -> tuple[Any, Any]:

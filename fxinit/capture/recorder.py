@@ -34,8 +34,10 @@ from torch._C import TensorBase
 from fxinit import execute
 from fxinit.capture.deferred import STATE_ATTR, DeferredState, DeferredTensor, is_deferred_tensor, state_of
 from fxinit.capture.devices import CPU, META, default_device, device_available, output_device
+from fxinit.capture.doors import Doors
 from fxinit.capture.names import TraceNames
 from fxinit.capture.opaque import find_opaque_call
+from fxinit.capture.real import NOT_REAL, STORAGES, contains_deferred, shares_memory, is_strided_result, non_strided_result, real_tensor_op
 from fxinit.capture.provenance import called_from, current_provenance, format_source, module_path_from_stack, user_frame
 from fxinit.capture.schema import (COLLECTIVE_NAMESPACES, DATA_DEPENDENT, DETACH, LIFT_OPS, OVERWRITE_OPS,
                                    SLOW_META_FILLS, fill_result, mutated_arg_indices, schema_value, takes_generator)
@@ -55,7 +57,7 @@ _DISTRIBUTED_DIR = os.path.join(os.path.dirname(torch.__file__), "distributed") 
 _DTENSOR_DIR = os.path.join(_DISTRIBUTED_DIR, "tensor") + os.sep
 
 
-class Recorder(Shadows):
+class Recorder(Shadows, Doors):
     """Records init ops of one trace into an fx graph."""
 
     def __init__(self, kind: str = "trace") -> None:
@@ -73,6 +75,9 @@ class Recorder(Shadows):
         self.default_dtype = torch.get_default_dtype()
         self.capturing = False
         self.cleared = False
+        # The default device around the constructor was meta (trace_init under
+        # `with torch.device("meta")`): its tensors have no values unless later init gives them some.
+        self.meta_around = kind == "trace" and default_device().type == "meta"
         self._pos = 0
         self._suspended = 0
         self._intended: torch.device | None = None
@@ -202,13 +207,20 @@ class Recorder(Shadows):
             )
 
     # ------------------------------------------------------------------ constants
-    def lift(self, real: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
-        """A deferred tensor whose value is a copy of ``real`` (a graph constant)."""
+    def lift(self, real: torch.Tensor, device: torch.device | None = None, copy: bool = True) -> torch.Tensor:
+        """A deferred tensor whose value is ``real``'s now (a graph constant): a copy, or with
+        ``copy=False`` ``real`` itself, for a tensor nothing else writes (replay copies constants)."""
         if is_deferred_tensor(real):
             return real
+        if real.layout != torch.strided:
+            raise self.fail(f"fxinit records strided tensors only; this one is {real.layout}", op="lift",
+                            hint="build sparse or other non-strided tensors after fxinit.materialize")
         with self.suspended(), torch.no_grad():
-            value = torch.empty_strided(real.size(), real.stride(), dtype=real.dtype, device=real.device)
-            value.copy_(real.detach())
+            if copy:
+                value = torch.empty_strided(real.size(), real.stride(), dtype=real.dtype, device=real.device)
+                value.copy_(real.detach())
+            else:
+                value = real.detach()
         name = f"_const{len(self.constants)}"
         self.constants[name] = value
         node = self._node(name, (), {}, op="get_attr")
@@ -239,6 +251,12 @@ class Recorder(Shadows):
             out = data.to(dtype=dtype or data.dtype, device=device or state_of(data).device,
                           copy=func is torch.tensor)
             return out.detach().requires_grad_(requires_grad) if func is torch.tensor else out
+        if shares_memory(func, data, device):
+            with self.suspended():  # eager's tensor shares the caller's memory: so does this one
+                real = func(*args, **kwargs)
+            return real.requires_grad_(True) if requires_grad else real
+        if contains_deferred(data):
+            return self.tensor_of_deferred(func, data, kwargs.get("dtype"), device, requires_grad)
         if device is None:
             device = default_device() if func not in (torch.from_numpy, torch.frombuffer) else CPU
         with self.suspended():
@@ -247,6 +265,28 @@ class Recorder(Shadows):
         if requires_grad:
             t.requires_grad_(True)
         return t
+
+    def tensor_of_deferred(self, func: Callable, data: Any, dtype: torch.dtype | None, device: Any,
+                           requires_grad: bool) -> torch.Tensor:
+        """``torch.tensor([a, b])`` of (nested lists of) numbers and one-element deferred
+        tensors: the elements stacked, as recorded ops. Dtype and shape are what torch gives
+        for real tensors of the same dtypes and shapes (it raises where eager would)."""
+        with self.suspended():
+            probe = func(map_tree(lambda x: torch.zeros(x.shape, dtype=x.dtype) if is_deferred_tensor(x) else x,
+                                  data), dtype=dtype)
+
+        def build(x: Any) -> torch.Tensor:
+            if isinstance(x, (list, tuple)):
+                return torch.stack([build(y) for y in x]) if len(x) else torch.empty(0, dtype=probe.dtype)
+            if is_deferred_tensor(x):
+                return x.detach().reshape(()).to(probe.dtype)
+            return torch.tensor(x, dtype=probe.dtype)
+
+        out = build(list(data) if isinstance(data, tuple) else data).reshape(probe.shape)
+        target = torch.device(device) if device is not None else None
+        if target is not None and target != state_of(out).device:
+            out = out.to(target)
+        return out.requires_grad_(True) if requires_grad else out
 
     def new_tensor(self, self_t: torch.Tensor, data: Any, dtype: torch.dtype | None = None,
                    device: Any = None, requires_grad: bool = False, **_: Any) -> torch.Tensor:
@@ -264,11 +304,31 @@ class Recorder(Shadows):
     def data_alias(self, t: torch.Tensor) -> torch.Tensor:
         return self.dispatch(aten.detach.default, (t,), {})
 
-    def set_data(self, t: torch.Tensor, src: torch.Tensor) -> None:
+    def _set_storage(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+        """``t.set_(storage, ...)`` with a real storage: how ``torch.load`` (``mmap`` and
+        ``weights_only`` too) and other deserializers rebuild a tensor. Its value is the
+        storage's data now: ``t`` becomes a constant of that value (no copy: nothing in
+        the graph writes a constant)."""
+        t = args[0]
+        if not is_deferred_tensor(t):
+            with self.suspended():
+                return func(*args, **kwargs)
+        storage = args[1]
+        if isinstance(storage, torch.TypedStorage):
+            storage = storage._untyped_storage
+        if storage.device.type == "meta":
+            raise self.fail("fxinit cannot rebuild a deferred tensor from a meta storage", op=str(func),
+                            hint="load the data for real (map_location='cpu')")
+        with self.suspended(), torch.no_grad():
+            real = torch.empty(0, dtype=t.dtype, device=storage.device).set_(storage, *args[2:], **kwargs)
+        self.set_data(t, real, copy=False)
+        return t
+
+    def set_data(self, t: torch.Tensor, src: torch.Tensor, copy: bool = True) -> None:
         """``t.data = src``: rebind ``t`` to ``src``'s storage and metadata (no write)."""
         if not isinstance(src, torch.Tensor):
             raise TypeError("Tensor.data must be set to a tensor")
-        src = self.lift(src) if not is_deferred_tensor(src) else src
+        src = self.lift(src, copy=copy) if not is_deferred_tensor(src) else src
         alias = self.dispatch(aten.detach.default, (src,), {})
         with torch._C.DisableTorchFunctionSubclass():
             TensorBase.data.__set__(t, src)
@@ -351,9 +411,16 @@ class Recorder(Shadows):
                 hint="materialize before redistributing (redistribute, full_tensor, dist.broadcast of a parameter); "
                      "parallelize_module, distribute_tensor and fully_shard on a deferred model need no collective")
         if func in LIFT_OPS:
+            if func is aten.lift_fresh.default and not is_deferred_tensor(args[0]) and args[0].device.type != "meta":
+                return args[0]  # from_numpy, frombuffer: the tensor that shares the caller's memory (capture.real)
             return self.lift(args[0])
+        if func.overloadpacket is aten.set_ and len(args) > 1 and isinstance(args[1], STORAGES):
+            return self._set_storage(func, args, kwargs)
         inputs = self._own_inputs(args, kwargs)
         if inputs is None:  # real tensors among the arguments (or another trace's)
+            real = real_tensor_op(self, func, args, kwargs)
+            if real is not NOT_REAL:
+                return real
             args, kwargs = self._lift_reals(func, args, kwargs)
             inputs = [t for t in tensors_in((args, kwargs)) if is_deferred_tensor(t)]
         if func is DETACH and not kwargs and len(args) == 1 and inputs:
@@ -377,6 +444,8 @@ class Recorder(Shadows):
                                 hint="eager construction raises this error too: check the arguments of this "
                                      "init call") from exc
             return self.via_values(func, args, kwargs, inputs, data_dependent=False, cause=exc)
+        if not (mout.layout is torch.strided if isinstance(mout, torch.Tensor) else is_strided_result(mout)):
+            return non_strided_result(self, func, args, kwargs, inputs)
         return self._record(func, args, kwargs, inputs, mout, device)
 
     def _own_inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor] | None:

@@ -19,6 +19,7 @@ from torch._C import TensorBase
 from fxinit import execute
 from fxinit.capture.deferred import is_deferred_tensor, state_of
 from fxinit.capture.devices import CPU, META, output_device, unavailable_to_cpu
+from fxinit.capture.real import is_strided_result
 from fxinit.capture.schema import WHAT_THE_USER_WROTE
 from fxinit.capture.trees import leaves, map_tree, tensors_in
 from fxinit.ops import draws_random
@@ -146,8 +147,8 @@ class Shadows:
         """Ops whose result depends on values (or that have no meta kernel): run them on exact values, or refuse."""
         if not draws_random(func) and all(self.value_of(t) is not None for t in inputs):
             real_out = self.compute_real(func, args, kwargs)
-            if not tensors_in(real_out):
-                return real_out  # a Python value (item, bool): nothing to record
+            if not tensors_in(real_out) or not is_strided_result(real_out):
+                return real_out  # a Python value (item, bool), or a sparse tensor: kept real (capture.real)
             device = output_device(func, inputs, kwargs, self._intended)
             with torch._C._DisableTorchDispatch():
                 mout = map_tree(

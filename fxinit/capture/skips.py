@@ -14,9 +14,18 @@ The placeholder keeps the seed, so ``torch.initial_seed()`` is right. A user who
 generator (``manual_seed``, ``set_rng_state``) is seen at the next random op: the state is
 then neither ours nor a placeholder, and it is taken as it is. A placeholder put back
 later (``default_generator.set_state(saved)`` with a state read directly) is recognised
-by its marker and stands for the position it marked. What stays wrong is using the bytes
-of a state read with ``torch.default_generator.get_state()`` directly inside the
-constructor (not through ``torch.get_rng_state``) for anything but putting them back.
+by its marker and stands for the position it marked, and so is one copied into another
+generator (``g.set_state(torch.default_generator.get_state())``: ``resolve`` gives it the
+true state before its first recorded draw).
+
+The doors through which real code could see a placeholder are closed while a scope is
+active: ``torch.get_rng_state`` is patched at the level of its code object, so a
+reference imported before fxinit reaches the patch too; starting a thread sets the true
+state first, and no skip is lazy while a thread started inside the scope is alive (it may
+draw from the generator at any time; threads that were running before the capture began
+are taken not to draw during it). What stays open is printing or hashing the bytes of
+``torch.default_generator.get_state()`` read directly inside the constructor: the C
+method cannot be patched.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ import ctypes
 import os
 import struct
 import threading
+import types
+import weakref
 from typing import Iterator
 
 import torch
@@ -35,7 +46,10 @@ from fxinit.rng import PendingSnapshot, RngSnapshot, Snapshot
 _MARK_AT, _MARK_SIZE = 24, 32  # bytes: the first four word slots of a CPU state (see rng.mt19937)
 _active: list["LazyCpuGenerator"] = []  # innermost last
 _patch_lock = threading.Lock()
-_original_get_rng_state = torch.random.get_rng_state
+_GET_RNG_STATE = torch.random.get_rng_state  # torch.get_rng_state is the same function
+_ORIGINAL_CODE = _GET_RNG_STATE.__code__
+_ORIGINAL_THREAD_START = threading.Thread.start
+_started: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()  # threads started inside a scope
 
 
 class LazyCpuGenerator:
@@ -81,21 +95,34 @@ class LazyCpuGenerator:
     def scope(self) -> Iterator[None]:
         """Skip lazily inside the block; the true state is in place when it ends."""
         with _patch_lock:
+            _started.clear()
             _active.append(self)
             if len(_active) == 1:
-                torch.random.get_rng_state = torch.get_rng_state = _get_rng_state
+                _GET_RNG_STATE.__code__ = _get_rng_state_code()
+                threading.Thread.start = _start_thread  # type: ignore[method-assign]
         try:
             yield
         finally:
             with _patch_lock:
                 _active.remove(self)
                 if not _active:
-                    torch.random.get_rng_state = torch.get_rng_state = _original_get_rng_state
+                    _GET_RNG_STATE.__code__ = _ORIGINAL_CODE
+                    threading.Thread.start = _ORIGINAL_THREAD_START  # type: ignore[method-assign]
             self.flush()
 
     @property
     def active(self) -> bool:
-        return self in _active
+        """Skips may be lazy: this scope is active and no other Python thread could draw."""
+        return self in _active and not (_started and any(t.is_alive() for t in list(_started)))
+
+    def resolve(self, gen: torch.Generator) -> None:
+        """Give ``gen`` the true state if it holds one of this capture's placeholders."""
+        if gen.device.type != "cpu":
+            return
+        with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+            pending = self._marks.get(_marker(gen.get_state()))
+            if pending is not None:
+                gen.set_state(pending.state)
 
 
 def _marker(state: torch.Tensor) -> bytes:
@@ -103,8 +130,28 @@ def _marker(state: torch.Tensor) -> bytes:
     return ctypes.string_at(state.data_ptr() + _MARK_AT, _MARK_SIZE)
 
 
-def _get_rng_state() -> torch.Tensor:
-    """``torch.get_rng_state`` during capture: the true state, set in place first."""
+def flush_active() -> None:
+    """Put the true state in place for every active capture scope (innermost first)."""
     for lazy in reversed(list(_active)):
         lazy.flush()
-    return _original_get_rng_state()
+
+
+def _get_rng_state_during_capture():  # type: ignore[no-untyped-def]
+    # Runs as the code of torch.random.get_rng_state, in that module's globals.
+    from fxinit.capture.skips import flush_active
+    flush_active()
+    return default_generator.get_state()  # noqa: F821 (torch.random's global)
+
+
+def _get_rng_state_code() -> "types.CodeType":
+    names = {"co_name": _ORIGINAL_CODE.co_name}
+    if hasattr(_ORIGINAL_CODE, "co_qualname"):  # Python >= 3.11
+        names["co_qualname"] = _ORIGINAL_CODE.co_qualname
+    return _get_rng_state_during_capture.__code__.replace(**names)
+
+
+def _start_thread(self: threading.Thread) -> None:
+    """``Thread.start`` during capture: the new thread may draw from the default generator."""
+    flush_active()
+    _started.add(self)
+    _ORIGINAL_THREAD_START(self)

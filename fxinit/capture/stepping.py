@@ -28,7 +28,11 @@ class GeneratorStepper:
     def snapshot(self, gen: torch.Generator) -> str:
         """Snapshot ``gen`` as it is now; its key in ``snapshots``."""
         key = f"rng{len(self.snapshots)}"
-        self.snapshots[key] = self.lazy_cpu.position() if self._lazy(gen) else snapshot(gen)
+        if self._lazy(gen):
+            self.snapshots[key] = self.lazy_cpu.position()
+        else:
+            self.lazy_cpu.resolve(gen)
+            self.snapshots[key] = snapshot(gen)
         return key
 
     def _lazy(self, gen: torch.Generator) -> bool:
@@ -52,6 +56,7 @@ class GeneratorStepper:
         if self._lazy(gen):
             self.snapshots[key] = self.lazy_cpu.skip(draws)
         else:
+            self.lazy_cpu.resolve(gen)
             start = self.snapshots[key] = snapshot(gen)
             gen.set_state(mt19937.advance(start.state, draws))
         self.random_ops["skipped"] += 1

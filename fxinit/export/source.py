@@ -165,7 +165,7 @@ def _of_module(module: torch.nn.Module) -> Source:
         if kind == "_parameters":
             parameters.add(fqn)
     deferred = [n for n, t in tensors.items() if is_deferred_tensor(t)]
-    graph = init_graph(module) if deferred else None
+    graph = init_graph(module, carry_real=False) if deferred else None  # real ones are written as they are
     real = {n: t for n, t in tensors.items() if not is_deferred_tensor(t)}
     return Source(list(tensors), {n: tuple(t.shape) for n, t in tensors.items()},
                   {n: t.dtype for n, t in tensors.items()}, [g for g in groups.values() if len(g) > 1],

@@ -1,0 +1,148 @@
+"""Python-level doors around the dispatcher, for deferred tensors.
+
+Some Tensor methods never reach ``__torch_dispatch__``: they read or write the data in
+C++ or Python directly. On a deferred tensor (a meta tensor underneath) they would do
+nothing, silently. Each is closed here, in one of the contract's three ways:
+
+* ``Tensor.new(...)``, the legacy constructor, builds "like" its tensor: it becomes the
+  ``new_empty`` / ``new_tensor`` it stands for, recorded (on meta it would make a plain
+  meta tensor that materialize never fills);
+* ``apply_``, ``map_``, ``map2_`` call Python per element: they run for real on exact
+  values when those are cheap to know, and the result is recorded as a copy into the
+  tensor; otherwise they are refused;
+* ``numpy()`` and ``__array__`` answer with a read-only array of the exact value, so a
+  write through it raises instead of landing in a copy (raw storage access,
+  ``data_ptr`` and DLPack are refused in ``capture.deferred``);
+* ``nn.Parameter`` subclasses: ``Parameter.__new__`` turns a deferred tensor into a
+  deferred tensor flagged as a parameter, which loses the class; while capture is on it
+  notes the class on the tensor, and materialize builds the value as that class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch._C import TensorBase
+
+from fxinit.capture.deferred import PARAMETER_CLASS, is_deferred_tensor, state_of
+
+aten = torch.ops.aten
+
+
+
+class Doors:
+    """The Recorder's answers at these doors (a mixin, like ``capture.shadows.Shadows``);
+    ``DeferredTensor.__torch_function__`` sends the calls here."""
+
+    def legacy_new(self, t: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
+        return legacy_new(self, t, args, kwargs)
+
+    def python_elementwise(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+        return python_elementwise(self, func, args, kwargs)
+
+    def read_only_values(self, func: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:
+        return read_only_values(self, func, t, args, kwargs)
+
+
+def legacy_new(recorder: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
+    """``t.new(*sizes)``, ``t.new(sequence)``, ``t.new()``, ``t.new(size=..., device=...)``."""
+    device = kwargs.get("device")
+    options = {"device": torch.device(device) if device is not None else state_of(t).device}
+    if len(args) == 1 and isinstance(args[0], torch.Size):
+        args = tuple(args[0])
+    if all(isinstance(a, int) for a in args) and set(kwargs) <= {"device", "size"}:
+        size = tuple(kwargs["size"]) if "size" in kwargs else args
+        with torch._C.DisableTorchFunctionSubclass():
+            return TensorBase.new_empty(t, size, **options)
+    if len(args) == 1 and isinstance(args[0], (list, tuple)) and not kwargs.keys() - {"device"}:
+        return recorder.new_tensor(t, args[0], **options)
+    raise recorder.fail(
+        "fxinit does not defer this form of the legacy Tensor.new (a tensor or storage argument)",
+        op="Tensor.new",
+        hint="use t.new_empty(size), t.new_tensor(data) or torch.as_tensor(x, dtype=t.dtype, device=t.device)")
+
+
+def python_elementwise(recorder: Any, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+    """``t.apply_(fn)``, ``t.map_(other, fn)``, ``t.map2_(x, y, fn)`` on a deferred ``t``."""
+    t = args[0]
+    name = f"Tensor.{func.__name__}"
+
+    def value(x: Any) -> Any:
+        if not is_deferred_tensor(x):
+            return x
+        v = recorder.value_of(x)
+        if v is None:
+            raise recorder.fail(
+                f"fxinit cannot run {name} on a deferred tensor too large to compute while recording: it calls "
+                "Python on each element of the data",
+                op=name, hint="use tensor operations (they are recorded), or call it after fxinit.materialize")
+        return v
+
+    real = [value(a) for a in args]
+    with recorder.suspended(), torch.no_grad():
+        result = real[0].clone()
+        func(result, *real[1:], **kwargs)
+        with torch._C.DisableTorchFunctionSubclass():
+            recorder.dispatch(aten.copy_.default, (t, recorder.lift(result, copy=False)), {})
+    return t
+
+
+def read_only_values(recorder: Any, func: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:
+    """``tolist``, ``numpy``, ``__array__``: exact values; arrays read-only (a write would
+    change a copy, not the tensor)."""
+    out = recorder.read_values(func, t, args, kwargs)
+    if isinstance(out, np.ndarray):
+        out = out.copy().view(ReadOnlyValues)  # the shadow's memory stays fxinit's
+        out.flags.writeable = False
+        out.recorder = recorder
+    return out
+
+
+class ReadOnlyValues(np.ndarray):
+    """The array ``numpy()`` gives for a deferred tensor: its values, read-only. Eager's
+    array shares the tensor's memory; a write into this one could not reach the tensor,
+    so it raises (``DeferredInitError`` for item assignment, numpy's read-only error for
+    ufuncs with ``out=``)."""
+
+    recorder: Any = None
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if self.recorder is None:  # an array derived from one (a view's view, a copy's base)
+            return super().__setitem__(key, value)
+        raise self.recorder.fail(
+            "fxinit cannot write into a deferred tensor through numpy: the array numpy() returns holds a copy of "
+            "its values, not its memory",
+            op="Tensor.numpy",
+            hint="write with tensor operations under torch.no_grad() (they are recorded), or after fxinit.materialize")
+
+
+_PARAMETER_NEW = torch.nn.Parameter.__new__
+_patched = 0
+_patch_lock = threading.Lock()
+
+
+def _parameter_new(cls: type, data: Any = None, requires_grad: bool = True) -> Any:
+    t = _PARAMETER_NEW(cls, data, requires_grad)
+    if cls is not torch.nn.Parameter and is_deferred_tensor(t):
+        t.__dict__[PARAMETER_CLASS] = cls
+    return t
+
+
+@contextlib.contextmanager
+def parameter_classes() -> Iterator[None]:
+    """While capture is on, deferred parameters remember their ``nn.Parameter`` subclass."""
+    global _patched
+    with _patch_lock:
+        _patched += 1
+        torch.nn.Parameter.__new__ = _parameter_new  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        with _patch_lock:
+            _patched -= 1
+            if not _patched:
+                torch.nn.Parameter.__new__ = _PARAMETER_NEW  # type: ignore[method-assign]

@@ -1,0 +1,100 @@
+"""Real tensors during capture: values that exist already, and where they may go.
+
+A constructor meets real tensors as well as deferred ones: arguments handed to it, module
+globals, what ``torch.load``, ``from_numpy`` or ``safetensors`` return, results built
+from those. Eager construction computes with them and writes into them, and the tensors
+it returns share their memory; capture keeps those semantics:
+
+* an op whose tensors are all real runs for real, at once: its result is a real tensor,
+  a view aliases its real base, an in-place op writes the real tensor (which the caller
+  may hold), a random op draws from the real generator (set to its true state first);
+* an op that writes into a real tensor from deferred values runs for real on those
+  values when they are cheap to know exactly (``Shadows.value_of``: the slice that
+  computes them replays from generator snapshots), and is refused otherwise, since a
+  real tensor cannot wait for its value;
+* any other op (a deferred result computed from real inputs) takes the real inputs as
+  graph constants (``Recorder.lift``), with their values as of the op, as eager would
+  read them;
+* a result that is not strided (``to_sparse()``) cannot be a node of the graph: it is
+  computed for real from exact values, or refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fxinit.capture.deferred import is_deferred_tensor, state_of
+from fxinit.capture.schema import mutated_arg_indices, schema_value
+from fxinit.capture.trees import leaves, tensors_in
+from fxinit.ops import draws_random
+
+NOT_REAL = object()  # real_tensor_op's answer when the op is recorded as usual
+STORAGES = (torch.UntypedStorage, torch.TypedStorage)
+
+
+def real_tensor_op(recorder: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run ``func`` for real when eager semantics need it (see the module docstring), or
+    return ``NOT_REAL`` to have it recorded with its real inputs lifted."""
+    tensors = tensors_in((args, kwargs))
+    deferred = [t for t in tensors if is_deferred_tensor(t)]
+    if any(state_of(t).recorder is not recorder for t in deferred):
+        return NOT_REAL  # the recorder refuses mixing traces
+    written = [t for i in mutated_arg_indices(func) for t in tensors_in(schema_value(func, args, kwargs, i))]
+    writes_real = any(not is_deferred_tensor(t) for t in written)
+    if deferred and not writes_real:
+        return NOT_REAL
+    if deferred and any(t.device.type == "meta" for t in tensors if not is_deferred_tensor(t)):
+        return NOT_REAL  # a plain meta tensor mixed in: the recorder says what went wrong
+    if draws_random(func):
+        recorder.lazy_cpu.flush()
+        gen = kwargs.get("generator")
+        if gen is not None:
+            recorder.lazy_cpu.resolve(gen)
+    if not deferred:
+        with recorder.suspended():
+            return func(*args, **kwargs)
+    if any(recorder.value_of(t) is None for t in deferred):
+        raise recorder.fail(
+            f"fxinit cannot write deferred values into a real tensor ({func}): the real tensor is there now, "
+            "its new value would have to be computed now, and that is too costly while recording",
+            op=str(func),
+            hint="let the tensor written be deferred too (build it inside the constructor, not before it), or "
+                 "compute this after fxinit.materialize")
+    return recorder.compute_real(func, args, kwargs)
+
+
+def is_strided_result(mout: Any) -> bool:
+    return all(o.layout == torch.strided for o in leaves(mout) if isinstance(o, torch.Tensor))
+
+
+def non_strided_result(recorder: Any, func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor]) -> Any:
+    """A sparse (or other non-strided) result: real, from exact values, or refused."""
+    if not draws_random(func) and all(recorder.value_of(t) is not None for t in inputs):
+        return recorder.compute_real(func, args, kwargs)
+    raise recorder.fail(
+        f"fxinit cannot defer {func}: its result is not a strided tensor (sparse, ...), which an init graph cannot "
+        "hold, and its inputs are too costly to compute while recording",
+        op=str(func),
+        hint="build this tensor from real data, or after fxinit.materialize")
+
+
+def shares_memory(func: Any, data: Any, device: Any) -> bool:
+    """Whether eager's ``func(data)`` (``from_numpy``, ``frombuffer``, ``as_tensor`` of an
+    array or a real CPU tensor) returns a tensor sharing the caller's memory: then capture
+    returns that real tensor too, and later writes through either side are seen by both."""
+    if func is torch.from_numpy or func is torch.frombuffer:
+        return True
+    if func is torch.tensor:
+        return False
+    if (torch.device(device) if device is not None else torch.get_default_device()).type != "cpu":
+        return False
+    if isinstance(data, torch.Tensor):
+        return not is_deferred_tensor(data) and data.device.type == "cpu"
+    return hasattr(data, "__array_interface__")
+
+
+def contains_deferred(data: Any) -> bool:
+    """A (nested) list or tuple with a deferred tensor in it (``torch.tensor([a, b])``)."""
+    return isinstance(data, (list, tuple)) and any(is_deferred_tensor(x) for x in leaves(data))

@@ -68,7 +68,7 @@ def init_graph(module: torch.nn.Module, carry_real: bool = True) -> InitGraph:
     outputs = {fqn: remap[node] for fqn, (node, _) in targets.items()}
     constants = {k: v for k, v in rec.constants.items() if k in used_consts(nodes)}
     storage = {fqn: targets[fqn][1] for fqn in targets}
-    carry_real(graph, real, outputs, storage, constants)
+    add_real_outputs(graph, real, outputs, storage, constants)
     graph.output({fqn: node for fqn, node in outputs.items()})
     groups: dict[int, list[str]] = defaultdict(list)
     for fqn, t in named.items():
@@ -105,7 +105,7 @@ def used_consts(nodes: list[fx.Node]) -> set[str]:
     return {n.target for n in nodes if n.op == "get_attr"}
 
 
-def carry_real(graph: fx.Graph, real: dict[str, torch.Tensor], outputs: dict[str, fx.Node],
+def add_real_outputs(graph: fx.Graph, real: dict[str, torch.Tensor], outputs: dict[str, fx.Node],
                storage: dict[str, int], constants: dict[str, torch.Tensor]) -> None:
     """Real tensors the model holds that fxinit did not materialize (``torch.load`` or numpy
     data kept as it is, a buffer an init step computed after the trace) go into the graph as

@@ -344,3 +344,23 @@ def test_default_dtype_and_grad_mode_around_the_trace() -> None:
     _assert_equal(eager, traced)
     assert traced[0].weight.dtype == torch.float64 and traced[0].weight.requires_grad
 
+
+
+def test_autocast_and_torchscript_in_the_constructor_are_refused() -> None:
+    class Autocast(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            with torch.autocast("cpu", dtype=torch.bfloat16):  # eager: a bfloat16 product
+                self.register_buffer("p", self.lin.weight @ self.lin.weight)
+
+    with pytest.raises(DeferredInitError, match="under autocast"):
+        fxinit.trace_init(Autocast)
+
+    class Scripted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.jit.script(nn.Linear(4, 4))
+
+    with pytest.raises(DeferredInitError, match="TorchScript"):
+        fxinit.trace_init(Scripted)

@@ -67,6 +67,12 @@ def guard_calls(module: torch.nn.Module, recorder: Recorder) -> None:
     """Calling a module of a deferred model raises a clear error until its own tensors are
     materialized (the hook then removes itself); inside ``recording`` (``dry_run``) it runs."""
     for path, mod in module.named_modules():
+        if isinstance(mod, torch.jit.ScriptModule):
+            raise DeferredInitError(
+                f"{path or type(mod).__name__} is a TorchScript module (torch.jit.script/trace in the constructor): it keeps "
+                "its tensors in TorchScript, where fxinit's deferred tensors lose what they are and materialize cannot "
+                "reach them", op="torch.jit.script",
+                hint="script the module after fxinit.materialize, or build this model eagerly")
         holder: list[Any] = []
 
         def refuse(mod: torch.nn.Module, args: Any, path: str = path, holder: list[Any] = holder) -> None:

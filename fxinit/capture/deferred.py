@@ -37,6 +37,7 @@ _IS_META = TensorBase.is_meta
 _IS_CPU = TensorBase.is_cpu
 _IS_CUDA = TensorBase.is_cuda
 _DATA = TensorBase.data
+_AUTOCAST_ON = torch._C._is_any_autocast_enabled
 _HOOK_SLOTS = [getattr(TensorBase, name) for name in ("_backward_hooks", "_post_accumulate_grad_hooks")
                if hasattr(TensorBase, name)]
 _RAW_ACCESS = {
@@ -168,6 +169,13 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
         return _recorder_of(args, kwargs).new_tensor(args[0], *args[1:], **kwargs)
     else:
         args, kwargs = _lift_real_tensors(func, args, kwargs)
+        if _AUTOCAST_ON():  # after the trace (during it, the capture mode notes it for the recorder)
+            _recorder_of(args, kwargs).autocast = True
+            try:
+                with torch._C.DisableTorchFunctionSubclass():
+                    return func(*args, **kwargs)
+            finally:
+                _recorder_of(args, kwargs).autocast = False
     with torch._C.DisableTorchFunctionSubclass():
         return func(*args, **kwargs)
 

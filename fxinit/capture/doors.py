@@ -13,6 +13,8 @@ nothing, silently. Each is closed here, in one of the contract's three ways:
 * ``numpy()`` and ``__array__`` answer with a read-only array of the exact value, so a
   write through it raises instead of landing in a copy (raw storage access,
   ``data_ptr`` and DLPack are refused in ``capture.deferred``);
+* ``torch.tensor([a, b])`` of deferred one-element tensors: Python would read their values
+  (``item()``); the elements are stacked instead, as recorded ops;
 * ``nn.Parameter`` subclasses: ``Parameter.__new__`` turns a deferred tensor into a
   deferred tensor flagged as a parameter, which loses the class; while capture is on it
   notes the class on the tensor, and materialize builds the value as that class.
@@ -22,13 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 from torch._C import TensorBase
 
 from fxinit.capture.deferred import PARAMETER_CLASS, is_deferred_tensor, state_of
+from fxinit.capture.trees import map_tree
 
 aten = torch.ops.aten
 
@@ -45,7 +48,53 @@ class Doors:
         return python_elementwise(self, func, args, kwargs)
 
     def read_only_values(self, func: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:
-        return read_only_values(self, func, t, args, kwargs)
+        out = read_only_values(self, func, t, args, kwargs)
+        if isinstance(out, np.ndarray):
+            self.numpy_arrays.append((out, t))
+        return out
+
+    def numpy_source(self, real: torch.Tensor) -> torch.Tensor:
+        """``torch.from_numpy(a)`` (seen as a real tensor on ``a``'s memory): itself, or, where
+        ``a`` is (part of) the array ``numpy()`` gave for a deferred tensor — eager's tensor is
+        then that tensor's memory — an alias of that tensor when ``a`` is all of it; a part is
+        refused."""
+        if not self.numpy_arrays:
+            return real
+        ptr = real.data_ptr()
+        for array, t in self.numpy_arrays:
+            start = array.ctypes.data
+            if start <= ptr < start + max(array.nbytes, 1):
+                whole = ptr == start and tuple(real.shape) == array.shape and real.dtype == t.dtype \
+                    and tuple(real.stride()) == tuple(t.stride()) and t.storage_offset() == 0
+                if not whole:
+                    raise self.fail(
+                        "fxinit cannot make a tensor of part of the array numpy() gave for a deferred tensor: "
+                        "eager's would share that tensor's memory", op="torch.from_numpy",
+                        hint="index the tensor itself (views are recorded), or copy the array first (np.array(a))")
+                return self.data_alias(t)
+        return real
+
+    def tensor_of_deferred(self, func: Callable, data: Any, dtype: torch.dtype | None, device: Any,
+                           requires_grad: bool) -> torch.Tensor:
+        """``torch.tensor([a, b])`` of (nested lists of) numbers and one-element deferred
+        tensors: the elements stacked, as recorded ops. Dtype and shape are what torch gives
+        for real tensors of the same dtypes and shapes (it raises where eager would)."""
+        with self.suspended():
+            probe = func(map_tree(lambda x: torch.zeros(x.shape, dtype=x.dtype) if is_deferred_tensor(x) else x,
+                                  data), dtype=dtype)
+
+        def build(x: Any) -> torch.Tensor:
+            if isinstance(x, (list, tuple)):
+                return torch.stack([build(y) for y in x]) if len(x) else torch.empty(0, dtype=probe.dtype)
+            if is_deferred_tensor(x):
+                return x.detach().reshape(()).to(probe.dtype)
+            return torch.tensor(x, dtype=probe.dtype)
+
+        out = build(list(data) if isinstance(data, tuple) else data).reshape(probe.shape)
+        target = torch.device(device) if device is not None else None
+        if target is not None and target != state_of(out).device:
+            out = out.to(target)
+        return out.requires_grad_(True) if requires_grad else out
 
 
 def legacy_new(recorder: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:

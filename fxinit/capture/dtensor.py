@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 from torch._C import TensorBase
 
-from fxinit.capture.deferred import PROPERTY_CALL, is_deferred_tensor, state_of
+from fxinit.capture.deferred import PROPERTY_CALL, is_deferred_tensor, reported_device, state_of
 from fxinit.capture.layout import local_runs, local_shape, take
 from fxinit.capture.names import tensor_slots
 from fxinit.capture.opaque import find_opaque_call
@@ -64,6 +64,10 @@ else:  # pragma: no cover
     DeferredDTensor = None  # type: ignore[assignment,misc]
 
 
+_DEVICE_QUESTIONS = {TensorBase.device: None, TensorBase.is_meta: "meta", TensorBase.is_cpu: "cpu",
+                     TensorBase.is_cuda: "cuda"}
+
+
 def install() -> None:
     """Make every DTensor created with a deferred local tensor a DeferredDTensor (idempotent)."""
     if DTensor is None or getattr(DTensor.__init__, "_fxinit", False):
@@ -92,6 +96,11 @@ def _on_call(func: Any, args: tuple, kwargs: dict, caller: Any) -> Any:
                 fn = resolve_init_function(call.qualname)
                 _on_global(target, lambda g: fn(g, **call.kwargs))
                 return True
+        if func.__name__ == "__get__" and func.__self__ in _DEVICE_QUESTIONS and isinstance(target, DeferredDTensor):
+            # as its local tensor answers (capture.deferred.reported_device): the intended device,
+            # meta to torch.distributed (DTensor's own device is set in C++ from the meta local)
+            device = reported_device(target._local_tensor, caller)
+            return device if func.__self__ is TensorBase.device else _DEVICE_QUESTIONS[func.__self__] == device.type
     elif isinstance(target, DeferredDTensor) and (func in _RANDOM_FILLS or _is_random_init(func)):
         _check_reads_nothing_else(func, args, kwargs)
         _on_global(target, lambda g: func(g, *args[1:], **kwargs))

@@ -32,6 +32,7 @@ _FACTORIES = {
 _SET_GRAD_ENABLED = torch._C._set_grad_enabled
 _ONLY_DEFERRED = (DeferredTensor,)
 _SUBCLASS_TORCH_FUNCTION_ON = torch._C._is_torch_function_enabled
+_AUTOCAST_ON = torch._C._is_any_autocast_enabled
 
 
 def _call(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
@@ -87,6 +88,7 @@ class CaptureFunctionMode(TorchFunctionMode):
             # Ops recorded during this call come from the code that called it: provenance
             # walks up from there instead of through the frames inside the call.
             recorder.call_site = sys._getframe(1)
+            recorder.autocast = _AUTOCAST_ON()
         try:
             if func in _CONSTANT_FACTORIES:
                 return recorder.constant_from(func, args, kwargs)

@@ -98,3 +98,24 @@ def shares_memory(func: Any, data: Any, device: Any) -> bool:
 def contains_deferred(data: Any) -> bool:
     """A (nested) list or tuple with a deferred tensor in it (``torch.tensor([a, b])``)."""
     return isinstance(data, (list, tuple)) and any(is_deferred_tensor(x) for x in leaves(data))
+
+
+def set_from_storage(recorder: Any, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+    """``t.set_(storage, ...)`` with a real storage: how ``torch.load`` (``mmap`` and
+    ``weights_only`` too) and other deserializers rebuild a tensor. Its value is the
+    storage's data now: ``t`` becomes a constant of that value (no copy: nothing in
+    the graph writes a constant)."""
+    t = args[0]
+    if not is_deferred_tensor(t):
+        with recorder.suspended():
+            return func(*args, **kwargs)
+    storage = args[1]
+    if isinstance(storage, torch.TypedStorage):
+        storage = storage._untyped_storage
+    if storage.device.type == "meta":
+        raise recorder.fail("fxinit cannot rebuild a deferred tensor from a meta storage", op=str(func),
+                            hint="load the data for real (map_location='cpu')")
+    with recorder.suspended(), torch.no_grad():
+        real = torch.empty(0, dtype=t.dtype, device=storage.device).set_(storage, *args[2:], **kwargs)
+    recorder.set_data(t, real, copy=False)
+    return t

@@ -37,10 +37,12 @@ from fxinit.capture.devices import CPU, META, default_device, device_available, 
 from fxinit.capture.doors import Doors
 from fxinit.capture.names import TraceNames
 from fxinit.capture.opaque import find_opaque_call
-from fxinit.capture.real import NOT_REAL, STORAGES, contains_deferred, shares_memory, is_strided_result, non_strided_result, real_tensor_op
 from fxinit.capture.provenance import called_from, current_provenance, format_source, module_path_from_stack, user_frame
-from fxinit.capture.schema import (COLLECTIVE_NAMESPACES, DATA_DEPENDENT, DETACH, LIFT_OPS, OVERWRITE_OPS,
-                                   SLOW_META_FILLS, fill_result, mutated_arg_indices, schema_value, takes_generator)
+from fxinit.capture.real import (NOT_REAL, STORAGES, contains_deferred, is_strided_result, non_strided_result,
+                                 real_tensor_op, set_from_storage, shares_memory)
+from fxinit.capture.schema import (AUTOCAST_LOWER, COLLECTIVE_NAMESPACES, DATA_DEPENDENT, DETACH, LIFT_OPS,
+                                   OVERWRITE_OPS, SLOW_META_FILLS, fill_result, mutated_arg_indices, schema_value,
+                                   takes_generator)
 from fxinit.capture.shadows import SHADOW_LIMIT, Shadows
 from fxinit.capture.stepping import GeneratorStepper
 from fxinit.capture.storages import Storages, storage_key
@@ -83,6 +85,12 @@ class Recorder(Shadows, Doors):
         self._intended: torch.device | None = None
         self._module_ref: weakref.ReferenceType | None = None
         self.call_site: types.FrameType | None = None  # the caller of the torch function being run (modes.py)
+        # Autocast was on when the torch function being run was called (it is off inside dispatch).
+        self.autocast = False
+        # Storages whose value a real tensor or array holds a copy of where eager shares them
+        # (storage id -> how): a later write to one cannot reach that copy, so it is refused.
+        self.copied_out: dict[int, str] = {}
+        self.numpy_arrays: list[tuple[Any, torch.Tensor]] = []  # what numpy() gave, and for which tensor
 
     # ------------------------------------------------------------------ helpers
     @contextlib.contextmanager
@@ -266,28 +274,6 @@ class Recorder(Shadows, Doors):
             t.requires_grad_(True)
         return t
 
-    def tensor_of_deferred(self, func: Callable, data: Any, dtype: torch.dtype | None, device: Any,
-                           requires_grad: bool) -> torch.Tensor:
-        """``torch.tensor([a, b])`` of (nested lists of) numbers and one-element deferred
-        tensors: the elements stacked, as recorded ops. Dtype and shape are what torch gives
-        for real tensors of the same dtypes and shapes (it raises where eager would)."""
-        with self.suspended():
-            probe = func(map_tree(lambda x: torch.zeros(x.shape, dtype=x.dtype) if is_deferred_tensor(x) else x,
-                                  data), dtype=dtype)
-
-        def build(x: Any) -> torch.Tensor:
-            if isinstance(x, (list, tuple)):
-                return torch.stack([build(y) for y in x]) if len(x) else torch.empty(0, dtype=probe.dtype)
-            if is_deferred_tensor(x):
-                return x.detach().reshape(()).to(probe.dtype)
-            return torch.tensor(x, dtype=probe.dtype)
-
-        out = build(list(data) if isinstance(data, tuple) else data).reshape(probe.shape)
-        target = torch.device(device) if device is not None else None
-        if target is not None and target != state_of(out).device:
-            out = out.to(target)
-        return out.requires_grad_(True) if requires_grad else out
-
     def new_tensor(self, self_t: torch.Tensor, data: Any, dtype: torch.dtype | None = None,
                    device: Any = None, requires_grad: bool = False, **_: Any) -> torch.Tensor:
         st = state_of(self_t)
@@ -303,26 +289,6 @@ class Recorder(Shadows, Doors):
     # ------------------------------------------------------------------ .data
     def data_alias(self, t: torch.Tensor) -> torch.Tensor:
         return self.dispatch(aten.detach.default, (t,), {})
-
-    def _set_storage(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
-        """``t.set_(storage, ...)`` with a real storage: how ``torch.load`` (``mmap`` and
-        ``weights_only`` too) and other deserializers rebuild a tensor. Its value is the
-        storage's data now: ``t`` becomes a constant of that value (no copy: nothing in
-        the graph writes a constant)."""
-        t = args[0]
-        if not is_deferred_tensor(t):
-            with self.suspended():
-                return func(*args, **kwargs)
-        storage = args[1]
-        if isinstance(storage, torch.TypedStorage):
-            storage = storage._untyped_storage
-        if storage.device.type == "meta":
-            raise self.fail("fxinit cannot rebuild a deferred tensor from a meta storage", op=str(func),
-                            hint="load the data for real (map_location='cpu')")
-        with self.suspended(), torch.no_grad():
-            real = torch.empty(0, dtype=t.dtype, device=storage.device).set_(storage, *args[2:], **kwargs)
-        self.set_data(t, real, copy=False)
-        return t
 
     def set_data(self, t: torch.Tensor, src: torch.Tensor, copy: bool = True) -> None:
         """``t.data = src``: rebind ``t`` to ``src``'s storage and metadata (no write)."""
@@ -368,7 +334,9 @@ class Recorder(Shadows, Doors):
         """The storage an op replaces entirely without reading it (see passes.dead_init)."""
         if func.overloadpacket not in OVERWRITE_OPS or len(mutated) != 1:
             return ()
-        return self._replaced_storage(mutated[0], [t for t in inputs if t is not mutated[0]])
+        written = next(i for i, t in enumerate(inputs) if t is mutated[0])
+        # the other inputs, by position: ``t.copy_(t)`` reads the storage it writes
+        return self._replaced_storage(mutated[0], inputs[:written] + inputs[written + 1:])
 
     def _replaced_storage(self, t: torch.Tensor, others: list[torch.Tensor]) -> tuple[int, ...]:
         info = self._storage(t)
@@ -412,10 +380,12 @@ class Recorder(Shadows, Doors):
                      "parallelize_module, distribute_tensor and fully_shard on a deferred model need no collective")
         if func in LIFT_OPS:
             if func is aten.lift_fresh.default and not is_deferred_tensor(args[0]) and args[0].device.type != "meta":
-                return args[0]  # from_numpy, frombuffer: the tensor that shares the caller's memory (capture.real)
+                # from_numpy, frombuffer: the tensor that shares the caller's memory (capture.real),
+                # or, of an array numpy() gave for a deferred tensor, that tensor (capture.doors)
+                return self.numpy_source(args[0])
             return self.lift(args[0])
-        if func.overloadpacket is aten.set_ and len(args) > 1 and isinstance(args[1], STORAGES):
-            return self._set_storage(func, args, kwargs)
+        if len(args) > 1 and isinstance(args[1], STORAGES) and func.overloadpacket is aten.set_:
+            return set_from_storage(self, func, args, kwargs)
         inputs = self._own_inputs(args, kwargs)
         if inputs is None:  # real tensors among the arguments (or another trace's)
             real = real_tensor_op(self, func, args, kwargs)
@@ -427,6 +397,12 @@ class Recorder(Shadows, Doors):
             return self._detached(args[0])
         if func in DATA_DEPENDENT:
             return self.via_values(func, args, kwargs, inputs, data_dependent=True)
+        if self.autocast and getattr(func, "overloadpacket", None) in AUTOCAST_LOWER:
+            raise self.fail(
+                f"fxinit cannot record {func} under autocast: autocast would run it in lower precision on a real "
+                "device, and deferred tensors (meta underneath) are not cast by it",
+                op=str(func), hint="leave torch.autocast out of the constructor (or around trace_init), or compute this "
+                                   "after fxinit.materialize")
         device = output_device(func, inputs, kwargs, self._intended)
         mkwargs = dict(kwargs)
         if "device" in mkwargs:
@@ -516,6 +492,13 @@ class Recorder(Shadows, Doors):
         reads = tuple(dict.fromkeys(self.storage_id(t) for t in inputs))
         mutated_objs = [t for i in mutated_arg_indices(func) for t in tensors_in(schema_value(func, args, kwargs, i))]
         mutates = tuple(dict.fromkeys(self.storage_id(t) for t in mutated_objs))
+        if self.copied_out and any(sid in self.copied_out for sid in mutates):
+            how = next(self.copied_out[sid] for sid in mutates if sid in self.copied_out)
+            raise self.fail(
+                f"fxinit cannot record {func} here: {how} earlier, so in eager construction this write would "
+                "reach it too, and fxinit gave it a copy of the value as it was then",
+                op=str(func), hint="let the other tensor be a view of this one (keep it deferred), or write before "
+                                   "copying the value out")
         gargs, gkwargs = self._graph_args(func, args, kwargs, device, inputs)
         random = draws_random(func) and device.type != "meta"
         if random:

@@ -71,6 +71,13 @@ def schema_value(func: Any, args: tuple, kwargs: dict, i: int) -> Any:
 # In-place fills whose meta kernels are Python references (normal_'s costs ~0.3 ms a call,
 # and a 405B model has ~900): their result is the tensor itself.
 SLOW_META_FILLS = {aten.normal_.default, aten.uniform_.default}
+# Ops autocast runs in a lower precision on CPU and CUDA. Autocast acts on the device's dispatch
+# key, which meta tensors lack: recorded under it, they would keep full precision.
+AUTOCAST_LOWER = {getattr(aten, name) for name in (
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "addmv", "mv", "dot", "vdot", "convolution",
+    "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d", "conv_transpose2d",
+    "conv_transpose3d", "prelu", "_scaled_dot_product_attention_math", "scaled_dot_product_attention",
+    "_scaled_dot_product_flash_attention_for_cpu", "chain_matmul", "linalg_multi_dot") if hasattr(aten, name)}
 _PROBE_GENERATOR = torch.Generator()  # what probes draw is thrown away
 
 

@@ -99,6 +99,9 @@ class Shadows:
                 hint="compute this value outside the constructor, or let the tensor be deferred too")
         with self.suspended(), torch._C.DisableTorchFunctionSubclass():
             TensorBase.data.__set__(t, value.to(t.device, copy=True))
+        # Eager's ``t`` now shares ``src``'s storage: a later write to it would reach ``t``
+        # there, not here. Such a write is refused (``Recorder._record``).
+        self.copied_out[self.storage_id(src)] = "a real tensor took its value through `.data = ...`"
 
     # ------------------------------------------------------------------ value reads
     def read_values(self, func: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:

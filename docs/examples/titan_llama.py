@@ -195,7 +195,7 @@ def build(args: ModelArgs, tp_mesh=None, dp_mesh=None, use_fxinit: bool = True) 
     if args.tie_embeddings:  # after parallelizing, as torchtitan does, and after to_empty, which unties plain tensors
         model.output.weight = model.tok_embeddings.weight
     with torch.no_grad():
-        model.init_weights(buffer_device=torch.device("cpu"))
+        model.init_weights(buffer_device=None)  # as torchtitan's trainer calls it: the buffers' own device
     if use_fxinit:
         fxinit.materialize(model)
     return model

@@ -244,9 +244,9 @@ def _property(kind: str, owner: Any, args: tuple) -> Any:
             return None
         return _NOT_HANDLED
     if kind == "__get__":
-        caller = sys._getframe(3)  # past deferred_torch_function and its caller
         if owner is _DEVICE:
-            return reported_device(t, caller)
+            return reported_device(t, sys._getframe(3))  # past deferred_torch_function and its caller
+        caller = sys._getframe(3) if owner is _IS_META or owner is _IS_CPU or owner is _IS_CUDA else None
         if owner is _IS_META:
             rec = state_of(t).recorder
             if rec.try_record_opaque(caller, t):

@@ -89,6 +89,9 @@ class CaptureFunctionMode(TorchFunctionMode):
             # walks up from there instead of through the frames inside the call.
             recorder.call_site = sys._getframe(1)
             recorder.autocast = _AUTOCAST_ON()
+            # A composite (F.one_hot, torch.combinations) builds its helper tensors with its
+            # input's options, which are meta underneath: they belong where the input is.
+            recorder.composite_device = _deferred_device(args) if func not in _FACTORIES else None
         try:
             if func in _CONSTANT_FACTORIES:
                 return recorder.constant_from(func, args, kwargs)
@@ -103,17 +106,10 @@ class CaptureFunctionMode(TorchFunctionMode):
                 kwargs = {**kwargs, "device": "meta"}
                 with recorder.intended_device(torch.device(device)):
                     return func(*args, **kwargs)
-            if outermost and device is None and func not in _FACTORIES:
-                like = _deferred_device(args)
-                if like is not None:
-                    # A composite (F.one_hot, torch.combinations) builds its helper tensors with
-                    # its input's options, which are meta underneath: they belong where the input is.
-                    with recorder.intended_device(like):
-                        return _call(func, types, args, kwargs)
             return _call(func, types, args, kwargs)
         finally:
             if outermost:
-                recorder.call_site = None
+                recorder.call_site = recorder.composite_device = None
 
 
 def _deferred_device(args: tuple) -> torch.device | None:

@@ -41,8 +41,8 @@ from fxinit.capture.provenance import called_from, current_provenance, format_so
 from fxinit.capture.real import (NOT_REAL, STORAGES, contains_deferred, is_strided_result, non_strided_result,
                                  real_tensor_op, set_from_storage, shares_memory)
 from fxinit.capture.schema import (AUTOCAST_LOWER, COLLECTIVE_NAMESPACES, DATA_DEPENDENT, DETACH, LIFT_OPS,
-                                   OVERWRITE_OPS, SLOW_META_FILLS, fill_result, mutated_arg_indices, schema_value,
-                                   takes_generator)
+                                   OVERWRITE_OPS, SCALAR_FACTORIES, SLOW_META_FILLS, fill_result,
+                                   mutated_arg_indices, schema_value, takes_generator)
 from fxinit.capture.shadows import SHADOW_LIMIT, Shadows
 from fxinit.capture.stepping import GeneratorStepper
 from fxinit.capture.storages import Storages, storage_key
@@ -87,6 +87,7 @@ class Recorder(Shadows, Doors):
         self.call_site: types.FrameType | None = None  # the caller of the torch function being run (modes.py)
         # Autocast was on when the torch function being run was called (it is off inside dispatch).
         self.autocast = False
+        self.composite_device: torch.device | None = None  # its deferred input's device (modes.py)
         # Storages whose value a real tensor or array holds a copy of where eager shares them
         # (storage id -> how): a later write to one cannot reach that copy, so it is refused.
         self.copied_out: dict[int, str] = {}
@@ -403,7 +404,8 @@ class Recorder(Shadows, Doors):
                 "device, and deferred tensors (meta underneath) are not cast by it",
                 op=str(func), hint="leave torch.autocast out of the constructor (or around trace_init), or compute this "
                                    "after fxinit.materialize")
-        device = output_device(func, inputs, kwargs, self._intended)
+        composite = self.composite_device if func not in SCALAR_FACTORIES else None
+        device = output_device(func, inputs, kwargs, self._intended or composite)
         mkwargs = dict(kwargs)
         if "device" in mkwargs:
             mkwargs["device"] = META

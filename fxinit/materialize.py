@@ -20,7 +20,7 @@ from torch.nn.modules.module import _IncompatibleKeys
 
 from fxinit import execute
 from fxinit.capture.api import clear_meta_init_cache
-from fxinit.capture.deferred import dressed_as, is_deferred_tensor, state_of
+from fxinit.capture.deferred import MATERIALIZED, dressed_as, is_deferred_tensor, state_of
 from fxinit.capture.devices import device_available
 from fxinit.capture.recorder import Recorder
 from fxinit.checkpoint import CheckpointSource, checkpoint_values
@@ -396,11 +396,34 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
         materialize_dtensors(sharded, device, init, compute, dtype,
                              {k: v for k, v in (loaded or {}).items() if k in sharded})
     _materialize_tensors(tensors, where, device, init, loaded, stream_seed, dtype, compile)
+    if dtype is not None and isinstance(obj, torch.nn.Module):
+        _cast_real(obj, dtype)
     if from_meta_init and not keep_cache:
         clear_meta_init_cache()
     if state_dict is not None and not strict:
         return _IncompatibleKeys(*incompatible)  # type: ignore[return-value]
     return obj
+
+
+def _cast_real(module: torch.nn.Module, dtype: torch.dtype) -> None:
+    """``dtype=`` for the real tensors the model held already (loaded or constant data kept as
+    it was): cast as ``Module.to(dtype)`` casts them — a parameter in place through ``.data``,
+    a buffer replaced — so the whole model is eager construction followed by ``.to(dtype)``."""
+    done: set[int] = set()
+    for mod in module.modules():
+        for kind in ("_parameters", "_buffers"):
+            slots = getattr(mod, kind)
+            for name, t in list(slots.items()):
+                if t is None or id(t) in done or is_deferred_tensor(t) or MATERIALIZED in t.__dict__:
+                    continue
+                done.add(id(t))
+                if dtype_after_to(t.dtype, dtype) == t.dtype or hasattr(t, "_local_tensor"):
+                    continue
+                with torch.no_grad():
+                    if kind == "_parameters":
+                        t.data = t.data.to(dtype_after_to(t.dtype, dtype))
+                    else:
+                        slots[name] = t.to(dtype_after_to(t.dtype, dtype))
 
 
 def _refuse_left_behind(module: torch.nn.Module) -> None:

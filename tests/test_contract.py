@@ -364,3 +364,24 @@ def test_autocast_and_torchscript_in_the_constructor_are_refused() -> None:
 
     with pytest.raises(DeferredInitError, match="TorchScript"):
         fxinit.trace_init(Scripted)
+
+
+def test_dtype_casts_the_real_tensors_too(tmp_path: Any) -> None:
+    """``materialize(dtype=)`` is eager + ``Module.to(dtype)`` for real tensors kept as they
+    were (legacy ``torch.Tensor([...])`` data, ``torch.load``), as for deferred ones."""
+    torch.save(torch.randn(3), tmp_path / "w.pt")
+
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.inited = nn.Buffer(torch.Tensor([True]))
+            self.loaded = nn.Parameter(torch.load(tmp_path / "w.pt"))
+            self.register_buffer("steps", torch.tensor(3))
+
+    torch.manual_seed(0)
+    eager = Mixed().to(torch.bfloat16)
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(Mixed)
+    fxinit.materialize(traced, dtype=torch.bfloat16)
+    _assert_equal(eager, traced)

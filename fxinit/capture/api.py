@@ -18,6 +18,7 @@ from fxinit.capture.recorder import Recorder
 from fxinit.errors import DeferredInitError
 
 M = TypeVar("M", bound=torch.nn.Module)
+_PARAMETRIZE = "torch.nn.utils.parametriz"  # parametrize, parametrizations
 
 _local = threading.local()
 _META_INIT_RECORDERS: list[Recorder] = []
@@ -73,6 +74,8 @@ def guard_calls(module: torch.nn.Module, recorder: Recorder) -> None:
                 "its tensors in TorchScript, where fxinit's deferred tensors lose what they are and materialize cannot "
                 "reach them", op="torch.jit.script",
                 hint="script the module after fxinit.materialize, or build this model eagerly")
+        if type(mod).__module__.startswith(_PARAMETRIZE):
+            continue  # computes a weight from parameters (recorded), never from data
         holder: list[Any] = []
 
         def refuse(mod: torch.nn.Module, args: Any, path: str = path, holder: list[Any] = holder) -> None:

@@ -38,6 +38,7 @@ _IS_CPU = TensorBase.is_cpu
 _IS_CUDA = TensorBase.is_cuda
 _DATA = TensorBase.data
 _AUTOCAST_ON = torch._C._is_any_autocast_enabled
+_SETITEM = torch.Tensor.__setitem__
 _HOOK_SLOTS = [getattr(TensorBase, name) for name in ("_backward_hooks", "_post_accumulate_grad_hooks")
                if hasattr(TensorBase, name)]
 _RAW_ACCESS = {
@@ -161,6 +162,13 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
         return _recorder_of(args, kwargs).legacy_new(args[0], args[1:], kwargs)
     elif func in _PYTHON_ELEMENTWISE:  # capture.doors
         return _recorder_of(args, kwargs).python_elementwise(func, args, kwargs)
+    elif func is _SETITEM and len(args) == 3 and isinstance(args[2], (bool, int, float, complex)) \
+            and is_deferred_tensor(args[0]) and not state_of(args[0]).recorder.capturing:
+        # After the trace no mode sees torch wrap the number: it would wrap it on meta, valueless.
+        rec = state_of(args[0]).recorder
+        with rec.suspended():
+            number = torch.tensor(args[2], dtype=args[0].dtype)
+        args = (args[0], args[1], rec.lift(number))
     elif func is TensorBase.to or func is TensorBase.cpu or func is TensorBase.cuda:
         result = _maybe_noop_move(func, args, kwargs)
         if result is not None:

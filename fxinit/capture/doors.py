@@ -51,6 +51,9 @@ class Doors:
         out = read_only_values(self, func, t, args, kwargs)
         if isinstance(out, np.ndarray):
             self.numpy_arrays.append((out, t))
+            if not self.capturing:  # no mode will see torch.from_numpy(out): eager's would alias t
+                self.copied_out.setdefault(self.storage_id(t), "its values were read through numpy() after the "
+                                                               "trace (a tensor made from that array shares them)")
         return out
 
     def numpy_source(self, real: torch.Tensor) -> torch.Tensor:

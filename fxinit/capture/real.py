@@ -43,6 +43,12 @@ def real_tensor_op(recorder: Any, func: Any, args: tuple, kwargs: dict) -> Any:
         return NOT_REAL  # the recorder refuses mixing traces
     written = [t for i in mutated_arg_indices(func) for t in tensors_in(schema_value(func, args, kwargs, i))]
     writes_real = any(not is_deferred_tensor(t) for t in written)
+    if writes_real and recorder.lifted_reals and any(
+            not is_deferred_tensor(t) and t.untyped_storage().data_ptr() in recorder.lifted_reals for t in written):
+        raise recorder.fail(
+            f"fxinit cannot run {func} here: a deferred tensor took this real tensor's value through `.data = ...` "
+            "earlier, so in eager construction it would see this write too, and fxinit gave it a copy",
+            op=str(func), hint="write before the `.data =` assignment, or assign a deferred tensor")
     if deferred and not writes_real:
         return NOT_REAL
     if deferred and any(t.device.type == "meta" for t in tensors if not is_deferred_tensor(t)):

@@ -92,6 +92,7 @@ class Recorder(Shadows, Doors):
         # (storage id -> how): a later write to one cannot reach that copy, so it is refused.
         self.copied_out: dict[int, str] = {}
         self.numpy_arrays: list[tuple[Any, torch.Tensor]] = []  # what numpy() gave, and for which tensor
+        self.lifted_reals: set[int] = set()  # data pointers of real storages a deferred tensor took by .data =
 
     # ------------------------------------------------------------------ helpers
     @contextlib.contextmanager
@@ -295,7 +296,10 @@ class Recorder(Shadows, Doors):
         """``t.data = src``: rebind ``t`` to ``src``'s storage and metadata (no write)."""
         if not isinstance(src, torch.Tensor):
             raise TypeError("Tensor.data must be set to a tensor")
-        src = self.lift(src, copy=copy) if not is_deferred_tensor(src) else src
+        if not is_deferred_tensor(src):
+            if copy:  # eager's t would share src's memory: a later write to src is refused (capture.real)
+                self.lifted_reals.add(src.untyped_storage().data_ptr())
+            src = self.lift(src, copy=copy)
         alias = self.dispatch(aten.detach.default, (src,), {})
         with torch._C.DisableTorchFunctionSubclass():
             TensorBase.data.__set__(t, src)

@@ -385,3 +385,23 @@ def test_dtype_casts_the_real_tensors_too(tmp_path: Any) -> None:
     traced = fxinit.trace_init(Mixed)
     fxinit.materialize(traced, dtype=torch.bfloat16)
     _assert_equal(eager, traced)
+
+
+def test_indexed_assignment_and_parametrized_weights_in_init_steps() -> None:
+    """After the trace no mode sees torch wrap a number for ``w[i] = x``; reading a
+    parametrized weight runs its parametrization (recorded), never guarded like a forward."""
+    import torch.nn.utils.parametrizations as P
+
+    class Steps(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(4, 3)
+            self.lin = P.orthogonal(nn.Linear(3, 3))
+
+        def init_weights(self) -> None:
+            self.emb.weight.data[0] = 0
+            self.emb.weight.data[:, 1] = 2.5
+            with torch.no_grad():
+                self.register_buffer("scaled", self.lin.weight * 2)
+
+    _assert_equal(*_both(Steps, lambda m: m.init_weights()))

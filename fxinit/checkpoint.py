@@ -241,9 +241,9 @@ def _prefix_hint(missing: list[str], unexpected: list[str], prefix: str) -> str:
     have = [k[len(prefix):] for k in unexpected]
     for k in have:
         for cut in range(1, k.count(".") + 1):
-            extra = k.split(".", cut)[:cut]
-            head = ".".join(extra) + "."
-            if k[len(head):] in want and sum(h.startswith(head) and h[len(head):] in want for h in have) * 2 >= len(want):
+            head = ".".join(k.split(".", cut)[:cut]) + "."
+            explained = sum(h.startswith(head) and h[len(head):] in want for h in have)
+            if k[len(head):] in want and explained * 2 >= len(want):
                 return (f"the checkpoint's keys carry a prefix {head!r} the module's lack: pass "
                         f"prefix={prefix + head!r}, or strip it from the keys; ")
     for k in want:

@@ -106,7 +106,7 @@ def used_consts(nodes: list[fx.Node]) -> set[str]:
 
 
 def add_real_outputs(graph: fx.Graph, real: dict[str, torch.Tensor], outputs: dict[str, fx.Node],
-               storage: dict[str, int], constants: dict[str, torch.Tensor]) -> None:
+                     storage: dict[str, int], constants: dict[str, torch.Tensor]) -> None:
     """Real tensors the model holds that fxinit did not materialize (``torch.load`` or numpy
     data kept as it is, a buffer an init step computed after the trace) go into the graph as
     constants, a copy of their value now: the file is the whole model, not its deferred part."""

@@ -70,9 +70,9 @@ def guard_calls(module: torch.nn.Module, recorder: Recorder) -> None:
     for path, mod in module.named_modules():
         if isinstance(mod, torch.jit.ScriptModule):
             raise DeferredInitError(
-                f"{path or type(mod).__name__} is a TorchScript module (torch.jit.script/trace in the constructor): it keeps "
-                "its tensors in TorchScript, where fxinit's deferred tensors lose what they are and materialize cannot "
-                "reach them", op="torch.jit.script",
+                f"{path or type(mod).__name__} is a TorchScript module (torch.jit.script/trace in the constructor): "
+                "it keeps its tensors in TorchScript, where fxinit's deferred tensors lose what they are and "
+                "materialize cannot reach them", op="torch.jit.script",
                 hint="script the module after fxinit.materialize, or build this model eagerly")
         if type(mod).__module__.startswith(_PARAMETRIZE):
             continue  # computes a weight from parameters (recorded), never from data

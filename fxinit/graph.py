@@ -26,6 +26,7 @@ import torch
 import torch.fx as fx
 
 from fxinit import execute
+from fxinit.arguments import checked_device, checked_dtype, checked_seed
 from fxinit.artifact import decode, read_graph, save_graph
 from fxinit.dependencies import dependency_graph
 from fxinit.errors import DeferredInitError
@@ -160,6 +161,7 @@ class InitGraph:
         written takes none); ``.clone()`` it to keep it apart from that storage.
         ``compile`` (portable mode): as for ``fxinit.materialize``.
         """
+        seed, dtype, device = checked_seed(seed), checked_dtype(dtype), checked_device(device)
         wanted = self._wanted(names)
         todo = self.plan(wanted, rng=rng, seed=seed, dtype=dtype, rows=rows, compile=compile)
         need = sum(n.meta["spec"].nbytes for n in todo.nodes if allocates(n))

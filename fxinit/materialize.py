@@ -19,6 +19,7 @@ import torch.fx as fx
 from torch.nn.modules.module import _IncompatibleKeys
 
 from fxinit import execute
+from fxinit.arguments import checked_device, checked_dtype, checked_seed
 from fxinit.capture.api import clear_meta_init_cache
 from fxinit.capture.deferred import MATERIALIZED, dressed_as, is_deferred_tensor, state_of
 from fxinit.capture.devices import device_available
@@ -367,8 +368,7 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     """
     if rng not in ("exact", "portable"):
         raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
-    if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
-        raise ValueError(f"dtype={dtype}: like Module.to, materialize takes a floating-point or complex dtype")
+    seed, dtype, device = checked_seed(seed), checked_dtype(dtype), checked_device(device)
     stream_seed = None if rng == "exact" else (_TRACED_SEED if seed is None else seed)
     if isinstance(obj, torch.nn.Module):
         tensors, where = _deferred_in_module(obj)

@@ -371,3 +371,28 @@ def test_calling_a_deferred_model_says_so_until_it_is_materialized() -> None:
     fxinit.materialize(net)
     assert net(x).shape == (1, 2)
     assert not any(m._forward_pre_hooks for m in net.modules())  # the guards removed themselves
+
+
+def test_arguments_are_checked_at_the_door() -> None:
+    """A wrong seed, dtype or device raises before any value is computed; dtype names work."""
+    torch.manual_seed(0)
+    ref = nn.Linear(3, 3).to(torch.bfloat16)
+    torch.manual_seed(0)
+    m = fxinit.trace_init(nn.Linear, 3, 3)
+    with pytest.raises(TypeError, match="seed='x'"):
+        fxinit.materialize(m, rng="portable", seed="x")
+    with pytest.raises(TypeError, match="seed=1.5"):
+        fxinit.materialize(m, rng="portable", seed=1.5)
+    with pytest.raises(ValueError, match="names no torch dtype"):
+        fxinit.materialize(m, dtype="bfloat")
+    with pytest.raises(ValueError, match="floating-point or complex"):
+        fxinit.materialize(m, dtype="int64")
+    missing = next(d for d in ("cuda", "xpu", "mps") if not getattr(torch, d).is_available())
+    with pytest.raises(fxinit.DeferredInitError, match=f"device='{missing}' is not available"):
+        fxinit.materialize(m, device=missing)
+    graph = fxinit.init_graph(m)
+    with pytest.raises(TypeError, match="seed"):
+        graph.materialize(rng="portable", seed="1")
+    assert _all_deferred(m)  # nothing was computed
+    fxinit.materialize(m, dtype="bfloat16")
+    assert_modules_equal(m, ref)

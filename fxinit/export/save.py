@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from fxinit.arguments import checked_dtype, checked_seed
 from fxinit.errors import DeferredInitError
 from fxinit.export.files import prepare_directory
 from fxinit.export.plan import parse_part, parse_size
@@ -45,6 +46,7 @@ def save(obj: "torch.nn.Module | InitGraph | str | os.PathLike", directory: "str
     ``n`` runs into one directory make one checkpoint: the run that completes the set
     writes the index.
     """
+    seed, dtype = checked_seed(seed), checked_dtype(dtype)
     from fxinit.report import matching
 
     if format not in FORMATS:

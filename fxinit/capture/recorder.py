@@ -448,9 +448,9 @@ class Recorder(Shadows, Doors):
                     raise self.fail(
                         "a plain meta tensor (not created under fxinit) was mixed into a deferred computation",
                         op=str(func),
-                        hint="tensors built with device=<a deferred tensor's .device> after trace_init are plain "
-                             "meta tensors; run that code inside `with fxinit.recording(model):`, or build "
-                             "the tensor on a real device",
+                        hint="a tensor built on the meta device after trace_init (by hand, or by torch.distributed, "
+                             "which sees deferred tensors as meta) has no value; build it on a real device, or run "
+                             "that code inside `with fxinit.recording(model):`",
                     )
                 return self.lift(x)
             if is_deferred_tensor(x) and state_of(x).recorder is not self:

@@ -246,10 +246,11 @@ def _prefix_hint(missing: list[str], unexpected: list[str], prefix: str) -> str:
             if k[len(head):] in want and explained * 2 >= len(want):
                 return (f"the checkpoint's keys carry a prefix {head!r} the module's lack: pass "
                         f"prefix={prefix + head!r}, or strip it from the keys; ")
+    have_set = set(have)
     for k in want:
         for cut in range(1, k.count(".") + 1):
             head = ".".join(k.split(".", cut)[:cut]) + "."
-            if k[len(head):] in set(have):
+            if k[len(head):] in have_set:
                 return (f"the module's keys carry a prefix {head!r} the checkpoint's lack: materialize the "
                         f"submodule under {head[:-1]!r} instead; ")
     return ""

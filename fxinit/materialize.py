@@ -28,7 +28,7 @@ from fxinit.checkpoint import CheckpointSource, checkpoint_values
 from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materialize_dtensors
 from fxinit.errors import DeferredInitError
 from fxinit.execute import slicer
-from fxinit.reachable import CONTAINERS, MODULE_DICTS, contained, left_behind
+from fxinit.reachable import left_behind, module_slots
 from fxinit.spec import dtype_after_to
 
 _TRACED_SEED = -(1 << 70)  # marker: the portable stream uses the seed each trace saw
@@ -38,19 +38,9 @@ Location = tuple[torch.nn.Module, str, str]  # (module, attribute name, "_parame
 def _module_tensors(mod: torch.nn.Module, buffers_only: bool = False) -> Iterable[tuple[str, str, torch.Tensor]]:
     """(kind, name, tensor) for a module's own deferred parameters, buffers, tensor attributes
     and tensors in list, tuple and dict attributes (kind ``"container"``)."""
-    kinds = ("_buffers",) if buffers_only else ("_parameters", "_buffers")
-    for kind in kinds:
-        for name, t in getattr(mod, kind).items():
-            if t is not None and is_deferred_tensor(t):
-                yield kind, name, t
-    if not buffers_only:
-        for name, t in vars(mod).items():
-            if is_deferred_tensor(t):
-                yield "__dict__", name, t
-            elif type(t) in CONTAINERS and name not in MODULE_DICTS:
-                for key, x in contained(t):
-                    if is_deferred_tensor(x):
-                        yield "container", f"{name}{key}", x
+    if buffers_only:
+        return [("_buffers", name, t) for name, t in mod._buffers.items() if is_deferred_tensor(t)]
+    return [(kind, name, t) for kind, name, t in module_slots(mod) if is_deferred_tensor(t)]
 
 
 def _deferred_in_module(module: torch.nn.Module, buffers_only: bool = False

@@ -5,7 +5,7 @@ refuses a model that holds the latter."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -26,6 +26,23 @@ def contained(x: Any, key: str = "", depth: int = 0) -> Iterable[tuple[str, Any]
             yield path, v
 
 
+def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
+    """``(kind, name, value)`` for what one module holds: its parameters and buffers
+    (``"_parameters"``, ``"_buffers"``), its other attributes (``"__dict__"``) and the leaves of
+    its list, tuple and dict attributes (``"container"``, named like ``anchors[0]``)."""
+    for kind in ("_parameters", "_buffers"):
+        for name, t in getattr(mod, kind).items():
+            yield kind, name, t
+    for name, v in vars(mod).items():
+        if name in MODULE_DICTS:
+            continue
+        if type(v) in CONTAINERS:
+            for key, x in contained(v):
+                yield "container", name + key, x
+        else:
+            yield "__dict__", name, v
+
+
 def left_behind(module: torch.nn.Module) -> list[str]:
     """Plain meta tensors that fxinit did not record (built after the trace by torch's own
     code on a deferred tensor's ``device``, or by ``to_empty(device='meta')``) reachable from
@@ -34,12 +51,7 @@ def left_behind(module: torch.nn.Module) -> list[str]:
     found = []
     for path, mod in module.named_modules():
         prefix = f"{path}." if path else ""
-        slots = [(n, t) for kind in ("_parameters", "_buffers") for n, t in getattr(mod, kind).items()]
-        for name, v in vars(mod).items():
-            if name in MODULE_DICTS:
-                continue
-            slots += [(name, v)] if type(v) not in CONTAINERS else [(name + k, x) for k, x in contained(v)]
-        for name, t in slots:
+        for _, name, t in module_slots(mod):
             t = getattr(t, "_local_tensor", t)  # a DTensor's local part
             if isinstance(t, torch.Tensor) and not is_deferred_tensor(t) and t.device.type == "meta" \
                     and MATERIALIZED not in t.__dict__:

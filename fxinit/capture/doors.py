@@ -36,25 +36,67 @@ from fxinit.capture.trees import map_tree
 aten = torch.ops.aten
 
 
-
 class Doors:
-    """The Recorder's answers at these doors (a mixin, like ``capture.shadows.Shadows``);
+    """The Recorder's answers at these doors (a mixin, like ``capture.shadows.Shadows``: it
+    uses the recorder's values, ``fail``, ``lift`` and ``dispatch``);
     ``DeferredTensor.__torch_function__`` sends the calls here."""
 
+    def read_only_values(self, func: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:
+        """``tolist``, ``numpy``, ``__array__``: exact values; arrays read-only (a write would
+        change a copy, not the tensor)."""
+        out = self.read_values(func, t, args, kwargs)
+        if not isinstance(out, np.ndarray):
+            return out
+        out = out.copy().view(ReadOnlyValues)  # the shadow's memory stays fxinit's
+        out.flags.writeable = False
+        out.recorder = self
+        if self.capturing:  # the capture mode sees a torch.from_numpy(out) (numpy_source)
+            self.numpy_arrays.append((out, t))
+        else:  # nothing will see it, and eager's would alias t
+            self.copied_out.setdefault(self.storage_id(t), "its values were read through numpy() after the "
+                                                           "trace (a tensor made from that array shares them)")
+        return out
+
     def legacy_new(self, t: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
-        return legacy_new(self, t, args, kwargs)
+        """``t.new(*sizes)``, ``t.new(sequence)``, ``t.new()``, ``t.new(size=..., device=...)``."""
+        device = kwargs.get("device")
+        options = {"device": torch.device(device) if device is not None else state_of(t).device}
+        if len(args) == 1 and isinstance(args[0], torch.Size):
+            args = tuple(args[0])
+        if all(isinstance(a, int) for a in args) and set(kwargs) <= {"device", "size"}:
+            size = tuple(kwargs["size"]) if "size" in kwargs else args
+            with torch._C.DisableTorchFunctionSubclass():
+                return TensorBase.new_empty(t, size, **options)
+        if len(args) == 1 and isinstance(args[0], (list, tuple)) and not kwargs.keys() - {"device"}:
+            return self.new_tensor(t, args[0], **options)
+        raise self.fail(
+            "fxinit does not defer this form of the legacy Tensor.new (a tensor or storage argument)",
+            op="Tensor.new",
+            hint="use t.new_empty(size), t.new_tensor(data) or torch.as_tensor(x, dtype=t.dtype, device=t.device)")
 
     def python_elementwise(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
-        return python_elementwise(self, func, args, kwargs)
+        """``t.apply_(fn)``, ``t.map_(other, fn)``, ``t.map2_(x, y, fn)`` on a deferred ``t``."""
+        t = args[0]
+        name = f"Tensor.{func.__name__}"
 
-    def read_only_values(self, func: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:
-        out = read_only_values(self, func, t, args, kwargs)
-        if isinstance(out, np.ndarray):
-            self.numpy_arrays.append((out, t))
-            if not self.capturing:  # no mode will see torch.from_numpy(out): eager's would alias t
-                self.copied_out.setdefault(self.storage_id(t), "its values were read through numpy() after the "
-                                                               "trace (a tensor made from that array shares them)")
-        return out
+        def value(x: Any) -> Any:
+            if not is_deferred_tensor(x):
+                return x
+            v = self.value_of(x)
+            if v is None:
+                raise self.fail(
+                    f"fxinit cannot run {name} on a deferred tensor too large to compute while recording: it calls "
+                    "Python on each element of the data",
+                    op=name, hint="use tensor operations (they are recorded), or call it after fxinit.materialize")
+            return v
+
+        real = [value(a) for a in args]
+        with self.suspended(), torch.no_grad():
+            result = real[0].clone()
+            func(result, *real[1:], **kwargs)
+            with torch._C.DisableTorchFunctionSubclass():
+                self.dispatch(aten.copy_.default, (t, self.lift(result, copy=False)), {})
+        return t
 
     def numpy_source(self, real: torch.Tensor) -> torch.Tensor:
         """``torch.from_numpy(a)`` (seen as a real tensor on ``a``'s memory): itself, or, where
@@ -98,60 +140,6 @@ class Doors:
         if target is not None and target != state_of(out).device:
             out = out.to(target)
         return out.requires_grad_(True) if requires_grad else out
-
-
-def legacy_new(recorder: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
-    """``t.new(*sizes)``, ``t.new(sequence)``, ``t.new()``, ``t.new(size=..., device=...)``."""
-    device = kwargs.get("device")
-    options = {"device": torch.device(device) if device is not None else state_of(t).device}
-    if len(args) == 1 and isinstance(args[0], torch.Size):
-        args = tuple(args[0])
-    if all(isinstance(a, int) for a in args) and set(kwargs) <= {"device", "size"}:
-        size = tuple(kwargs["size"]) if "size" in kwargs else args
-        with torch._C.DisableTorchFunctionSubclass():
-            return TensorBase.new_empty(t, size, **options)
-    if len(args) == 1 and isinstance(args[0], (list, tuple)) and not kwargs.keys() - {"device"}:
-        return recorder.new_tensor(t, args[0], **options)
-    raise recorder.fail(
-        "fxinit does not defer this form of the legacy Tensor.new (a tensor or storage argument)",
-        op="Tensor.new",
-        hint="use t.new_empty(size), t.new_tensor(data) or torch.as_tensor(x, dtype=t.dtype, device=t.device)")
-
-
-def python_elementwise(recorder: Any, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
-    """``t.apply_(fn)``, ``t.map_(other, fn)``, ``t.map2_(x, y, fn)`` on a deferred ``t``."""
-    t = args[0]
-    name = f"Tensor.{func.__name__}"
-
-    def value(x: Any) -> Any:
-        if not is_deferred_tensor(x):
-            return x
-        v = recorder.value_of(x)
-        if v is None:
-            raise recorder.fail(
-                f"fxinit cannot run {name} on a deferred tensor too large to compute while recording: it calls "
-                "Python on each element of the data",
-                op=name, hint="use tensor operations (they are recorded), or call it after fxinit.materialize")
-        return v
-
-    real = [value(a) for a in args]
-    with recorder.suspended(), torch.no_grad():
-        result = real[0].clone()
-        func(result, *real[1:], **kwargs)
-        with torch._C.DisableTorchFunctionSubclass():
-            recorder.dispatch(aten.copy_.default, (t, recorder.lift(result, copy=False)), {})
-    return t
-
-
-def read_only_values(recorder: Any, func: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:
-    """``tolist``, ``numpy``, ``__array__``: exact values; arrays read-only (a write would
-    change a copy, not the tensor)."""
-    out = recorder.read_values(func, t, args, kwargs)
-    if isinstance(out, np.ndarray):
-        out = out.copy().view(ReadOnlyValues)  # the shadow's memory stays fxinit's
-        out.flags.writeable = False
-        out.recorder = recorder
-    return out
 
 
 class ReadOnlyValues(np.ndarray):

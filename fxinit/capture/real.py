@@ -57,7 +57,7 @@ def real_tensor_op(recorder: Any, func: Any, args: tuple, kwargs: dict) -> Any:
         recorder.lazy_cpu.flush()
         gen = kwargs.get("generator")
         if gen is not None:
-            recorder.lazy_cpu.resolve(gen)
+            recorder.lazy_cpu.true_snapshot(gen)  # the true state in place before it draws
     if not deferred:
         with recorder.suspended():
             return func(*args, **kwargs)

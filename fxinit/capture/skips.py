@@ -15,7 +15,7 @@ generator (``manual_seed``, ``set_rng_state``) is seen at the next random op: th
 then neither ours nor a placeholder, and it is taken as it is. A placeholder put back
 later (``default_generator.set_state(saved)`` with a state read directly) is recognised
 by its marker and stands for the position it marked, and so is one copied into another
-generator (``g.set_state(torch.default_generator.get_state())``: ``resolve`` gives it the
+generator (``g.set_state(torch.default_generator.get_state())``: ``true_snapshot`` gives it the
 true state before its first recorded draw).
 
 The doors through which real code could see a placeholder are closed while a scope is
@@ -41,7 +41,7 @@ from typing import Iterator
 
 import torch
 
-from fxinit.rng import PendingSnapshot, RngSnapshot, Snapshot
+from fxinit.rng import PendingSnapshot, RngSnapshot, Snapshot, snapshot
 
 _MARK_AT, _MARK_SIZE = 24, 32  # bytes: the first four word slots of a CPU state (see rng.mt19937)
 _active: list["LazyCpuGenerator"] = []  # innermost last
@@ -115,14 +115,17 @@ class LazyCpuGenerator:
         """Skips may be lazy: this scope is active and no other Python thread could draw."""
         return self in _active and not (_started and any(t.is_alive() for t in list(_started)))
 
-    def resolve(self, gen: torch.Generator) -> None:
-        """Give ``gen`` the true state if it holds one of this capture's placeholders."""
-        if gen.device.type != "cpu":
-            return
-        with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
-            pending = self._marks.get(_marker(gen.get_state()))
+    def true_snapshot(self, gen: torch.Generator) -> RngSnapshot:
+        """``gen``'s state, read once; where it holds one of this capture's placeholders (copied
+        into another generator, or left in the default one while skips are not lazy), the
+        true state, which ``gen`` is then given."""
+        snap = snapshot(gen)
+        if snap.device == "cpu":
+            pending = self._marks.get(_marker(snap.state))
             if pending is not None:
                 gen.set_state(pending.state)
+                snap = RngSnapshot("cpu", pending.state.clone())
+        return snap
 
 
 def _marker(state: torch.Tensor) -> bytes:

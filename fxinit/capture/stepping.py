@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 
 from fxinit.capture.skips import LazyCpuGenerator
-from fxinit.rng import Snapshot, mt19937, snapshot
+from fxinit.rng import Snapshot, mt19937
 from fxinit.rng.draws import cpu_draws
 
 
@@ -31,8 +31,7 @@ class GeneratorStepper:
         if self._lazy(gen):
             self.snapshots[key] = self.lazy_cpu.position()
         else:
-            self.lazy_cpu.resolve(gen)
-            self.snapshots[key] = snapshot(gen)
+            self.snapshots[key] = self.lazy_cpu.true_snapshot(gen)
         return key
 
     def _lazy(self, gen: torch.Generator) -> bool:
@@ -56,8 +55,7 @@ class GeneratorStepper:
         if self._lazy(gen):
             self.snapshots[key] = self.lazy_cpu.skip(draws)
         else:
-            self.lazy_cpu.resolve(gen)
-            start = self.snapshots[key] = snapshot(gen)
+            start = self.snapshots[key] = self.lazy_cpu.true_snapshot(gen)
             gen.set_state(mt19937.advance(start.state, draws))
         self.random_ops["skipped"] += 1
         return key

@@ -13,8 +13,11 @@ that fxinit builds a model of yours bit for bit as eager construction does.
     fxinit materialize init.pt -o step-0/ --format dcp [--only 'model.layers.31.*']
     fxinit check my_pkg.models:build --kwargs '{"layers": 2}' [--hf-config JSON] [--seed N]
 
-Exit codes: 0 success, 1 fxinit refused or failed (the message says why and what to do) or
-`check` found a difference, 2 bad command line.
+exit codes:
+  0    success
+  1    fxinit refused or failed (the message says why and what to do), or `check` found a difference
+  2    bad command line
+  130  interrupted (Ctrl-C); `materialize --format hf|dcp` says the command that resumes
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ import argparse
 import importlib
 import importlib.util
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class UsageError(Exception):
@@ -173,41 +177,18 @@ def cmd_viz(args: argparse.Namespace) -> int:
 
 
 def cmd_materialize(args: argparse.Namespace) -> int:
-    import fxinit
-    from fxinit.report import select
-    from fxinit.tensors_io import save_safetensors
-
-    if args.format in ("hf", "dcp"):
-        return _export(args)
-    for option in ("max_shard_size", "part", "memory", "workers"):
-        if getattr(args, option) is not None:
-            raise UsageError(f"--{option.replace('_', '-')} is for --format hf or dcp")
-    if args.resume:
-        raise UsageError("--resume is for --format hf or dcp")
-    graph = fxinit.load_graph(args.graph)
-    names = select(graph, args.only)
-    if not names:
-        raise UsageError(f"--only {args.only!r} matches no tensor")
-    import torch
-
-    dtype = getattr(torch, args.dtype) if args.dtype else None
-    values = _materialize_with_progress(graph, names, args.device, args.rng, args.seed, quiet=args.quiet, dtype=dtype,
-                                        compile=args.compile)
-    save_safetensors(values, graph, Path(args.output))
-    print(f"wrote {len(values)} tensors to {args.output}")
-    return EXIT_OK
-
-
-def _export(args: argparse.Namespace) -> int:
-    """``--format hf | dcp``: a checkpoint directory, written in bounded memory."""
+    """Every format goes through ``fxinit.save``: bounded memory, whatever the model's size."""
     import torch
 
     import fxinit
-
     from fxinit.export.plan import parse_part, parse_size
 
-    if args.device:
-        raise UsageError("--device is for the single safetensors file; a checkpoint is written from the CPU")
+    if args.format == "safetensors":
+        for option in ("max_shard_size", "part"):
+            if getattr(args, option) is not None:
+                raise UsageError(f"--{option.replace('_', '-')} is for --format hf or dcp")
+        if args.resume:
+            raise UsageError("--resume is for --format hf or dcp")
     try:
         part = parse_part(args.part)
         max_shard_size = parse_size(args.max_shard_size or "5GB")
@@ -219,12 +200,14 @@ def _export(args: argparse.Namespace) -> int:
     done = fxinit.save(args.graph, args.output, format=args.format, rng=args.rng, seed=args.seed,
                        dtype=getattr(torch, args.dtype) if args.dtype else None, only=args.only, part=part,
                        max_shard_size=max_shard_size, resume=args.resume, memory=memory, workers=args.workers,
-                       quiet=args.quiet, compile=args.compile)
+                       quiet=args.quiet, compile=args.compile, device=args.device)
     rate = done.bytes / done.seconds / 1e9 if done.seconds else 0.0
-    line = f"wrote {_count(done.files, 'file')} ({done.bytes:,} bytes) to {args.output} in {done.seconds:.1f} s " \
-           f"({rate:.2f} GB/s)"
+    what = f"{_count(done.files, 'file')} ({done.bytes:,} bytes)" if args.format != "safetensors" else \
+        f"{done.bytes:,} bytes"
+    line = f"wrote {what} to {args.output} in {done.seconds:.1f} s ({rate:.2f} GB/s)"
     if done.skipped:
-        line += f"; kept {_count(done.skipped, 'file')} complete and verified: {', '.join(done.skipped)}"
+        names = done.skipped if len(done.skipped) <= 3 else [*done.skipped[:2], "...", done.skipped[-1]]
+        line += f"; kept {_count(done.skipped, 'file')} complete and verified: {', '.join(names)}"
     print(line)
     if not done.finished:
         print("the checkpoint is not complete yet: the run that writes its last part writes the index")
@@ -233,41 +216,6 @@ def _export(args: argparse.Namespace) -> int:
 
 def _count(items: Sequence[object], noun: str) -> str:
     return f"{len(items)} {noun}{'' if len(items) == 1 else 's'}"
-
-
-def _materialize_with_progress(graph: Any, names: list[str], device: str | None, rng: str, seed: int | None,
-                               quiet: bool, dtype: Any = None, compile: bool | None = None) -> dict[str, Any]:
-    """Materialize in batches of about 256 MiB so a long run shows progress; each tie
-    group is computed once."""
-    tied_to = {n: g[0] for g in graph.ties for n in g}
-    first: dict[str, str] = {}
-    for n in names:
-        first.setdefault(tied_to.get(n, n), n)
-    batches: list[list[str]] = [[]]
-    size = 0
-    for n in first.values():
-        if size > 256 << 20:
-            batches.append([])
-            size = 0
-        batches[-1].append(n)
-        size += graph.spec(n).nbytes
-    total = sum(graph.spec(n).nbytes for n in first.values())
-    bar = None
-    if not quiet and len(batches) > 1:
-        try:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, unit="B", unit_scale=True, desc="materialize", file=sys.stderr)
-        except ImportError:
-            bar = None
-    values: dict[str, Any] = {}
-    for batch in batches:
-        values.update(graph.materialize(batch, device=device, rng=rng, seed=seed, dtype=dtype, compile=compile))
-        if bar is not None:
-            bar.update(sum(graph.spec(n).nbytes for n in batch))
-    if bar is not None:
-        bar.close()
-    return {n: values[first[tied_to.get(n, n)]] for n in names}
 
 
 def _add_call_arguments(p: argparse.ArgumentParser, seed_help: str) -> None:
@@ -280,10 +228,11 @@ def _add_call_arguments(p: argparse.ArgumentParser, seed_help: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    summary, examples = __doc__.split("\n\n")[:2]
+    summary, examples, exit_codes = __doc__.split("\n\n")[:3]
     parser = argparse.ArgumentParser(prog="fxinit", description=summary,
-                                     epilog=f"examples:\n{examples}\n\nRun `fxinit COMMAND --help` for the options "
-                                            "of a command.", formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     epilog=f"examples:\n{examples}\n\n{exit_codes}\n\nRun `fxinit COMMAND --help` for "
+                                            "the options of a command.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("trace", help="trace a model constructor to an init-graph file",
@@ -303,7 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_call_arguments(p, seed_help="torch.manual_seed before each build (default %(default)s)")
     p.set_defaults(run=cmd_check)
 
-    p = sub.add_parser("show", help="print the tensors of an init-graph file and how each is initialized")
+    p = sub.add_parser("show", help="print the tensors of an init-graph file and how each is initialized",
+                       description="Print a table of the tensors of GRAPH (name, shape, dtype, device, how each is "
+                                   "initialized); --explain NAME prints the ops of one tensor with their source lines; "
+                                   "--plan prints what materializing would run and what every pass decided.")
     p.add_argument("graph", metavar="GRAPH", help="an init-graph file (init.pt) written by `fxinit trace`")
     p.add_argument("--only", metavar="PATTERN", help="glob over tensor names, or a module prefix")
     p.add_argument("--explain", metavar="NAME", help="explain one tensor op by op")
@@ -315,7 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--plan: portable fills as compiled kernels (default: where that is fastest)")
     p.set_defaults(run=cmd_show)
 
-    p = sub.add_parser("viz", help="draw the init dependencies with graphviz")
+    p = sub.add_parser("viz", help="draw the init dependencies with graphviz",
+                       description="Draw the init graph of GRAPH with graphviz: tensors, the ops that initialize "
+                                   "them and what they read (ties, copies, shared generators); repeated layers are "
+                                   "drawn once with a count unless --no-collapse. The legend lists what is drawn.")
     p.add_argument("graph", metavar="GRAPH", help="an init-graph file (init.pt) written by `fxinit trace`")
     p.add_argument("-o", "--output", required=True, help="the drawing: .svg, .png, .pdf or .dot")
     p.add_argument("--only", metavar="PATTERN", help="draw only the ancestry of the matching tensors")
@@ -323,17 +278,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_viz)
 
     p = sub.add_parser("materialize", help="compute the tensors and write them to a safetensors file or a checkpoint",
-                       description="Compute the tensors of GRAPH and write them: to one safetensors file (held in "
-                                   "memory), or, with --format hf or dcp, to a checkpoint directory written in "
-                                   "bounded memory whatever the model's size.")
+                       description="Compute the tensors of GRAPH and write them, in bounded memory whatever the "
+                                   "model's size: to one safetensors file (its header first, then each tensor as it "
+                                   "is computed), or, with --format hf or dcp, to a checkpoint directory.")
     p.add_argument("graph", metavar="GRAPH", help="an init-graph file (init.pt) written by `fxinit trace`")
     p.add_argument("-o", "--output", required=True, help="the .safetensors file, or the checkpoint directory, to write")
     p.add_argument("--format", default="safetensors", choices=["safetensors", "hf", "dcp"],
-                   help="safetensors: one file, every tensor in memory first; hf: save_pretrained's directory "
+                   help="safetensors: one file; hf: save_pretrained's directory "
                         "(shards, index, config.json); dcp: a torch.distributed.checkpoint directory "
                         "(default %(default)s)")
     p.add_argument("--only", metavar="PATTERN", help="glob over tensor names, or a module prefix")
-    p.add_argument("--device", help="compute where eager would, then move here (default: the recorded device)")
+    p.add_argument("--device", help="compute the values on this device (default: where each was meant to be)")
     p.add_argument("--rng", default="exact", choices=["exact", "portable"],
                    help="exact: eager's values; portable: the counter-based stream (default %(default)s)")
     p.add_argument("--seed", type=int, help="portable mode's seed (default: the seed the trace saw)")
@@ -349,15 +304,16 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "(verified by size and checksum), write the others")
     p.add_argument("--part", metavar="K/N", help="hf, dcp: write the K-th of N parts of the checkpoint (consecutive "
                                                  "files of about equal size); N runs into one directory make it whole")
-    p.add_argument("--memory", metavar="SIZE", help="hf, dcp: bytes of tensors held at once (default 1GiB); "
+    p.add_argument("--memory", metavar="SIZE", help="bytes of tensors held at once (default 1GiB); "
                                                     "larger tensors are computed and written in pieces")
-    p.add_argument("--workers", type=int, help="hf, dcp: threads computing tensors (default: torch's thread count)")
+    p.add_argument("--workers", type=int, help="threads computing tensors (default: torch's thread count)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=cmd_materialize)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     from fxinit.errors import DeferredInitError
 
@@ -367,15 +323,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fxinit {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except DeferredInitError as exc:
-        what, *rest = str(exc).splitlines()
-        hint = next((r.strip().removeprefix("hint:").strip() for r in rest if r.strip().startswith("hint:")), None)
-        print(f"fxinit {args.command}: error: {what}", file=sys.stderr)
-        if hint:
-            print(f"  hint: {hint}", file=sys.stderr)
+        print(f"fxinit {args.command}: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        if exc.source:
+            print(f"  source: {exc.source}", file=sys.stderr)
+        if exc.hint:
+            print(f"  hint: {exc.hint}", file=sys.stderr)
         return EXIT_FAILED
     except (OSError, ImportError) as exc:
         print(f"fxinit {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"\nfxinit {args.command}: interrupted", file=sys.stderr)
+        if args.command == "materialize" and args.format in ("hf", "dcp"):
+            again = argv if "--resume" in argv else [*argv, "--resume"]
+            print(f"  the files completed so far are kept; resume with: {shlex.join(['fxinit', *again])}",
+                  file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The InitGraph of a traced module: its deferred tensors' slice of the trace, self-contained.
 
 ``init_graph(module)`` copies the nodes the module's still-deferred parameters and buffers
+(under the keys of its ``state_dict()``, then its non-persistent buffers: ``fxinit.entries``)
 need out of the trace's graph (with the constants and generator snapshots they read, the
 names storages had when the trace ended, and the transformers config it was built from), so
 the result materializes, saves and exports without the model or its code.
@@ -15,7 +16,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.capture.deferred import MATERIALIZED, is_deferred_tensor, state_of
-from fxinit.capture.names import tensor_slots
+from fxinit.entries import Entry, model_entries
 from fxinit.errors import DeferredInitError
 from fxinit.execute import slicer
 from fxinit.graph import InitGraph
@@ -23,23 +24,27 @@ from fxinit.reachable import left_behind
 from fxinit.spec import OutputInfo, TensorSpec
 
 
-def init_graph(module: torch.nn.Module, carry_real: bool = True) -> InitGraph:
+def init_graph(module: torch.nn.Module, carry_real: bool = True, entries: list[Entry] | None = None) -> InitGraph:
     """The InitGraph of ``module``'s deferred parameters and buffers, by fully qualified name.
 
     With ``carry_real`` (default), the real tensors the model holds that fxinit did not
     materialize (``torch.load`` or numpy data kept as it is, a buffer computed by an init
-    step after the trace) are outputs too, as constants: the graph is the whole model."""
+    step after the trace) are outputs too, as constants: the graph is the whole model.
+    ``entries``: those of ``model_entries`` when the caller has them (a state-dict hook runs once)."""
     named: dict[str, torch.Tensor] = {}
     info: dict[str, OutputInfo] = {}
     real: dict[str, torch.Tensor] = {}
-    for fqn, mod, kind, name, t in tensor_slots(module):
+    if entries is None:
+        entries = model_entries(module, non_persistent=True)
+    for e in entries:
+        fqn, t = e.key, e.tensor
         if fqn in named or fqn in real:
             continue
         if is_deferred_tensor(t) or (carry_real and t.device.type != "meta" and MATERIALIZED not in t.__dict__
                                      and not hasattr(t, "_local_tensor")):
             (named if is_deferred_tensor(t) else real)[fqn] = t
-            info[fqn] = OutputInfo(requires_grad=t.requires_grad, is_parameter=kind == "_parameters",
-                                   persistent=kind == "_parameters" or name not in mod._non_persistent_buffers_set)
+            info[fqn] = OutputInfo(requires_grad=t.requires_grad, is_parameter=e.is_parameter,
+                                   persistent=e.persistent)
     if not named:
         raise ValueError("this module has no deferred tensors (was it built with fxinit.trace_init?)")
     left = left_behind(module)
@@ -73,9 +78,9 @@ def init_graph(module: torch.nn.Module, carry_real: bool = True) -> InitGraph:
     groups: dict[int, list[str]] = defaultdict(list)
     for fqn, t in named.items():
         groups[id(t)].append(fqn)
-    for fqn, _, _, _, t in tensor_slots(module):
-        if is_deferred_tensor(t) and fqn not in groups[id(t)]:
-            groups[id(t)].append(fqn)
+    for e in entries:
+        if is_deferred_tensor(e.tensor) and e.key not in groups[id(e.tensor)]:
+            groups[id(e.tensor)].append(e.key)
     ties = [g for g in groups.values() if len(g) > 1]
     for g in ties:
         for fqn in g:

@@ -19,8 +19,9 @@ import torch.fx as fx
 from torch.nn.modules.module import _IncompatibleKeys
 
 from fxinit import execute
+from fxinit.autograd_links import autograd_leaves, plan_links, relink
 from fxinit.arguments import checked_device, checked_dtype, checked_seed
-from fxinit.capture.api import clear_meta_init_cache
+from fxinit.capture.api import clear_meta_init_cache, recorder_of_root
 from fxinit.capture.deferred import MATERIALIZED, dressed_as, is_deferred_tensor, state_of
 from fxinit.capture.devices import device_available
 from fxinit.capture.recorder import Recorder
@@ -59,8 +60,17 @@ def _with_companions(tensors: list[torch.Tensor], where: dict[int, list[Location
 
     Tensors that alias one storage in eager construction (a parameter that is a view of
     another, a buffer aliasing a parameter) must be materialized from one computation to
-    alias one real storage too, whichever of them was asked for.
+    alias one real storage too, whichever of them was asked for. Tensors computed with
+    autograd from parameters go with the parameters they came from (``autograd_links``).
     """
+    out = _companions(tensors, where)
+    ids = {id(t) for t in out}
+    leaves = [p for t in out if t.grad_fn is not None for p in autograd_leaves(t)
+              if is_deferred_tensor(p) and id(p) not in ids]
+    return _companions(out + leaves, where) if leaves else out
+
+
+def _companions(tensors: list[torch.Tensor], where: dict[int, list[Location]]) -> list[torch.Tensor]:
     out = {id(t): t for t in tensors}
     for rec in {id(state_of(t).recorder): state_of(t).recorder for t in tensors}.values():
         root = rec.root
@@ -69,14 +79,17 @@ def _with_companions(tensors: list[torch.Tensor], where: dict[int, list[Location
         wanted = {rec.storage_id(t) for t in tensors if state_of(t).recorder is rec}
         for mod in root.modules():
             for kind, name, t in _module_tensors(mod):
-                # Tensor attributes computed with autograd (weight_norm's ``weight``) hold the
-                # parameters they came from: they go with them, or those could not be swapped.
-                derived = kind == "__dict__" and t.grad_fn is not None
+                # Tensors computed with autograd (weight_norm's ``weight``) hold the parameters
+                # they came from: they go with them, or those could not be swapped.
+                derived = t.grad_fn is not None
                 if id(t) not in out and (derived or rec.storage_id(t) in wanted):
                     out[id(t)] = t
                 places = where.setdefault(id(t), []) if id(t) in out else None
                 if places is not None and not any(p[0] is mod and p[1] == name for p in places):
                     places.append((mod, name, kind))
+        for t in rec.adopted:  # `real.data = deferred`: the caller's tensor shares that storage
+            if is_deferred_tensor(t) and rec.storage_id(t) in wanted:
+                out.setdefault(id(t), t)
     return list(out.values())
 
 
@@ -241,6 +254,7 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
                     v.copy_(loaded[id(t)]())
             values += [_empty_like(t, target, dtype).copy_(loaded[id(t)]()) for t in direct]
         plan.append((rest + direct, values))
+    links = plan_links(tensors)
     holders = _weakref_holders(where, tensors)
     for mod in holders:
         mod._flat_weight_refs = []
@@ -250,6 +264,7 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
     finally:
         for mod in holders:
             mod._init_flat_weights()
+    relink(links)
 
 
 def _refuse_meta_values(tensors: list[torch.Tensor], loaded: Mapping[int, Any], target: torch.device | None) -> None:
@@ -362,6 +377,8 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     stream_seed = None if rng == "exact" else (_TRACED_SEED if seed is None else seed)
     if isinstance(obj, torch.nn.Module):
         tensors, where = _deferred_in_module(obj)
+        rec = recorder_of_root(obj)  # tensors the caller holds that share the model's storages
+        tensors += [t for t in (rec.adopted if rec is not None else ()) if is_deferred_tensor(t)]
     elif is_deferred_tensor(obj):
         tensors, where = [obj], {}
     elif isinstance(obj, torch.Tensor):

@@ -1,10 +1,10 @@
 """graphviz drawings of init dependencies.
 
 One box per op and one note per parameter/buffer, nested in clusters by module path;
-random ops orange, constants blue, outputs green, dead writes grey and dashed. Repeated
-layers (``layers.0`` … ``layers.79`` with the same recipe) are drawn once with a count,
-so an 80-layer model reads like a 2-layer one; ``names`` restricts the drawing to the
-ancestry of some tensors.
+random ops orange, constants blue, outputs green, dead writes grey and dashed; the legend
+lists the kinds of marks the drawing has. Repeated layers (``layers.0`` … ``layers.79``,
+two or more, with the same recipe) are drawn once with a count, so an 80-layer model reads
+like a 1-layer one; ``names`` restricts the drawing to the ancestry of some tensors.
 """
 
 from __future__ import annotations
@@ -23,8 +23,21 @@ from fxinit.report import step
 _PLUMBING = {"detach", "alias"}
 
 RANDOM, CONSTANT, OUTPUT, DEAD_TEXT = "#f4a582", "#92c5de", "#d9f0d3", "grey50"
-LEGEND = ("orange: random op   blue: constant   green: parameter / buffer   "
-          "grey dashed: dead write (never run)   dashed arrow: next write to the same storage")
+#: What each kind of mark means, in the legend's order; a drawing's legend lists the kinds it has.
+LEGEND = {
+    "random": "orange: random op",
+    "constant": "blue: constant",
+    "output": "green: parameter / buffer",
+    "dead": "grey dashed: dead write (never run)",
+    "opaque": "bold border: an init function replayed whole",
+    "next_write": "dashed arrow: next write to the same storage",
+    "collapsed": "thick frame: numbered siblings drawn once",
+}
+
+
+def legend(kinds: set[str]) -> str:
+    """The legend line of a drawing that has ``kinds`` of marks (keys of ``LEGEND``)."""
+    return "   ".join(text for kind, text in LEGEND.items() if kind in kinds)
 _NUMBERED = re.compile(r"^(.*?)(?:^|\.)(\d+)(?=\.|$)")
 
 
@@ -39,8 +52,7 @@ def draw(graph: InitGraph, out: Path, names: Iterable[str] | None = None, collap
     hidden, counts = _collapsed(graph, nodes, wanted) if collapse else (set(), {})
     dead = graph.dead_writes()
     font = {"fontname": "Helvetica", "fontsize": "10"}
-    dot = graphviz.Digraph("init_deps", graph_attr={"rankdir": "LR", "label": LEGEND, "labelloc": "t",
-                                                    "newrank": "true", **font},
+    dot = graphviz.Digraph("init_deps", graph_attr={"rankdir": "LR", "labelloc": "t", "newrank": "true", **font},
                            node_attr={"shape": "box", "style": "rounded,filled", "fillcolor": "white", **font},
                            edge_attr={"color": "grey40"})
     clusters: dict[str, list[tuple[str, dict[str, str]]]] = defaultdict(list)
@@ -55,12 +67,16 @@ def draw(graph: InitGraph, out: Path, names: Iterable[str] | None = None, collap
     def src(n: fx.Node) -> fx.Node:
         return alias_of.get(n, n)
 
+    kinds = {"collapsed"} if counts else set()
     for node in shown:
         attrs = {"label": _label(node), "fillcolor": _fill(node)}
+        kinds.add({RANDOM: "random", CONSTANT: "constant"}.get(attrs["fillcolor"], "op"))
         if node in dead:
             attrs.update(fontcolor=DEAD_TEXT, color=DEAD_TEXT, style="rounded,filled,dashed", fillcolor="white")
+            kinds.add("dead")
         if node.meta.get("opaque"):
             attrs["penwidth"] = "2"
+            kinds.add("opaque")
         clusters[node.meta.get("module") or ""].append((node.name, attrs))
         inputs = {src(i).name for i in node.all_input_nodes}
         for inp in sorted(inputs & shown_names):
@@ -69,6 +85,7 @@ def draw(graph: InitGraph, out: Path, names: Iterable[str] | None = None, collap
             prev = last_write.get(sid)
             if prev is not None and prev not in inputs:
                 dot.edge(prev, node.name, style="dashed")
+                kinds.add("next_write")
             last_write[sid] = node.name
     for group in _groups(graph, wanted):
         value = src(graph.outputs[group[0]])
@@ -77,12 +94,14 @@ def draw(graph: InitGraph, out: Path, names: Iterable[str] | None = None, collap
         spec, box = graph.spec(group[0]), "out_" + re.sub(r"\W", "_", group[0])
         label = "\n".join(group) + f"\n{tuple(spec.shape)} {str(spec.dtype).removeprefix('torch.')}"
         clusters[group[0].rpartition(".")[0]].append((box, {"label": label, "fillcolor": OUTPUT, "shape": "note"}))
+        kinds.add("output")
         last = last_write.get(graph.output_storage[group[0]])
         if last in (None, value.name):
             dot.edge(value.name, box)
         else:  # the arrow comes from the last write; an invisible edge keeps the box by its value
             dot.edge(value.name, box, style="invis")
             dot.edge(last, box, constraint="false")
+    dot.graph_attr["label"] = legend(kinds)
     _add_clusters(dot, clusters, counts)
     return _render(dot, out)
 
@@ -146,12 +165,12 @@ def _collapsed(graph: InitGraph, nodes: list[fx.Node], wanted: list[str]
     hidden: set[fx.Node] = set()
     counts: dict[str, int] = {}
     for parent, indices in families.items():
-        if len(indices) < 3:
+        if len(indices) < 2:
             continue
         indices.sort()
         first = indices[0]
         same = [i for i in indices[1:] if signature((parent, i)) == signature((parent, first))]
-        if len(same) < 2:
+        if not same:
             continue
         for i in same:
             hidden.update(by_instance[(parent, i)])

@@ -153,7 +153,10 @@ def fsdp2_portable(factory: Callable[[], nn.Module], blocks) -> tuple[list[str],
     return [], _full(model)
 
 
-def fsdp1(factory: Callable[[], nn.Module], auto_wrap: bool, init_fn: bool, mixed: bool) -> list[str]:
+def fsdp1(factory: Callable[[], nn.Module], auto_wrap: bool, how: str, mixed: bool) -> list[str]:
+    """``how``: ``"param_init_fn"`` (FSDP calls fxinit.materialize_module), ``"idiom"``
+    (torchdistX's documented ``FSDP(deferred_init(M), ...)``, nothing else) or
+    ``"materialized"`` (materialize first, then wrap: the plain way)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import MixedPrecision
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -165,12 +168,14 @@ def fsdp1(factory: Callable[[], nn.Module], auto_wrap: bool, init_fn: bool, mixe
     torch.manual_seed(0)
     eager = FSDP(factory(), **options)
     torch.manual_seed(0)
-    model = fxinit.trace_init(factory)
-    if init_fn:
+    model = fxinit.deferred_init(factory)
+    if how == "param_init_fn":
         wrapped = FSDP(model, param_init_fn=fxinit.materialize_module, **options)
-    else:  # materialize first, then wrap: the plain way
+    elif how == "idiom":
+        wrapped = FSDP(model, **options)
+    else:
         wrapped = FSDP(fxinit.materialize(model), **options)
-    what = f"fsdp1 {factory.__name__} auto_wrap={auto_wrap} param_init_fn={init_fn} mixed={mixed}"
+    what = f"fsdp1 {factory.__name__} auto_wrap={auto_wrap} {how} mixed={mixed}"
     errors = []
     with FSDP.summon_full_params(wrapped), FSDP.summon_full_params(eager):
         errors += _compare(dict(wrapped.named_parameters()), dict(eager.named_parameters()), what)
@@ -180,6 +185,26 @@ def fsdp1(factory: Callable[[], nn.Module], auto_wrap: bool, init_fn: bool, mixe
         errors += _compare({k: v.clone() for k, v in wrapped.named_parameters()},
                            {k: v.clone() for k, v in eager.named_parameters()}, what + " after a step")
     return errors
+
+
+def fsdp1_wrap_in_constructor() -> list[str]:
+    """FSDP1's manual wrapping (``enable_wrap`` + ``wrap`` inside ``__init__``) builds flat
+    parameters while the capture is on: refused, with a way out."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import enable_wrap, wrap
+
+    class Wrapped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = wrap(nn.Linear(4, 4))
+            self.head = nn.Linear(4, 2)
+
+    with enable_wrap(wrapper_cls=FSDP, device_id=torch.device("cpu")):
+        try:
+            fxinit.trace_init(Wrapped)
+        except fxinit.DeferredInitError as exc:
+            return [] if "auto_wrap_policy" in str(exc) else [f"fsdp1 wrap in __init__: unclear refusal {exc}"]
+    return ["fsdp1 wrap in __init__: not refused"]
 
 
 def pipeline_stage(rank: int, world: int) -> list[str]:
@@ -213,9 +238,11 @@ def _scenario(name: str, rank: int, world: int) -> Any:
     if name == "fsdp2_portable":
         return {"net": fsdp2_portable(Net, net_blocks)[1], "llama": fsdp2_portable(llama, llama_blocks)[1]}
     if name == "fsdp1":
-        errors = [e for f in (Simple, Net) for aw in (True, False) for fn in (True, False)
-                  for e in fsdp1(f, aw, fn, mixed=False)]
-        return errors + [e for fn in (True, False) for e in fsdp1(Simple, True, fn, mixed=True)]  # CPU layer_norm has no bf16 mixed mode
+        hows = ("param_init_fn", "idiom", "materialized")
+        errors = [e for f in (Simple, Net) for aw in (True, False) for how in hows
+                  for e in fsdp1(f, aw, how, mixed=False)]
+        errors += fsdp1_wrap_in_constructor()
+        return errors + [e for how in hows for e in fsdp1(Simple, True, how, mixed=True)]  # CPU layer_norm has no bf16 mixed mode
     if name == "pipeline":
         return pipeline_stage(rank, world)
     raise KeyError(name)

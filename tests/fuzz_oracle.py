@@ -106,7 +106,7 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, str]:
 def _storage_key(t: torch.Tensor):
     try:
         st_ = t.untyped_storage()
-        if st_.nbytes() == 0:
+        if st_.nbytes() == 0 or t.numel() == 0:  # an empty view reads and writes nothing of its storage
             return None
         return (t.device.type, st_.data_ptr())
     except Exception:  # noqa: BLE001

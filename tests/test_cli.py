@@ -4,6 +4,7 @@ exit codes and one-line errors."""
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fxinit.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from fxinit.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
 from tests.cli_models import Stack
 from tests.conftest import same_bits
 
@@ -115,6 +116,14 @@ def test_viz_collapses_repeated_layers_and_focuses(tmp_path: Path) -> None:
     flat = tmp_path / "flat.dot"
     assert main(["viz", str(graph), "-o", str(flat), "--no-collapse"]) == EXIT_OK
     assert "layers.3.fc.weight" in flat.read_text()
+    two = tmp_path / "two.dot"  # collapsing starts at two copies
+    assert main(["viz", str(_trace(tmp_path, layers=2)), "-o", str(two)]) == EXIT_OK
+    assert "x2: 2 numbered siblings" in two.read_text() and "layers.1.fc.weight" not in two.read_text()
+    from fxinit.viz import LEGEND
+
+    drawn = [text for text in LEGEND.values() if text in flat.read_text()]
+    assert "green: parameter / buffer" in drawn and "thick frame: numbered siblings drawn once" not in drawn
+    assert "blue: constant" not in drawn or "fillcolor=\"#92c5de\"" in flat.read_text()
     focus = tmp_path / "focus.dot"
     assert main(["viz", str(graph), "-o", str(focus), "--only", "layers.2.fc.weight"]) == EXIT_OK
     assert "layers.2.fc.weight" in focus.read_text() and "embed.weight" not in focus.read_text()
@@ -139,6 +148,53 @@ def test_errors_are_one_line_with_meaningful_exit_codes(tmp_path: Path, capsys: 
     with pytest.raises(SystemExit) as exc:
         main(["materialize"])
     assert exc.value.code == EXIT_USAGE
+
+
+def test_errors_keep_the_source_line_and_unavailable_devices_fail_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert main(["trace", "tests.cli_refused:Reads", "-o", str(tmp_path / "r.pt")]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "source:" in err and "cli_refused.py" in err and "self.w.sum() > 0" in err and "Traceback" not in err
+    graph = _trace(tmp_path)
+    from fxinit.export import source as export_source
+
+    def no_compute(*args: object, **kwargs: object) -> None:
+        raise AssertionError("values were computed before the device was checked")
+
+    monkeypatch.setattr(export_source.Source, "compute", no_compute)
+    for fmt in ("safetensors", "hf"):
+        out = tmp_path / ("w.safetensors" if fmt == "safetensors" else "ckpt")
+        assert main(["materialize", str(graph), "-o", str(out), "--format", fmt, "--device", "cuda:7", "-q"]) \
+            == EXIT_FAILED
+        err = capsys.readouterr().err
+        assert err.count("\n") <= 2 and "cuda:7" in err and "not available" in err, err
+
+
+def test_interrupt_is_one_line_exit_130_and_says_how_to_resume(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    graph = _trace(tmp_path, layers=4)
+    out = tmp_path / "ckpt"
+    argv = ["materialize", str(graph), "-o", str(out), "--format", "hf", "--max-shard-size", "1KB", "-q"]
+    from fxinit.export import hf
+
+    write = hf._write_shard
+    calls = []
+
+    def interrupted_after_two(*args: object, **kwargs: object) -> tuple[int, int]:
+        calls.append(1)
+        if len(calls) > 2:
+            raise KeyboardInterrupt
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(hf, "_write_shard", interrupted_after_two)
+    assert main(argv) == EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "interrupted" in err
+    command = err.split("resume with: ")[1].strip()
+    assert command.startswith("fxinit materialize") and command.endswith("--resume")
+    monkeypatch.setattr(hf, "_write_shard", write)
+    assert main(shlex.split(command)[1:]) == EXIT_OK
+    assert "kept 2 files complete and verified" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("command", [[], ["trace"], ["show"], ["viz"], ["materialize"]])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import shutil
 from pathlib import Path
@@ -41,17 +43,68 @@ def python_blocks(doc: Path) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", doc.read_text(), flags=re.S | re.M)
 
 
+def printed_outputs(block: str) -> list[list[str]]:
+    """The outputs a block says it prints: the ``# `` comment lines right after a line that
+    calls ``print(``, one group per such line (the docs' convention; ``...`` stands for any
+    text, alone on a line for any lines)."""
+    groups: list[list[str]] = []
+    lines = block.splitlines()
+    for i, line in enumerate(lines):
+        if not line.lstrip().startswith("print("):
+            continue
+        group = []
+        for after in lines[i + 1:]:
+            if not after.lstrip().startswith("# "):
+                break
+            group.append(after.lstrip()[2:].rstrip())
+        if group:
+            groups.append(group)
+    return groups
+
+
+def _pattern(group: list[str]) -> str:
+    parts = []
+    for line in group:
+        if line.strip() == "...":
+            parts.append(r"(?:[^\n]*\n)*?")
+        else:
+            parts.append(".*?".join(re.escape(piece) for piece in line.split("...")) + r"[ \t]*\n")
+    return "".join(parts)
+
+
+def assert_printed(block: str, out: str, where: str) -> None:
+    """Each printed group appears in ``out``, in order, each as whole lines."""
+    pos = 0
+    for group in printed_outputs(block):
+        match = re.compile(r"^" + _pattern(group), re.M).search(out, pos)
+        assert match, f"{where}: the doc says it prints\n" + "\n".join(group) + f"\nbut it printed\n{out[pos:]}"
+        pos = match.end()
+
+
 def run_blocks(doc: Path) -> None:
-    """Every ```python block of ``doc``, in order, in one namespace."""
-    namespace: dict[str, object] = {"__name__": doc.stem}
+    """Every ```python block of ``doc``, in order, in one namespace; what each prints must
+    be what the block's comments say (``printed_outputs``)."""
+    namespace: dict[str, object] = {"__name__": "__main__"}
     rng = torch.get_rng_state()
     try:
         for i, block in enumerate(python_blocks(doc)):
-            code = compile(block, f"{doc.relative_to(ROOT)}[python block {i + 1}]", "exec")
-            exec(code, namespace)  # noqa: S102 - the docs are ours
+            where = f"{doc.relative_to(ROOT)}[python block {i + 1}]"
+            code = compile(block, where, "exec")
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                exec(code, namespace)  # noqa: S102 - the docs are ours
+            assert_printed(block, out.getvalue(), where)
     finally:
         torch.set_rng_state(rng)
         fxinit.clear_meta_init_cache()
+
+
+def test_printed_output_convention_catches_drift() -> None:
+    block = 'print("plan: 4 nodes in 2 groups")\n# plan: 5 nodes in ... groups\n'
+    with pytest.raises(AssertionError, match="the doc says it prints"):
+        assert_printed(block, "plan: 4 nodes in 2 groups\n", "example")
+    assert_printed(block.replace("5", "4"), "plan: 4 nodes in 2 groups\n", "example")
+    assert_printed('print(t)\n# a\n# ...\n# z\n', "a\nb\nc\nz\n", "example")
 
 
 def test_guide_has_examples() -> None:

@@ -27,31 +27,14 @@ from fuzz_programs import Hole, Outcome, Program, check, example, programs
 #
 # Each kind is a grammar tag (see fuzz_programs.Gen). Symptoms, as of this file's writing:
 #
-# edit:data_assign_real    `.data =` between a real tensor (real even under capture: a constructor
-#                          argument or a computation on one, torch.from_numpy data, torch.get_rng_state(),
-#                          anything made in init_weights() outside fxinit.recording) and a deferred one.
-#                          In init_weights() (no capture mode sees real tensors there):
-#                          `deferred.data = real` does not share storage after materialize, so a write
-#                          to the real tensor after that line is missing (wrong values);
-#                          `real.data = deferred` raises RuntimeError (set_data: incompatible tensor
-#                          type) instead of DeferredInitError. (In __init__ both are exact or refused.)
 # store:grad_tracked       a tensor computed with autograd from a parameter and kept as a buffer or
-#                          attribute (self.t = self.w[0], register_buffer("b", self.w.clone()), old
-#                          nn.utils.weight_norm's `weight`, parameters_to_vector): materialized as a
-#                          leaf without grad_fn (eager: CloneBackward0 / SelectBackward0 ...), so no
-#                          gradient reaches the parameter through it; materialized piece by piece, a
-#                          view loses its storage sharing with the parameter too.
-# post:vector_to_parameters  nn.utils.vector_to_parameters(vec, m.parameters()) after tracing: eager's
-#                          parameters become views of one vector (shared storage, offsets); fxinit's
-#                          are separate tensors (values equal).
-# np:roundtrip_alias_after_trace  torch.from_numpy(t.numpy()) in init_weights() (no capture mode sees
-#                          from_numpy there): a real copy of t's values, not t's memory (values right;
-#                          a later write to t is refused, one to the copy is not seen by t).
+#                          attribute, the parameter written after that (old nn.utils.weight_norm's
+#                          `weight`, then weight_g filled): materialized with eager's values as a leaf
+#                          without grad_fn (eager: MulBackward0 ...; a backward through it would raise
+#                          there, the parameter having been modified in place). Views of parameters, and
+#                          tensors whose parameters were not written since, get eager's grad_fn.
 KNOWN_HOLE_KINDS: set[str] = {
-    "np:roundtrip_alias_after_trace",
-    "edit:data_assign_real",
     "store:grad_tracked",
-    "post:vector_to_parameters",
 }
 # Closed since this fuzzer found them (their examples below are regression tests now):
 # np:roundtrip_alias       torch.from_numpy(t.detach().numpy()) of a deferred tensor in __init__ was a
@@ -59,6 +42,18 @@ KNOWN_HOLE_KINDS: set[str] = {
 # edit:copy_self           t.copy_(t) after an in-place write reverted t to its value before the write.
 # post:load_state_dict_bn  m.load_state_dict(sd, strict=False) after tracing, sd without a BatchNorm's
 #                          num_batches_tracked: torch's loader saw a meta tensor and loaded 0 into it.
+# edit:data_assign_real    `.data =` between a real tensor and a deferred one in init_weights():
+#                          `deferred.data = real` gave a copy, so a later write to the real tensor was
+#                          missing (now the tensor becomes real, sharing the memory); `real.data =
+#                          deferred` raised torch's RuntimeError (now the real tensor becomes deferred,
+#                          sharing the storage, and is materialized with it).
+# np:roundtrip_alias_after_trace  torch.from_numpy(t.numpy()) in init_weights() (no capture mode sees
+#                          from_numpy there) was a copy of t's values, not t's memory: now torch.from_numpy
+#                          answers for fxinit's arrays while a recorder lives.
+# store:grad_tracked       (partly) a tensor computed with autograd from parameters and kept on the module
+#                          had no grad_fn: now its ops are replayed on the real parameters (autograd_links)
+# post:vector_to_parameters  nn.utils.vector_to_parameters(vec, m.parameters()) after tracing: eager's
+#                          parameters are views of one vector; fxinit's were separate tensors.
 
 
 ARG = ("torch.arange(3.0)",)
@@ -79,12 +74,13 @@ HOLE_EXAMPLES: dict[str, Program] = {
         "self.b.fill_(1.0)",
         "self.b.copy_(self.b)",
     ]),
-    "edit:data_assign_real": example(  # in init_weights: RuntimeError instead of DeferredInitError
+    "edit:data_assign_real": example(  # in init_weights: was torch's RuntimeError
         ['self.register_buffer("b", torch.get_rng_state())', "self.w = nn.Parameter(torch.zeros(3))"],
         ["self.b.data = self.w.detach().to(torch.uint8)"]),
-    "store:grad_tracked": example([
+    "store:grad_tracked": example([  # the parameter written after: no grad_fn (eager: MulBackward0)
         "self.w = nn.Parameter(torch.randn(2))",
-        'self.register_buffer("b", self.w.clone())',
+        'self.register_buffer("b", self.w * 2)',
+        "with torch.no_grad():\n    self.w.zero_()",
     ]),
     "post:vector_to_parameters": example(
         ["self.a = nn.Linear(2, 2)"],
@@ -98,10 +94,7 @@ HOLE_EXAMPLES: dict[str, Program] = {
 
 # more programs of the open kinds (other faces of the same holes)
 HOLE_VARIANTS: list[tuple[str, Program]] = [
-    ("store:grad_tracked", example(  # a view kept as an attribute, materialized tensor by tensor
-        ["self.m = nn.Linear(1, 1, bias=False)"],
-        ["self.w1 = nn.Parameter(self.m.weight.clone())", "self.t = self.w1[0]"], order="tensors")),
-    ("edit:data_assign_real", example(  # a tensor made in init_weights() is real: RuntimeError
+    ("edit:data_assign_real", example(  # a tensor made in init_weights() is real: was a RuntimeError
         ["self.w0 = nn.Parameter(torch.randn(3))"],
         ["self.w1 = nn.Parameter(torch.zeros(3))", "self.w1.data = self.w0.clone()"])),
     ("np:roundtrip_alias", example([  # edited after tracing, in init_weights
@@ -113,6 +106,20 @@ HOLE_VARIANTS: list[tuple[str, Program]] = [
 # holes this fuzzer found in earlier versions of capture, closed since (equal, or a clear refusal):
 # they must stay closed
 FIXED_EXAMPLES: dict[str, Program] = {
+    "a buffer computed with autograd from a parameter had no grad_fn": example([
+        "self.w = nn.Parameter(torch.randn(2))",
+        'self.register_buffer("b", self.w.clone())',
+    ]),
+    "a view of a parameter kept as an attribute, materialized tensor by tensor: no grad_fn, no sharing": example(
+        ["self.m = nn.Linear(1, 1, bias=False)"],
+        ["self.w1 = nn.Parameter(self.m.weight.clone())", "self.t = self.w1[0]"], order="tensors"),
+    "a view of a parameter written after it was taken keeps its grad_fn": example([
+        "self.w = nn.Parameter(torch.randn(3, 2))",
+        "self.t = self.w.t()[1]",
+        "nn.init.zeros_(self.w)",
+    ]),
+    "old nn.utils.weight_norm's weight, materialized tensor by tensor": example(
+        ["self.lin = nn.utils.weight_norm(nn.Linear(3, 2))"], order="tensors"),
     "tensors kept in a list / dict attribute were never materialized": example([
         "self.lst = [torch.randn(2), torch.arange(3.0)]",
         'self.dct = {"a": torch.ones(2) * 3}',
@@ -121,17 +128,33 @@ FIXED_EXAMPLES: dict[str, Program] = {
         "self.w = nn.Parameter(arg0)",
         "with torch.no_grad():\n    arg0.mul_(2)",
     ], args=ARG),
-    "deferred.data = real in __init__, then the real tensor written, lost the write (refused now)": example([
+    "deferred.data = real in __init__, then the real tensor written, lost the write (equal now: the tensor becomes real)": example([
         'self.register_buffer("b", torch.zeros(2))',
         "self.w = nn.Parameter(arg0.clone())",  # an operation on a real tensor: real
         "self.b.data = self.w",
         "with torch.no_grad():\n    self.w.mul_(3)",
     ], args=ARG),
-    "from_numpy(t.numpy()) in init_weights, then t written: a snapshot (refused now)": example(
+    "from_numpy(t.numpy()) in init_weights, then t written: a snapshot (equal now)": example(
         ['self.register_buffer("b", torch.zeros(2))'],
         ["self.t = torch.from_numpy(self.b.numpy())", "self.b.add_(1)"],
     ),
-    "real.data = deferred in __init__ lost the aliasing (refused now)": example([
+    "real.data = deferred in __init__, then the real tensor written: the write missed the deferred one":
+        example([
+            "self.m0 = nn.Linear(1, 1, bias=False)",
+            "arg0.data = self.m0.weight.expand(2, *self.m0.weight.shape)",
+            "with torch.no_grad():\n    arg0.fill_(0.0)",
+        ], args=("torch.arange(6.0).reshape(2, 3)",)),
+    "an RNN weight's .data set to a real tensor (its module keeps weak references to it): refused": example(
+        ["self.m1 = nn.LSTM(3, 3, num_layers=2, bias=False, bidirectional=True)",
+         "self.m1.weight_ih_l0.data = arg0"],
+        ["self.m1.weight_ih_l0_reverse.data = torch.distributions.Uniform(-1.0, 1.0).sample((12, 3))"],
+        args=("torch.ones(12, 3)",)),
+    "numpy() of a transposed deferred tensor gave a C-ordered copy (torch.tensor of it: other strides)": example([
+        "self.t1 = torch.tensor(arg0.detach().numpy())",
+        "with torch.no_grad():\n    self.t1.t_()",
+        "self.w4 = nn.Parameter(torch.tensor(self.t1.detach().numpy()))",
+    ], args=("torch.arange(6.0).reshape(2, 3)",)),
+    "real.data = deferred in __init__ lost the aliasing (equal now: the real tensor becomes deferred)": example([
         'self.register_buffer("b", arg0)',
         "self.w = nn.Parameter(torch.zeros(3))",
         "self.b.data = self.w.detach()",

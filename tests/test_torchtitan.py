@@ -103,6 +103,34 @@ def test_trainer_flow_with_meta_kept_matches_the_trainers_own_values() -> None:
     assert torch.equal(rand_traced, rand_eager), "the global random stream differs after the two flows"
 
 
+def test_checkpoint_manager_loads_fxinit_dcp_export_as_its_seed_checkpoint(tmp_path: Any) -> None:
+    """``fxinit.save(model, dir, format="dcp")`` in place of ``--checkpoint.create_seed_checkpoint``:
+    torchtitan's own ``CheckpointManager`` loads it as ``initial_load_path`` into a model built
+    with another seed. Qwen3's fused QKV renames ``wqkv`` into ``wq``/``wk``/``wv`` in a
+    state-dict post-hook, so the export must hold the keys of ``state_dict()``, not the
+    parameter names."""
+    _require_torchtitan()
+    from torchtitan.components.checkpointer import CheckpointManager
+
+    spec = worker.model_spec("qwen3", "debugmodel", 2)
+    torch.manual_seed(0)
+    traced = worker.init(worker.build(spec.model, "fxinit"))
+    assert any(k.endswith("qkv_linear.wk.weight") for k in traced.state_dict())
+    fxinit.save(traced, tmp_path / "seed", format="dcp")
+    torch.manual_seed(0)
+    eager = worker.init(worker.build(spec.model, "cpu"))
+    torch.manual_seed(1)
+    fresh = worker.init(worker.build(spec.model, "cpu"))
+    config = CheckpointManager.Config(enable=True, folder="checkpoint", initial_load_path=str(tmp_path / "seed"),
+                                      initial_load_model_only=True)
+    manager = CheckpointManager(config, dataloader=None, model_parts=[fresh], optimizers=None, lr_schedulers=None,
+                                states={}, sd_adapter=None, base_folder=str(tmp_path))
+    assert manager.load()
+    want, got = worker.tensors(eager), worker.tensors(fresh)
+    differ = [k for k in want if not worker.bits_equal(got[k], want[k])]
+    assert not differ, f"differ from eager after torchtitan loaded fxinit's export: {differ}"
+
+
 # ------------------------------------------------------------------------------ 4 ranks
 @pytest.fixture(scope="module")
 def four_ranks() -> dict[int, dict] | None:

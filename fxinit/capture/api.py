@@ -117,6 +117,11 @@ def meta_init() -> Iterator[None]:
         yield
 
 
+def recorder_of_root(module: torch.nn.Module) -> Recorder | None:
+    """The recorder of the trace that built ``module`` (as its root), if any."""
+    return _ROOT_RECORDERS.get(module)
+
+
 def _recorder_for(module: torch.nn.Module) -> Recorder:
     recorder = _ROOT_RECORDERS.get(module)
     if recorder is None:

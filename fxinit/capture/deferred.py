@@ -37,6 +37,24 @@ _IS_META = TensorBase.is_meta
 _IS_CPU = TensorBase.is_cpu
 _IS_CUDA = TensorBase.is_cuda
 _DATA = TensorBase.data
+
+
+def _get_data(self: torch.Tensor) -> torch.Tensor:
+    return _DATA.__get__(self, type(self))
+
+
+def _set_data(self: torch.Tensor, value: Any) -> None:
+    if is_deferred_tensor(value) and not is_deferred_tensor(self) and type(self) in (torch.Tensor, torch.nn.Parameter):
+        state_of(value).recorder.set_real_data(self, value)
+    else:
+        _DATA.__set__(self, value)
+
+
+#: ``Tensor.data`` while a recorder lives (``capture.doors.watch_after_trace``): torch's
+#: setter asks only the tensor written for a ``__torch_function__``, so ``real.data = deferred``
+#: after the trace would fail deep in C++.
+DATA_PROPERTY = property(_get_data, _set_data, doc=_DATA.__doc__)
+_DATA_DESCRIPTORS = (_DATA, DATA_PROPERTY)
 _AUTOCAST_ON = torch._C._is_any_autocast_enabled
 _SETITEM = torch.Tensor.__setitem__
 _HOOK_SLOTS = [getattr(TensorBase, name) for name in ("_backward_hooks", "_post_accumulate_grad_hooks")
@@ -50,6 +68,8 @@ _RAW_ACCESS = {
 }
 _LOAD_FROM_STATE_DICT = torch.nn.Module._load_from_state_dict.__code__
 _VALUE_READS = {TensorBase.tolist, TensorBase.numpy, torch.Tensor.__array__}
+_SHAPED_LIKE = {TensorBase.view_as: TensorBase.view, TensorBase.reshape_as: TensorBase.reshape,
+                TensorBase.expand_as: TensorBase.expand}
 _PYTHON_ELEMENTWISE = {TensorBase.apply_, TensorBase.map_, TensorBase.map2_}
 #: ``{code object: answer(frame, tensor) -> bool | None}``: library functions that ask a
 #: deferred tensor ``is_meta`` to decide whether to communicate (``capture.collectives``);
@@ -76,12 +96,15 @@ def is_deferred_tensor(t: object) -> bool:
     return isinstance(t, DeferredTensor) and STATE_ATTR in t.__dict__
 
 
-def dressed_as(deferred: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+def dressed_as(deferred: torch.Tensor, value: torch.Tensor, keep_autograd: bool = False) -> torch.Tensor:
     """``value`` in the place of ``deferred``: a Parameter (of the subclass it was made as)
     if that was one, its ``requires_grad``, its gradient hooks, and the attributes user code
-    set on it (not fxinit's own)."""
+    set on it (not fxinit's own). ``keep_autograd``: ``value`` itself, with its ``grad_fn``
+    (a tensor computed from parameters: ``fxinit.autograd_links``)."""
     cls = deferred.__dict__.get(PARAMETER_CLASS)
-    if cls is not None:
+    if keep_autograd:
+        new = value
+    elif cls is not None:
         new = torch.Tensor._make_subclass(cls, value.detach(), deferred.requires_grad)
     elif isinstance(deferred, torch.nn.Parameter):
         new = torch.nn.Parameter(value, requires_grad=deferred.requires_grad)
@@ -175,6 +198,11 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
             return result
     elif func is TensorBase.new_tensor:
         return _recorder_of(args, kwargs).new_tensor(args[0], *args[1:], **kwargs)
+    elif func in _SHAPED_LIKE and len(args) == 2 and not kwargs and not is_deferred_tensor(args[0]):
+        # ``real.view_as(deferred)`` reads only the deferred tensor's size: eager's result is
+        # a view of the real tensor (``nn.utils.vector_to_parameters``), and so is this one.
+        with torch._C.DisableTorchFunctionSubclass():
+            return _SHAPED_LIKE[func](args[0], args[1].size())
     else:
         args, kwargs = _lift_real_tensors(func, args, kwargs)
         if _AUTOCAST_ON():  # after the trace (during it, the capture mode notes it for the recorder)
@@ -247,7 +275,7 @@ def reported_device(t: torch.Tensor, caller: Any = None) -> torch.device:
 def _property(kind: str, owner: Any, args: tuple) -> Any:
     t = args[0]
     if not is_deferred_tensor(t):
-        if kind == "__set__" and owner is _DATA and is_deferred_tensor(args[1]):
+        if kind == "__set__" and owner in _DATA_DESCRIPTORS and is_deferred_tensor(args[1]):
             state_of(args[1]).recorder.set_real_data(t, args[1])
             return None
         return _NOT_HANDLED
@@ -271,9 +299,9 @@ def _property(kind: str, owner: Any, args: tuple) -> Any:
             return reported_device(t, caller).type == "cpu"
         if owner is _IS_CUDA:
             return reported_device(t, caller).type == "cuda"
-        if owner is _DATA:
+        if owner in _DATA_DESCRIPTORS:
             return state_of(t).recorder.data_alias(t)
-    elif kind == "__set__" and owner is _DATA:
+    elif kind == "__set__" and owner in _DATA_DESCRIPTORS:
         state_of(t).recorder.set_data(t, args[1])
         return None
     return _NOT_HANDLED

@@ -17,20 +17,27 @@ nothing, silently. Each is closed here, in one of the contract's three ways:
   (``item()``); the elements are stacked instead, as recorded ops;
 * ``nn.Parameter`` subclasses: ``Parameter.__new__`` turns a deferred tensor into a
   deferred tensor flagged as a parameter, which loses the class; while capture is on it
-  notes the class on the tensor, and materialize builds the value as that class.
+  notes the class on the tensor, and materialize builds the value as that class;
+* ``real.data = deferred`` after the trace: torch's setter asks only ``real`` for a
+  ``__torch_function__`` and would fail deep in C++; while a recorder lives, ``Tensor.data``
+  is a property that sends that one case to ``Shadows.set_real_data``;
+* ``torch.from_numpy(t.numpy())`` after the trace: no mode sees ``from_numpy``; while a
+  recorder lives, ``torch.from_numpy``, ``as_tensor`` and ``asarray`` answer for the arrays
+  ``numpy()`` gave as the capture mode does (``numpy_source``: an alias of ``t``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 from torch._C import TensorBase
 
-from fxinit.capture.deferred import PARAMETER_CLASS, is_deferred_tensor, state_of
+from fxinit.capture.deferred import DATA_PROPERTY, PARAMETER_CLASS, is_deferred_tensor, state_of
 from fxinit.capture.trees import map_tree
 
 aten = torch.ops.aten
@@ -47,14 +54,14 @@ class Doors:
         out = self.read_values(func, t, args, kwargs)
         if not isinstance(out, np.ndarray):
             return out
-        out = out.copy().view(ReadOnlyValues)  # the shadow's memory stays fxinit's
+        out = out.copy(order="K").view(ReadOnlyValues)  # the shadow's memory stays fxinit's; its layout is eager's
         out.flags.writeable = False
         out.recorder = self
-        if self.capturing:  # the capture mode sees a torch.from_numpy(out) (numpy_source)
-            self.numpy_arrays.append((out, t))
-        else:  # nothing will see it, and eager's would alias t
-            self.copied_out.setdefault(self.storage_id(t), "its values were read through numpy() after the "
-                                                           "trace (a tensor made from that array shares them)")
+        # torch.from_numpy(out) is seen by the capture mode, or after the trace by the patched
+        # torch.from_numpy (see the module docstring): both answer with numpy_source
+        self.numpy_arrays.append((weakref.ref(out), t))
+        if not self.capturing:
+            _NUMPY_RECORDERS.add(self)
         return out
 
     def legacy_new(self, t: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
@@ -106,7 +113,11 @@ class Doors:
         if not self.numpy_arrays:
             return real
         ptr = real.data_ptr()
-        for array, t in self.numpy_arrays:
+        self.numpy_arrays = [(ref, t) for ref, t in self.numpy_arrays if ref() is not None]
+        for ref, t in self.numpy_arrays:
+            array = ref()
+            if array is None:
+                continue
             start = array.ctypes.data
             if start <= ptr < start + max(array.nbytes, 1):
                 whole = ptr == start and tuple(real.shape) == array.shape and real.dtype == t.dtype \
@@ -186,3 +197,51 @@ def parameter_classes() -> Iterator[None]:
             _patched -= 1
             if not _patched:
                 torch.nn.Parameter.__new__ = _PARAMETER_NEW  # type: ignore[method-assign]
+
+
+_TENSOR_DATA = torch.Tensor.__dict__.get("data")  # None: torch.Tensor inherits TensorBase's descriptor
+_SHARING_FACTORIES = {name: getattr(torch, name) for name in ("from_numpy", "as_tensor", "asarray")}
+_NUMPY_RECORDERS: "weakref.WeakSet[Any]" = weakref.WeakSet()  # recorders that gave arrays after a trace
+_live_recorders = 0
+
+
+def _sharing_numpy(func: Callable) -> Callable:
+    """``func`` (a factory that may share an array's memory), answering for arrays that
+    ``numpy()`` gave for deferred tensors after the trace as the capture mode answers."""
+    def factory(*args: Any, **kwargs: Any) -> Any:
+        out = func(*args, **kwargs)
+        if _NUMPY_RECORDERS and type(out) is torch.Tensor and out.device.type == "cpu" and out.numel():
+            for rec in list(_NUMPY_RECORDERS):
+                alias = rec.numpy_source(out)
+                if alias is not out:
+                    return alias
+        return out
+
+    factory.__wrapped__ = func  # type: ignore[attr-defined]
+    factory.__name__, factory.__doc__ = func.__name__, func.__doc__
+    return factory
+
+
+def watch_after_trace(recorder: Any) -> None:
+    """While ``recorder`` lives, the doors that need it after its trace are open: ``real.data
+    = deferred`` and ``torch.from_numpy`` & co. of its arrays (see the module docstring)."""
+    global _live_recorders
+    with _patch_lock:
+        _live_recorders += 1
+        torch.Tensor.data = DATA_PROPERTY  # type: ignore[assignment]
+        for name, func in _SHARING_FACTORIES.items():
+            setattr(torch, name, _sharing_numpy(func))
+    weakref.finalize(recorder, _release_after_trace)
+
+
+def _release_after_trace() -> None:
+    global _live_recorders
+    with _patch_lock:
+        _live_recorders -= 1
+        if not _live_recorders:
+            if _TENSOR_DATA is None:
+                del torch.Tensor.data
+            else:
+                torch.Tensor.data = _TENSOR_DATA  # type: ignore[assignment]
+            for name, func in _SHARING_FACTORIES.items():
+                setattr(torch, name, func)

@@ -16,21 +16,32 @@ it returns share their memory; capture keeps those semantics:
   graph constants (``Recorder.lift``), with their values as of the op, as eager would
   read them;
 * a result that is not strided (``to_sparse()``) cannot be a node of the graph: it is
-  computed for real from exact values, or refused.
+  computed for real from exact values, or refused;
+* ``deferred.data = real`` (in ``__init__``, an init step, ``nn.utils.vector_to_parameters``)
+  makes the deferred tensor real at once, sharing ``real``'s memory as eager's does
+  (``adopt_real``); ``real.data = deferred`` makes the real tensor deferred, sharing the
+  deferred one's storage (``adopt_deferred``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import gc
+import weakref
+from typing import Any, Iterator
 
 import torch
 
-from fxinit.capture.deferred import is_deferred_tensor, state_of
+from fxinit.capture.deferred import dressed_as, is_deferred_tensor, state_of
 from fxinit.capture.schema import mutated_arg_indices, schema_value
 from fxinit.capture.trees import leaves, tensors_in
 from fxinit.ops import draws_random
 
+aten = torch.ops.aten
+
 NOT_REAL = object()  # real_tensor_op's answer when the op is recorded as usual
+# torch's own, as imported (capture.doors wraps torch.from_numpy while a recorder lives)
+FROM_NUMPY, FROMBUFFER = torch.from_numpy, torch.frombuffer
 STORAGES = (torch.UntypedStorage, torch.TypedStorage)
 
 
@@ -43,12 +54,13 @@ def real_tensor_op(recorder: Any, func: Any, args: tuple, kwargs: dict) -> Any:
         return NOT_REAL  # the recorder refuses mixing traces
     written = [t for i in mutated_arg_indices(func) for t in tensors_in(schema_value(func, args, kwargs, i))]
     writes_real = any(not is_deferred_tensor(t) for t in written)
-    if writes_real and recorder.lifted_reals and any(
-            not is_deferred_tensor(t) and t.untyped_storage().data_ptr() in recorder.lifted_reals for t in written):
+    shared = [recorder.lifted_reals.get(t.untyped_storage().data_ptr()) for t in written
+              if recorder.lifted_reals and not is_deferred_tensor(t)]
+    if any(shared):
         raise recorder.fail(
-            f"fxinit cannot run {func} here: a deferred tensor took this real tensor's value through `.data = ...` "
-            "earlier, so in eager construction it would see this write too, and fxinit gave it a copy",
-            op=str(func), hint="write before the `.data =` assignment, or assign a deferred tensor")
+            f"fxinit cannot run {func} here: this real tensor shares memory with a deferred one in eager "
+            f"construction ({next(r for r in shared if r)}), so this write would change both there, and fxinit "
+            "keeps them apart", op=str(func), hint="write before the `.data =` assignment, or assign a deferred tensor")
     if deferred and not writes_real:
         return NOT_REAL
     if deferred and any(t.device.type == "meta" for t in tensors if not is_deferred_tensor(t)):
@@ -61,7 +73,7 @@ def real_tensor_op(recorder: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     if not deferred:
         with recorder.suspended():
             return func(*args, **kwargs)
-    if any(recorder.value_of(t) is None for t in deferred):
+    if any(recorder.value_of(t, bounded=recorder.capturing) is None for t in deferred):
         raise recorder.fail(
             f"fxinit cannot write deferred values into a real tensor ({func}): the real tensor is there now, "
             "its new value would have to be computed now, and that is too costly while recording",
@@ -69,6 +81,74 @@ def real_tensor_op(recorder: Any, func: Any, args: tuple, kwargs: dict) -> Any:
             hint="let the tensor written be deferred too (build it inside the constructor, not before it), or "
                  "compute this after fxinit.materialize")
     return recorder.compute_real(func, args, kwargs)
+
+
+def adopt_real(recorder: Any, t: torch.Tensor, src: torch.Tensor) -> bool:
+    """``t.data = src``, ``t`` deferred and ``src`` real: eager's ``t`` now is ``src``'s memory
+    (a later write through either is seen by both), and so is this one. ``t`` becomes real
+    now: the same Python object (``swap_tensors``), still a Parameter of its class, with its
+    hooks and attributes; what it was before no longer matters. False when ``t`` cannot be
+    swapped (weak references to it) while recording: the caller takes a copy instead."""
+    if src.device.type == "meta":
+        raise recorder.fail(
+            "fxinit cannot give a deferred tensor the .data of a plain meta tensor, which has no value",
+            op="Tensor.data", hint="build that tensor on a real device")
+    new = dressed_as(t, src)
+    try:
+        with _weak_references_dropped(recorder, t):
+            torch.utils.swap_tensors(t, new)
+    except RuntimeError as exc:
+        if recorder.capturing:
+            return False
+        raise recorder.fail(
+            f"fxinit cannot make this deferred tensor real for `.data = ...`: {exc}", op="Tensor.data",
+            hint="drop other references (weak references) to the tensor, or materialize it before this line") from exc
+    return True
+
+
+def adopt_deferred(recorder: Any, t: torch.Tensor, src: torch.Tensor) -> bool:
+    """``t.data = src``, ``t`` real and ``src`` deferred: eager's ``t`` now is ``src``'s memory,
+    which does not exist before materialize, so ``t`` becomes deferred: an alias of ``src``,
+    the same Python object (``swap_tensors``), of its class (a Parameter stays one). A model
+    that holds it materializes it as a view of ``src``'s storage; elsewhere
+    ``fxinit.materialize(t)`` does. False when ``t`` cannot be swapped (views of it, weak
+    references): the caller decides."""
+    with torch._C.DisableTorchFunctionSubclass():
+        alias = recorder.dispatch(aten.detach.default, (src,), {})
+    new = torch.nn.Parameter(alias, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) \
+        else alias.requires_grad_(t.requires_grad)
+    for k, v in t.__dict__.items():
+        new.__dict__.setdefault(k, v)
+    try:
+        with _weak_references_dropped(recorder, t):
+            torch.utils.swap_tensors(t, new)
+    except RuntimeError:
+        return False
+    recorder.adopted.append(t)  # materialized with src's storage, whoever holds it
+    return True
+
+
+@contextlib.contextmanager
+def _weak_references_dropped(recorder: Any, t: torch.Tensor) -> Iterator[None]:
+    """``swap_tensors`` refuses a tensor with weak references: RNNs keep them to their flat
+    weights. As ``RNNBase._apply`` does, they are dropped for the swap and rebuilt after."""
+    if not weakref.getweakrefs(t):
+        yield
+        return
+    root = recorder.root  # None while the constructor runs: then whoever holds the references
+    candidates = root.modules() if root is not None else (
+        m for r in weakref.getweakrefs(t) for refs in gc.get_referrers(r) if type(refs) is list
+        for d in gc.get_referrers(refs) if type(d) is dict and d.get("_flat_weight_refs") is refs
+        for m in gc.get_referrers(d) if isinstance(m, torch.nn.Module) and m.__dict__ is d)
+    holders = [m for m in candidates if hasattr(m, "_init_flat_weights")
+               and any(r is not None and r() is t for r in getattr(m, "_flat_weight_refs", ()))]
+    for m in holders:
+        m._flat_weight_refs = []
+    try:
+        yield
+    finally:
+        for m in holders:
+            m._init_flat_weights()
 
 
 def is_strided_result(mout: Any) -> bool:
@@ -90,7 +170,7 @@ def shares_memory(func: Any, data: Any, device: Any) -> bool:
     """Whether eager's ``func(data)`` (``from_numpy``, ``frombuffer``, ``as_tensor`` of an
     array or a real CPU tensor) returns a tensor sharing the caller's memory: then capture
     returns that real tensor too, and later writes through either side are seen by both."""
-    if func is torch.from_numpy or func is torch.frombuffer:
+    if func is FROM_NUMPY or func is FROMBUFFER:
         return True
     if func is torch.tensor:
         return False

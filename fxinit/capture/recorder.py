@@ -34,12 +34,13 @@ from torch._C import TensorBase
 from fxinit import execute
 from fxinit.capture.deferred import STATE_ATTR, DeferredState, DeferredTensor, is_deferred_tensor, state_of
 from fxinit.capture.devices import CPU, META, default_device, device_available, output_device
-from fxinit.capture.doors import Doors
+from fxinit.capture.doors import Doors, watch_after_trace
 from fxinit.capture.names import TraceNames
 from fxinit.capture.opaque import find_opaque_call
 from fxinit.capture.provenance import called_from, current_provenance, format_source, module_path_from_stack, user_frame
-from fxinit.capture.real import (NOT_REAL, STORAGES, contains_deferred, is_strided_result, non_strided_result,
-                                 real_tensor_op, set_from_storage, shares_memory)
+from fxinit.capture.real import (FROM_NUMPY, FROMBUFFER, NOT_REAL, STORAGES, adopt_real, contains_deferred,
+                                 is_strided_result, non_strided_result, real_tensor_op, set_from_storage,
+                                 shares_memory)
 from fxinit.capture.schema import (AUTOCAST_LOWER, COLLECTIVE_NAMESPACES, DATA_DEPENDENT, DETACH, LIFT_OPS,
                                    OVERWRITE_OPS, SCALAR_FACTORIES, SLOW_META_FILLS, fill_result,
                                    mutated_arg_indices, schema_value, takes_generator)
@@ -64,6 +65,7 @@ class Recorder(Shadows, Doors):
 
     def __init__(self, kind: str = "trace") -> None:
         self.kind = kind
+        watch_after_trace(self)
         self.graph = fx.Graph()
         self.constants: dict[str, torch.Tensor] = {}
         self.generators = GeneratorStepper()
@@ -92,7 +94,9 @@ class Recorder(Shadows, Doors):
         # (storage id -> how): a later write to one cannot reach that copy, so it is refused.
         self.copied_out: dict[int, str] = {}
         self.numpy_arrays: list[tuple[Any, torch.Tensor]] = []  # what numpy() gave, and for which tensor
-        self.lifted_reals: set[int] = set()  # data pointers of real storages a deferred tensor took by .data =
+        self.adopted: list[torch.Tensor] = []  # real tensors made deferred by `real.data = deferred`
+        # data pointers of real storages that share memory with a deferred tensor in eager (`.data =`)
+        self.lifted_reals: dict[int, str] = {}
 
     # ------------------------------------------------------------------ helpers
     @contextlib.contextmanager
@@ -268,9 +272,9 @@ class Recorder(Shadows, Doors):
         if contains_deferred(data):
             return self.tensor_of_deferred(func, data, kwargs.get("dtype"), device, requires_grad)
         if device is None:
-            device = default_device() if func not in (torch.from_numpy, torch.frombuffer) else CPU
+            device = default_device() if func not in (FROM_NUMPY, FROMBUFFER) else CPU
         with self.suspended():
-            real = func(*args, **kwargs) if func in (torch.from_numpy, torch.frombuffer) else func(*args, device="cpu", **kwargs)
+            real = func(*args, **kwargs) if func in (FROM_NUMPY, FROMBUFFER) else func(*args, device="cpu", **kwargs)
         t = self.lift(real, torch.device(device))
         if requires_grad:
             t.requires_grad_(True)
@@ -296,9 +300,12 @@ class Recorder(Shadows, Doors):
         """``t.data = src``: rebind ``t`` to ``src``'s storage and metadata (no write)."""
         if not isinstance(src, torch.Tensor):
             raise TypeError("Tensor.data must be set to a tensor")
+        if not is_deferred_tensor(src) and copy and adopt_real(self, t, src):
+            return
         if not is_deferred_tensor(src):
             if copy:  # eager's t would share src's memory: a later write to src is refused (capture.real)
-                self.lifted_reals.add(src.untyped_storage().data_ptr())
+                self.lifted_reals[src.untyped_storage().data_ptr()] = "a deferred tensor took its value through " \
+                                                                      "`.data = ...`"
             src = self.lift(src, copy=copy)
         alias = self.dispatch(aten.detach.default, (src,), {})
         with torch._C.DisableTorchFunctionSubclass():

@@ -19,7 +19,7 @@ from torch._C import TensorBase
 from fxinit import execute
 from fxinit.capture.deferred import is_deferred_tensor, state_of
 from fxinit.capture.devices import CPU, META, output_device, unavailable_to_cpu
-from fxinit.capture.real import is_strided_result
+from fxinit.capture.real import adopt_deferred, is_strided_result
 from fxinit.capture.schema import WHAT_THE_USER_WROTE
 from fxinit.capture.trees import leaves, map_tree, tensors_in
 from fxinit.ops import draws_random
@@ -56,8 +56,9 @@ class Shadows:
         with self.suspended():  # also reached outside the dispatch mode's handler (from property hooks)
             return flat.as_strided(t.size(), t.stride(), t.storage_offset())
 
-    def value_of(self, t: torch.Tensor) -> torch.Tensor | None:
-        """The exact current value of deferred ``t`` on the CPU, if it is cheap to know.
+    def value_of(self, t: torch.Tensor, bounded: bool = True) -> torch.Tensor | None:
+        """The exact current value of deferred ``t`` on the CPU, if it is cheap to know
+        (or whatever it costs, with ``bounded=False``: for a real tensor that takes it).
 
         Small constant-derived tensors have a shadow. Others with a slice of at most
         EVAL_BUDGET bytes are computed by running that slice of the graph recorded so far:
@@ -71,7 +72,7 @@ class Shadows:
         node = state_of(t).node
         targets = [(node, self.storage_id(t))]
         todo = execute.plan(self, targets, devices=unavailable_to_cpu, eliminate_dead=False)
-        if sum(n.meta["spec"].nbytes for n in todo.nodes if n.meta.get("spec") is not None) > EVAL_BUDGET:
+        if bounded and sum(n.meta["spec"].nbytes for n in todo.nodes if n.meta.get("spec") is not None) > EVAL_BUDGET:
             return None
         with self.suspended():
             value = execute.run(self, todo, workers=1)[node].to("cpu")
@@ -89,8 +90,19 @@ class Shadows:
         self.storages.info(t).shadow = flat
 
     def set_real_data(self, t: torch.Tensor, src: torch.Tensor) -> None:
-        """``t.data = src`` for a real ``t`` (a tensor loaded by ``from_pretrained`` during the
-        trace): ``t`` stays real, other code holds it, so ``src``'s value is computed now."""
+        """``t.data = src`` for a real ``t``: ``t`` becomes deferred, sharing ``src``'s
+        storage (``capture.real.adopt_deferred``). Where it cannot be swapped (views of it
+        exist), during capture ``src``'s value is computed now and ``t`` takes a copy: eager's
+        ``t`` and ``src`` share memory, these two do not, so a later write to either while
+        recording is refused; after the trace no mode would see such a write: refused."""
+        if adopt_deferred(self, t, src):
+            return
+        if not self.capturing:
+            raise self.fail(
+                "fxinit cannot give a real tensor the .data of a deferred one after the trace: eager's would share "
+                "the deferred tensor's memory from here on, and that memory does not exist yet",
+                op="Tensor.data",
+                hint="materialize the model before this line, or assign the other way round (deferred.data = real)")
         value = self.value_of(src)
         if value is None:
             raise self.fail(
@@ -99,9 +111,10 @@ class Shadows:
                 hint="compute this value outside the constructor, or let the tensor be deferred too")
         with self.suspended(), torch._C.DisableTorchFunctionSubclass():
             TensorBase.data.__set__(t, value.to(t.device, copy=True))
-        # Eager's ``t`` now shares ``src``'s storage: a later write to it would reach ``t``
-        # there, not here. Such a write is refused (``Recorder._record``).
+        # Eager's ``t`` now shares ``src``'s storage: a later write to either would reach the
+        # other there, not here. Such writes are refused (``Recorder._record``, ``capture.real``).
         self.copied_out[self.storage_id(src)] = "a real tensor took its value through `.data = ...`"
+        self.lifted_reals[t.untyped_storage().data_ptr()] = "it took a deferred tensor's value through `.data = ...`"
 
     # ------------------------------------------------------------------ value reads
     def read_values(self, func: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:

@@ -102,11 +102,11 @@ def _open_for_writing(path: Path) -> tuple[int, bool]:
     direct = getattr(os, "O_DIRECT", 0)
     if direct:
         try:
-            return os.open(path, flags | direct, 0o644), True
+            return os.open(path, flags | direct, 0o666), True
         except OSError as exc:
             if exc.errno != errno.EINVAL:  # EINVAL: this file system has no direct I/O
                 raise
-    return os.open(path, flags, 0o644), False
+    return os.open(path, flags, 0o666), False
 
 
 def _write_all(fd: int, view: memoryview) -> None:

@@ -10,16 +10,19 @@ the index come last, once every shard of the plan is complete.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from contextlib import closing
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
 from fxinit.export.files import incomplete_file, write_json
 from fxinit.export.plan import FilePlan, split_files
+from fxinit.export.progress import Progress
 from fxinit.export.run import Export, Exported
 from fxinit.export.safetensors_format import header, read_header
-from fxinit.export.source import tied_to
+from fxinit.export.source import Piece, tied_to
 
 INDEX = "model.safetensors.index.json"
 
@@ -61,20 +64,43 @@ def write_hf(export: Export) -> Exported:
     with closing(export.produce([p for s in todo for p in pieces[s.file]])) as values:
         for shard in todo:
             record.forget(shard.file)
-            with incomplete_file(export.directory / shard.file, written.progress.update) as f:
-                f.write(shard.header)
-                for expected in pieces[shard.file]:
-                    piece, value = next(values)
-                    assert piece == expected, (piece, expected)
-                    f.write_tensor(value)
-                    del value
-            record.done(shard.file, f.size, f.crc)
+            size, crc = _write_shard(export.directory / shard.file, shard.header, pieces[shard.file], values,
+                                     written.progress)
+            record.done(shard.file, size, crc)
             written.files.append(shard.file)
     written.progress.close()
     if all(record.recorded(s.file) is not None for s in shards):
         _finish(export, shards)
         written.finished = True
     return written
+
+
+def write_file(export: Export, path: Path) -> Exported:
+    """Write ``export`` as one safetensors file at ``path``, of any size: its header (names,
+    dtypes and shapes, known before any value) first, then each tensor as it is computed,
+    in the bounded memory of the sharded formats. Under a temporary name until complete."""
+    shard = dataclasses.replace(plan_shards(dataclasses.replace(export, max_shard_size=1 << 62))[0], file=path.name)
+    written = export.begin([], [shard.nbytes + len(shard.header)])
+    pieces = [p for n in shard.names for p in export.pieces(n)]
+    with closing(export.produce(pieces)) as values:
+        _write_shard(path, shard.header, pieces, values, written.progress)
+    written.files.append(path.name)
+    written.progress.close()
+    written.finished = True
+    return written
+
+
+def _write_shard(path: Path, head: bytes, pieces: list[Piece], values: Iterator[tuple[Piece, Any]],
+                 progress: Progress) -> tuple[int, int]:
+    """The header, then the values of ``pieces`` as ``values`` yields them; (size, CRC-32)."""
+    with incomplete_file(path, progress.update) as f:
+        f.write(head)
+        for expected in pieces:
+            piece, value = next(values)
+            assert piece == expected, (piece, expected)
+            f.write_tensor(value)
+            del value
+    return f.size, f.crc
 
 
 def _finish(export: Export, shards: list[Shard]) -> None:

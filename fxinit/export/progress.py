@@ -30,7 +30,12 @@ class Progress:
                 self._bar.update(n)
 
     def close(self) -> None:
+        """The job is done: the bar ends at what was written (DCP's total is an upper bound:
+        the bytes ``torch.save`` adds around each tensor are known only once written)."""
         if self._bar is not None:
+            if self._bar.n != self._bar.total:
+                self._bar.total = self._bar.n
+                self._bar.refresh()
             self._bar.close()
             self._bar = None
 

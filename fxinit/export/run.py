@@ -56,6 +56,7 @@ class Export:
     workers: int = 1
     quiet: bool = False
     compile: bool | None = None  # portable mode: compiled fills (the same values: not in the plan's fingerprint)
+    device: torch.device | None = None  # where values are computed (the same values: not in the fingerprint)
     _record: Record | None = field(default=None, repr=False)
 
     def record(self, files: Sequence[FilePlan]) -> Record:
@@ -91,7 +92,8 @@ class Export:
         """``(piece, value)`` in the order of ``pieces``, computed ahead on worker threads;
         ``compact``: each value in a storage of its own (not a view of a larger one)."""
         workers = self.workers if _uniform_default_dtype(self.source) else 1
-        producer = Producer(lambda batch: self.source.compute(batch, self.rng, self.seed, self.dtype, compact, self.compile),
+        producer = Producer(lambda batch: self.source.compute(batch, self.rng, self.seed, self.dtype, compact,
+                                                              self.compile, self.device),
                             batches(pieces, self.piece_bytes), self.ahead, workers)
         with _default_dtype(self.source):
             yield from producer

@@ -102,17 +102,18 @@ class Source:
         return written <= _PIECE_OVERHEAD * rows * (spec.numel // spec.shape[0])
 
     def compute(self, pieces: Sequence[Piece], rng: str, seed: int | None, dtype: torch.dtype | None,
-                compact: bool = False, compile: bool | None = None) -> list[torch.Tensor]:
+                compact: bool = False, compile: bool | None = None,
+                device: torch.device | None = None) -> list[torch.Tensor]:
         """The values of ``pieces`` (contiguous CPU tensors in the written dtype), computed
-        together; with ``compact``, each in a storage of its own. ``compile``: as for
-        ``InitGraph.materialize``."""
+        together (on ``device`` if given, else where each was meant to be); with ``compact``,
+        each in a storage of its own. ``compile``: as for ``InitGraph.materialize``."""
         from_graph = [p for p in pieces if p.name not in self.real]
         values: dict[str, torch.Tensor] = {}
         if from_graph:
             assert self.graph is not None
             rows = {p.name: (p.start, p.stop) for p in from_graph if not p.whole}
-            values = self.graph.materialize([p.name for p in from_graph], rng=rng, seed=seed, dtype=dtype,
-                                            rows=rows, compile=compile)
+            values = self.graph.materialize([p.name for p in from_graph], device=device, rng=rng, seed=seed,
+                                            dtype=dtype, rows=rows, compile=compile)
         out = []
         for p in pieces:
             if p.name in self.real:
@@ -142,30 +143,31 @@ def _of_graph(graph: InitGraph) -> Source:
 
 
 def _of_module(module: torch.nn.Module) -> Source:
-    """Parameters and persistent buffers of ``module`` by fully qualified name; deferred
-    ones computed from its init graph, the others written as they are."""
+    """The entries of ``module.state_dict()`` by key (``fxinit.entries``); deferred ones
+    computed from its init graph, the others written as they are."""
     from torch.distributed.tensor import DTensor
 
     from fxinit.capture.deferred import is_deferred_tensor
-    from fxinit.capture.names import tensor_slots
+    from fxinit.entries import model_entries
     from fxinit.extract import hf_config, init_graph
 
     tensors: dict[str, torch.Tensor] = {}
     groups: dict[int, list[str]] = {}
     parameters = set()
-    for fqn, mod, kind, name, t in tensor_slots(module):
-        if fqn in tensors or (kind == "_buffers" and name in mod._non_persistent_buffers_set):
+    entries = model_entries(module)
+    for e in entries:
+        if e.key in tensors:
             continue
-        if isinstance(t, DTensor):
-            raise DeferredInitError(f"{fqn} is a DTensor: fxinit exports whole tensors",
+        if isinstance(e.tensor, DTensor):
+            raise DeferredInitError(f"{e.key} is a DTensor: fxinit exports whole tensors",
                                     hint="export the model before sharding it, or its init graph "
                                          "(fxinit.save(graph, ...))")
-        tensors[fqn] = t
-        groups.setdefault(id(t), []).append(fqn)
-        if kind == "_parameters":
-            parameters.add(fqn)
+        tensors[e.key] = e.tensor
+        groups.setdefault(id(e.tensor), []).append(e.key)
+        if e.is_parameter:
+            parameters.add(e.key)
     deferred = [n for n, t in tensors.items() if is_deferred_tensor(t)]
-    graph = init_graph(module, carry_real=False) if deferred else None  # real ones are written as they are
+    graph = init_graph(module, carry_real=False, entries=entries) if deferred else None  # real ones are written as they are
     real = {n: t for n, t in tensors.items() if not is_deferred_tensor(t)}
     return Source(list(tensors), {n: tuple(t.shape) for n, t in tensors.items()},
                   {n: t.dtype for n, t in tensors.items()}, [g for g in groups.values() if len(g) > 1],

@@ -1,0 +1,167 @@
+"""The autograd links of tensors that eager computes from parameters and keeps on the module.
+
+``self.t = self.w[0]``, ``register_buffer("b", self.w.clone())``, the old
+``nn.utils.weight_norm``'s ``weight``: in eager construction such a tensor has a ``grad_fn``
+that leads to the parameters, so a backward through it reaches them. Materialize computes its
+value like any other, as a leaf. Here, before the swap, each such tensor is matched with the
+recorded ops that made it from parameters (``plan_links``); after the swap those ops run
+again on the real parameters with autograd on (``relink``): the same aten ops on the same
+values, so the same bits (checked against the value materialize computed), and eager's
+``grad_fn``. A view of a parameter is rebuilt as a view of the real parameter, whatever was
+written into it since (a view sees those writes in eager too). A tensor whose ops cannot be
+replayed so (its parameters written since it was computed, a random or in-place op or a
+constant on the way) keeps its value, as a leaf: docs/failure-modes.md says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from fxinit.capture.deferred import dressed_as, is_deferred_tensor, state_of
+
+_MAX_OPS = 64  # a longer recipe is not the kind of tensor this is for
+
+
+@dataclass
+class Link:
+    """How to rebuild ``tensor`` from ``leaves`` (node -> parameter object): run ``nodes``."""
+
+    tensor: torch.Tensor
+    nodes: list[fx.Node]
+    leaves: dict[fx.Node, torch.Tensor]
+
+
+def plan_links(tensors: list[torch.Tensor]) -> list[Link]:
+    """The links of the derived tensors among ``tensors`` that can be rebuilt (before the swap)."""
+    derived = [t for t in tensors if t.grad_fn is not None]
+    if not derived:
+        return []
+    links = []
+    by_recorder: dict[int, dict[fx.Node, torch.Tensor]] = {}
+    for t in derived:
+        rec = state_of(t).recorder
+        if id(rec) not in by_recorder:
+            by_recorder[id(rec)] = _parameters(rec, tensors)
+        parameters = by_recorder[id(rec)]
+        link = _view_link(t, parameters) or _replay_link(t, parameters)
+        if link is not None:
+            links.append(link)
+    return links
+
+
+def relink(links: list[Link]) -> None:
+    """Rebuild each planned tensor from the now real parameters (after the swap)."""
+    for link in links:
+        if any(is_deferred_tensor(p) or p.grad_fn is not None for p in link.leaves.values()):
+            continue  # its parameters were not materialized by this call
+        t = link.tensor
+        try:
+            with torch.enable_grad():
+                value = _run(link)
+        except Exception:  # noqa: BLE001 - the tensor keeps its (right) value as a leaf
+            continue
+        if not _same(value, t):
+            continue
+        new = dressed_as(t, value, keep_autograd=True)
+        try:
+            torch.utils.swap_tensors(t, new)
+        except RuntimeError:
+            continue
+
+
+def autograd_leaves(t: torch.Tensor) -> list[torch.Tensor]:
+    """The leaf tensors ``t``'s ``grad_fn`` leads to (the parameters it was computed from)."""
+    out: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+    todo = [t.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        variable = getattr(fn, "variable", None)  # AccumulateGrad
+        if isinstance(variable, torch.Tensor):
+            out.setdefault(id(variable), variable)
+        todo.extend(next_fn for next_fn, _ in fn.next_functions)
+    return list(out.values())
+
+
+def _parameters(rec: Any, tensors: list[torch.Tensor]) -> dict[fx.Node, torch.Tensor]:
+    """Leaf tensors that require grad, by their current node: the parameters of the traced
+    model (and any other such tensor being materialized)."""
+    found: dict[fx.Node, torch.Tensor] = {}
+    candidates = list(tensors)
+    if rec.root is not None:
+        candidates += list(rec.root.parameters())
+    for p in candidates:
+        if is_deferred_tensor(p) and p.requires_grad and p.grad_fn is None:
+            found.setdefault(state_of(p).node, p)
+    return found
+
+
+def _view_link(t: torch.Tensor, parameters: dict[fx.Node, torch.Tensor]) -> Link | None:
+    """A view of a parameter: its chain of view ops, replayed on the parameter as it is now."""
+    if not t._is_view() or not any(t._base is p for p in parameters.values()):
+        return None
+    chain: list[fx.Node] = []
+    node = state_of(t).node
+    while isinstance(node, fx.Node) and getattr(node.target, "is_view", False) and len(chain) < _MAX_OPS:
+        chain.append(node)
+        node = node.args[0] if node.args else None
+    if not chain or not isinstance(node, fx.Node):
+        return None
+    return Link(t, chain[::-1], {node: t._base})
+
+
+def _replay_link(t: torch.Tensor, parameters: dict[fx.Node, torch.Tensor]) -> Link | None:
+    """Ops from parameters (at their current values) to ``t``: pure, not random, no constants."""
+    needed: dict[fx.Node, None] = {}
+    leaves: dict[fx.Node, torch.Tensor] = {}
+    todo = [state_of(t).node]
+    while todo:
+        node = todo.pop()
+        if node in needed or node in leaves:
+            continue
+        if node in parameters:
+            leaves[node] = parameters[node]
+            continue
+        if node.op != "call_function" or node.meta.get("generators") or node.meta.get("mutates") \
+                or not node.all_input_nodes or len(needed) >= _MAX_OPS:
+            return None
+        needed[node] = None
+        todo.extend(node.all_input_nodes)
+    if not leaves:
+        return None
+    return Link(t, sorted(needed, key=lambda n: n.meta["pos"]), leaves)
+
+
+def _run(link: Link) -> torch.Tensor:
+    env: dict[fx.Node, Any] = dict(link.leaves)
+
+    def value(x: Any) -> Any:
+        return env[x] if isinstance(x, fx.Node) else x
+
+    for node in link.nodes:
+        args = fx.node.map_aggregate(node.args, value)
+        kwargs = fx.node.map_aggregate(node.kwargs, value)
+        env[node] = node.target(*args, **kwargs)
+    return env[link.nodes[-1]]
+
+
+def _same(value: torch.Tensor, t: torch.Tensor) -> bool:
+    """``value`` is what materialize put into ``t`` (bits, shape, strides)."""
+    if not isinstance(value, torch.Tensor) or value.shape != t.shape or value.dtype != t.dtype \
+            or value.stride() != t.stride() or value.device != t.device:
+        return False
+    a, b = value.detach(), t.detach()
+    if a.dtype == torch.bool:
+        return torch.equal(a, b)
+    return torch.equal(_bytes(a), _bytes(b))
+
+
+def _bytes(x: torch.Tensor) -> torch.Tensor:
+    return x.clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8)

@@ -1,0 +1,163 @@
+"""fxinit against the model code of training frameworks you can install (not test dependencies).
+
+    python tools/framework_sweep.py timm   [--limit 400] [--stub-missing]
+    python tools/framework_sweep.py litgpt [--stub-missing]
+
+``timm``: every architecture whose name marks a small variant (``tiny``, ``nano``, ``small``,
+``resnet18``...), built with ``timm.create_model(name, num_classes=10)``: ``fxinit.check`` (eager
+vs ``trace_init`` + ``materialize``, every tensor bit for bit, and the global generator).
+``litgpt``: one config per model family, shrunk to 2 layers of width 64, built as litgpt's
+``pretrain`` does — ``GPT(config)``, then its own ``initialize_weights`` (``reset_parameters``
+replaced per module) on the model — with only the constructor line wrapped in ``trace_init``.
+
+Prints one line per model and the totals; exits 1 on any difference or crash (refusals are
+counted apart). ``--stub-missing`` stands in empty modules for imports the model code does not
+use (``torchvision`` without its C extension where no CPU wheel matches torch, ``lightning``
+for litgpt's package ``__init__``); the models themselves are the frameworks' own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.abc
+import importlib.machinery
+import math
+import re
+import sys
+import time
+import types
+from typing import Any, Callable
+
+import torch
+
+_SMALL = re.compile(r"(atto|femto|pico|nano|tiny|small|mobile|_xs|_xxs|resnet18|resnet10|b0|lcnet_050|_s$|18)")
+_STUBBED = ("lightning", "lightning_utilities", "jsonargparse", "tokenizers", "litdata", "torchmetrics",
+            "bitsandbytes", "thunder", "psutil", "boto3", "requests", "torchvision")
+
+
+class _Stubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Empty modules for ``_STUBBED`` imports that fail: any attribute is a do-nothing class."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name.split(".")[0] not in _STUBBED:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            try:
+                spec = finder.find_spec(name, path, target)
+            except (ImportError, AttributeError):
+                spec = None
+            if spec is not None and name.split(".")[0] != "torchvision":
+                return None  # installed: use it
+        return importlib.machinery.ModuleSpec(name, self, is_package=True)
+
+    def create_module(self, spec: Any) -> types.ModuleType:
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+
+        class Anything(type):  # class attributes too (an enum's members)
+            def __getattr__(cls, name: str) -> str:
+                if name.startswith("__"):
+                    raise AttributeError(name)
+                return name
+
+        def attribute(name: str) -> Any:
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return Anything(name, (), {"__init__": lambda self, *a, **k: None, "__bool__": lambda self: False,
+                                       "__call__": lambda self, *a, **k: None})
+
+        module.__getattr__ = attribute  # type: ignore[method-assign]
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        if module.__name__ == "torchvision.ops.misc":  # timm's one use: a plain nn.Module
+            module.FrozenBatchNorm2d = torch.nn.BatchNorm2d  # type: ignore[attr-defined]
+
+
+def _timm(limit: int) -> list[tuple[str, Callable[[], Any]]]:
+    import timm
+
+    names = [n for n in timm.list_models() if _SMALL.search(n)][:limit]
+    return [(n, lambda n=n: _check(timm.create_model, n, num_classes=10)) for n in names]
+
+
+def _litgpt(limit: int) -> list[tuple[str, Callable[[], Any]]]:
+    import fxinit
+    import litgpt.pretrain as pretrain
+    from litgpt.config import Config, configs
+    from litgpt.model import GPT
+
+    class Fabric:  # initialize_weights asks only whether the strategy is FSDP's
+        strategy = object()
+
+    def small(c: dict) -> dict:
+        d: dict[str, Any] = dict(n_layer=2, n_embd=64, n_head=4, block_size=64, padded_vocab_size=128, vocab_size=128)
+        groups = c.get("n_query_groups") or 4
+        d["n_query_groups"] = 4 if groups >= c.get("n_head", 4) else (2 if groups > 1 else 1)
+        for key, value in (("intermediate_size", 128), ("head_size", 16), ("moe_intermediate_size", 32),
+                           ("sliding_window_size", 16)):
+            if c.get(key):
+                d[key] = value
+        if c.get("n_expert"):
+            d["n_expert"], d["n_expert_per_token"] = min(c["n_expert"], 4), min(c.get("n_expert_per_token", 1), 2)
+        return d
+
+    def flow(config: Any) -> str:
+        from tests.conftest import compare_modules
+
+        models = []
+        for traced in (False, True):
+            torch.manual_seed(0)
+            model = fxinit.trace_init(GPT, config) if traced else GPT(config)
+            pretrain.initialize_weights(Fabric(), model, config.n_layer, config.n_embd)
+            if traced:
+                fxinit.materialize(model)
+            models.append((model, torch.rand(3)))
+        errors = compare_modules(models[1][0], models[0][0], "")
+        errors += [] if torch.equal(models[0][1], models[1][1]) else ["the global generator differs after the flow"]
+        return "equal" if not errors else "different: " + "; ".join(errors[:3])
+
+    families: dict[str, dict] = {}
+    for c in configs:
+        families.setdefault(c["hf_config"]["org"] + "/" + c["name"].split("-")[0], c)
+    return [(c["name"], lambda c=c: flow(Config.from_name(c["name"], **small(c)))) for c in families.values()][:limit]
+
+
+def _check(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
+    import fxinit
+
+    report = fxinit.check(fn, *args, **kwargs)
+    return report.status if report.ok or report.status == "refused" else "different: " + str(report).splitlines()[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("framework", choices=["timm", "litgpt"])
+    parser.add_argument("--limit", type=int, default=400)
+    parser.add_argument("--stub-missing", action="store_true")
+    args = parser.parse_args(argv)
+    if args.stub_missing:
+        sys.meta_path.insert(0, _Stubs())
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+    cases = (_timm if args.framework == "timm" else _litgpt)(args.limit)
+    counts: collections.Counter[str] = collections.Counter()
+    started = time.perf_counter()
+    for name, run in cases:
+        t0 = time.perf_counter()
+        try:
+            status = run()
+        except Exception as exc:  # noqa: BLE001 - counted and shown
+            status = f"crash: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        counts[status.split(":")[0]] += 1
+        print(f"{name:48s} {time.perf_counter() - t0:6.1f}s  {status}", flush=True)
+    total = sum(counts.values())
+    print(f"{args.framework}: {total} models in {math.ceil(time.perf_counter() - started)} s: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    return 0 if counts["equal"] + counts["refused"] == total else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -50,7 +50,7 @@ def _set_data(self: torch.Tensor, value: Any) -> None:
         _DATA.__set__(self, value)
 
 
-#: ``Tensor.data`` while a recorder lives (``capture.doors.watch_after_trace``): torch's
+#: ``Tensor.data`` from the first trace on (``capture.doors.open_doors_after_trace``): torch's
 #: setter asks only the tensor written for a ``__torch_function__``, so ``real.data = deferred``
 #: after the trace would fail deep in C++.
 DATA_PROPERTY = property(_get_data, _set_data, doc=_DATA.__doc__)

@@ -10,20 +10,21 @@ nothing, silently. Each is closed here, in one of the contract's three ways:
 * ``apply_``, ``map_``, ``map2_`` call Python per element: they run for real on exact
   values when those are cheap to know, and the result is recorded as a copy into the
   tensor; otherwise they are refused;
-* ``numpy()`` and ``__array__`` answer with a read-only array of the exact value, so a
-  write through it raises instead of landing in a copy (raw storage access,
+* ``numpy()`` and ``__array__`` answer, while recording, with a read-only array of the exact
+  value, so a write through it raises instead of landing in a copy (raw storage access,
   ``data_ptr`` and DLPack are refused in ``capture.deferred``);
 * ``torch.tensor([a, b])`` of deferred one-element tensors: Python would read their values
   (``item()``); the elements are stacked instead, as recorded ops;
 * ``nn.Parameter`` subclasses: ``Parameter.__new__`` turns a deferred tensor into a
   deferred tensor flagged as a parameter, which loses the class; while capture is on it
   notes the class on the tensor, and materialize builds the value as that class;
+* ``numpy()`` after the trace, where no mode would see ``from_numpy`` or ``as_tensor`` of the
+  array: a CPU tensor alone on its storage becomes real at once, so the array is its memory
+  as in eager; others get the read-only copy, a later write to them is refused, and
+  ``torch.from_numpy`` of it (replaced from the first trace on) is an alias of the tensor;
 * ``real.data = deferred`` after the trace: torch's setter asks only ``real`` for a
-  ``__torch_function__`` and would fail deep in C++; while a recorder lives, ``Tensor.data``
-  is a property that sends that one case to ``Shadows.set_real_data``;
-* ``torch.from_numpy(t.numpy())`` after the trace: no mode sees ``from_numpy``; while a
-  recorder lives, ``torch.from_numpy``, ``as_tensor`` and ``asarray`` answer for the arrays
-  ``numpy()`` gave as the capture mode does (``numpy_source``: an alias of ``t``).
+  ``__torch_function__`` and would fail deep in C++; from the first trace on, ``Tensor.data``
+  is a property that sends that one case to ``Shadows.set_real_data``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ import torch
 from torch._C import TensorBase
 
 from fxinit.capture.deferred import DATA_PROPERTY, PARAMETER_CLASS, is_deferred_tensor, state_of
+from fxinit.capture.real import adopt_real
+from fxinit.capture.storages import storage_key
 from fxinit.capture.trees import map_tree
 
 aten = torch.ops.aten
@@ -51,18 +54,42 @@ class Doors:
     def read_only_values(self, func: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:
         """``tolist``, ``numpy``, ``__array__``: exact values; arrays read-only (a write would
         change a copy, not the tensor)."""
+        if func is not TensorBase.tolist and not self.capturing and self.make_real(t):
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(t, *args, **kwargs)  # eager's array: the tensor's own memory
         out = self.read_values(func, t, args, kwargs)
         if not isinstance(out, np.ndarray):
             return out
         out = out.copy(order="K").view(ReadOnlyValues)  # the shadow's memory stays fxinit's; its layout is eager's
         out.flags.writeable = False
         out.recorder = self
-        # torch.from_numpy(out) is seen by the capture mode, or after the trace by the patched
-        # torch.from_numpy (see the module docstring): both answer with numpy_source
+        # torch.from_numpy(out) is seen by the capture mode, or after the trace by fxinit's
+        # torch.from_numpy: both answer with numpy_source
         self.numpy_arrays.append((weakref.ref(out), t))
-        if not self.capturing:
+        if not self.capturing:  # torch.as_tensor(out) is seen by nothing, and eager's would alias t
             _NUMPY_RECORDERS.add(self)
+            self.copied_out.setdefault(self.storage_id(t), "its values were read through numpy() after the "
+                                                           "trace (a tensor made from that array shares them)")
         return out
+
+    def make_real(self, t: torch.Tensor) -> bool:
+        """After the trace, ``numpy()`` of a deferred CPU tensor that owns its storage makes it
+        real now (exact value, the same object: ``capture.real.adopt_real``), so the array is
+        its memory, as eager's is, whatever is made of it (``from_numpy``, ``as_tensor``) and
+        whoever writes. False for views and tensors other tensors refer to."""
+        with torch._C.DisableTorchFunctionSubclass():  # the meta tensor underneath
+            storage = TensorBase.untyped_storage(t)
+            # no other tensor on its storage: its own reference, and the trace's keepalive
+            alone = torch._C._storage_Use_Count(storage._cdata) <= 1 + (storage_key(t) in self.storages.by_key)
+            own = alone and not t._is_view() and t.storage_offset() == 0
+            nbytes = storage.nbytes()
+        del storage
+        if state_of(t).device.type != "cpu" or not own:
+            return False
+        value = self.value_of(t, bounded=False)
+        if value is None or value.stride() != t.stride() or value.untyped_storage().nbytes() != nbytes:
+            return False
+        return adopt_real(self, t, value, refuse=False)
 
     def legacy_new(self, t: torch.Tensor, args: tuple, kwargs: dict) -> torch.Tensor:
         """``t.new(*sizes)``, ``t.new(sequence)``, ``t.new()``, ``t.new(size=..., device=...)``."""
@@ -199,49 +226,34 @@ def parameter_classes() -> Iterator[None]:
                 torch.nn.Parameter.__new__ = _PARAMETER_NEW  # type: ignore[method-assign]
 
 
-_TENSOR_DATA = torch.Tensor.__dict__.get("data")  # None: torch.Tensor inherits TensorBase's descriptor
-_SHARING_FACTORIES = {name: getattr(torch, name) for name in ("from_numpy", "as_tensor", "asarray")}
+_FROM_NUMPY = torch.from_numpy
 _NUMPY_RECORDERS: "weakref.WeakSet[Any]" = weakref.WeakSet()  # recorders that gave arrays after a trace
-_live_recorders = 0
+_installed = False
 
 
-def _sharing_numpy(func: Callable) -> Callable:
-    """``func`` (a factory that may share an array's memory), answering for arrays that
-    ``numpy()`` gave for deferred tensors after the trace as the capture mode answers."""
-    def factory(*args: Any, **kwargs: Any) -> Any:
-        out = func(*args, **kwargs)
-        if _NUMPY_RECORDERS and type(out) is torch.Tensor and out.device.type == "cpu" and out.numel():
-            for rec in list(_NUMPY_RECORDERS):
-                alias = rec.numpy_source(out)
-                if alias is not out:
-                    return alias
-        return out
-
-    factory.__wrapped__ = func  # type: ignore[attr-defined]
-    factory.__name__, factory.__doc__ = func.__name__, func.__doc__
-    return factory
+def _from_numpy(array: Any) -> torch.Tensor:
+    """``torch.from_numpy``, answering for the arrays ``numpy()`` gave after a trace as the
+    capture mode answers during one (``Doors.numpy_source``)."""
+    out = _FROM_NUMPY(array)
+    if _NUMPY_RECORDERS and out.numel():
+        for rec in list(_NUMPY_RECORDERS):
+            alias = rec.numpy_source(out)
+            if alias is not out:
+                return alias
+    return out
 
 
-def watch_after_trace(recorder: Any) -> None:
-    """While ``recorder`` lives, the doors that need it after its trace are open: ``real.data
-    = deferred`` and ``torch.from_numpy`` & co. of its arrays (see the module docstring)."""
-    global _live_recorders
+_from_numpy.__doc__ = _FROM_NUMPY.__doc__
+
+
+def open_doors_after_trace() -> None:
+    """From the first recorder on, ``real.data = deferred`` and ``torch.from_numpy`` of
+    fxinit's arrays reach fxinit after a trace too (see the module docstring). Once, for the
+    process: the same objects stay in place, so that code torch.compile'd against them is not
+    recompiled each time a recorder comes or goes."""
+    global _installed
     with _patch_lock:
-        _live_recorders += 1
-        torch.Tensor.data = DATA_PROPERTY  # type: ignore[assignment]
-        for name, func in _SHARING_FACTORIES.items():
-            setattr(torch, name, _sharing_numpy(func))
-    weakref.finalize(recorder, _release_after_trace)
-
-
-def _release_after_trace() -> None:
-    global _live_recorders
-    with _patch_lock:
-        _live_recorders -= 1
-        if not _live_recorders:
-            if _TENSOR_DATA is None:
-                del torch.Tensor.data
-            else:
-                torch.Tensor.data = _TENSOR_DATA  # type: ignore[assignment]
-            for name, func in _SHARING_FACTORIES.items():
-                setattr(torch, name, func)
+        if not _installed:
+            torch.Tensor.data = DATA_PROPERTY  # type: ignore[assignment]
+            torch.from_numpy = _from_numpy  # type: ignore[assignment]
+            _installed = True

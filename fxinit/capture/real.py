@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 import torch
 
-from fxinit.capture.deferred import dressed_as, is_deferred_tensor, state_of
+from fxinit.capture.deferred import MATERIALIZED, dressed_as, is_deferred_tensor, state_of
 from fxinit.capture.schema import mutated_arg_indices, schema_value
 from fxinit.capture.trees import leaves, tensors_in
 from fxinit.ops import draws_random
@@ -40,8 +40,6 @@ from fxinit.ops import draws_random
 aten = torch.ops.aten
 
 NOT_REAL = object()  # real_tensor_op's answer when the op is recorded as usual
-# torch's own, as imported (capture.doors wraps torch.from_numpy while a recorder lives)
-FROM_NUMPY, FROMBUFFER = torch.from_numpy, torch.frombuffer
 STORAGES = (torch.UntypedStorage, torch.TypedStorage)
 
 
@@ -83,12 +81,14 @@ def real_tensor_op(recorder: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     return recorder.compute_real(func, args, kwargs)
 
 
-def adopt_real(recorder: Any, t: torch.Tensor, src: torch.Tensor) -> bool:
+def adopt_real(recorder: Any, t: torch.Tensor, src: torch.Tensor, refuse: bool = True) -> bool:
     """``t.data = src``, ``t`` deferred and ``src`` real: eager's ``t`` now is ``src``'s memory
     (a later write through either is seen by both), and so is this one. ``t`` becomes real
     now: the same Python object (``swap_tensors``), still a Parameter of its class, with its
-    hooks and attributes; what it was before no longer matters. False when ``t`` cannot be
-    swapped (weak references to it) while recording: the caller takes a copy instead."""
+    hooks and attributes; what it was before no longer matters. It is a real tensor the model
+    holds, as one handed to the constructor (``init_graph`` carries it, ``dtype=`` casts it).
+    False when ``t`` cannot be swapped while recording (or with ``refuse=False``): the caller
+    takes a copy instead."""
     if src.device.type == "meta":
         raise recorder.fail(
             "fxinit cannot give a deferred tensor the .data of a plain meta tensor, which has no value",
@@ -98,11 +98,12 @@ def adopt_real(recorder: Any, t: torch.Tensor, src: torch.Tensor) -> bool:
         with _weak_references_dropped(recorder, t):
             torch.utils.swap_tensors(t, new)
     except RuntimeError as exc:
-        if recorder.capturing:
+        if recorder.capturing or not refuse:
             return False
         raise recorder.fail(
             f"fxinit cannot make this deferred tensor real for `.data = ...`: {exc}", op="Tensor.data",
             hint="drop other references (weak references) to the tensor, or materialize it before this line") from exc
+    t.__dict__.pop(MATERIALIZED, None)
     return True
 
 
@@ -170,7 +171,7 @@ def shares_memory(func: Any, data: Any, device: Any) -> bool:
     """Whether eager's ``func(data)`` (``from_numpy``, ``frombuffer``, ``as_tensor`` of an
     array or a real CPU tensor) returns a tensor sharing the caller's memory: then capture
     returns that real tensor too, and later writes through either side are seen by both."""
-    if func is FROM_NUMPY or func is FROMBUFFER:
+    if func is torch.from_numpy or func is torch.frombuffer:
         return True
     if func is torch.tensor:
         return False

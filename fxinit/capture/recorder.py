@@ -34,13 +34,12 @@ from torch._C import TensorBase
 from fxinit import execute
 from fxinit.capture.deferred import STATE_ATTR, DeferredState, DeferredTensor, is_deferred_tensor, state_of
 from fxinit.capture.devices import CPU, META, default_device, device_available, output_device
-from fxinit.capture.doors import Doors, watch_after_trace
+from fxinit.capture.doors import Doors, open_doors_after_trace
 from fxinit.capture.names import TraceNames
 from fxinit.capture.opaque import find_opaque_call
 from fxinit.capture.provenance import called_from, current_provenance, format_source, module_path_from_stack, user_frame
-from fxinit.capture.real import (FROM_NUMPY, FROMBUFFER, NOT_REAL, STORAGES, adopt_real, contains_deferred,
-                                 is_strided_result, non_strided_result, real_tensor_op, set_from_storage,
-                                 shares_memory)
+from fxinit.capture.real import (NOT_REAL, STORAGES, adopt_real, contains_deferred, is_strided_result,
+                                 non_strided_result, real_tensor_op, set_from_storage, shares_memory)
 from fxinit.capture.schema import (AUTOCAST_LOWER, COLLECTIVE_NAMESPACES, DATA_DEPENDENT, DETACH, LIFT_OPS,
                                    OVERWRITE_OPS, SCALAR_FACTORIES, SLOW_META_FILLS, fill_result,
                                    mutated_arg_indices, schema_value, takes_generator)
@@ -65,7 +64,7 @@ class Recorder(Shadows, Doors):
 
     def __init__(self, kind: str = "trace") -> None:
         self.kind = kind
-        watch_after_trace(self)
+        open_doors_after_trace()
         self.graph = fx.Graph()
         self.constants: dict[str, torch.Tensor] = {}
         self.generators = GeneratorStepper()
@@ -267,14 +266,14 @@ class Recorder(Shadows, Doors):
             return out.detach().requires_grad_(requires_grad) if func is torch.tensor else out
         if shares_memory(func, data, device):
             with self.suspended():  # eager's tensor shares the caller's memory: so does this one
-                real = func(*args, **kwargs)
+                real = self.numpy_source(func(*args, **kwargs))  # or the deferred tensor numpy() was of
             return real.requires_grad_(True) if requires_grad else real
         if contains_deferred(data):
             return self.tensor_of_deferred(func, data, kwargs.get("dtype"), device, requires_grad)
         if device is None:
-            device = default_device() if func not in (FROM_NUMPY, FROMBUFFER) else CPU
+            device = default_device() if func not in (torch.from_numpy, torch.frombuffer) else CPU
         with self.suspended():
-            real = func(*args, **kwargs) if func in (FROM_NUMPY, FROMBUFFER) else func(*args, device="cpu", **kwargs)
+            real = func(*args, **kwargs) if func in (torch.from_numpy, torch.frombuffer) else func(*args, device="cpu", **kwargs)
         t = self.lift(real, torch.device(device))
         if requires_grad:
             t.requires_grad_(True)

@@ -1,0 +1,109 @@
+"""The capture contract's doors where memory is shared (docs/capture-contract.md): ``.data =``
+between real and deferred tensors, numpy round trips after the trace, and tensors computed
+with autograd from parameters — eager's values, eager's sharing, eager's gradients."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+import fxinit
+from conftest import same_bits
+
+
+def _both(build: Callable[[], nn.Module], post: Callable[[nn.Module], Any] | None = None
+          ) -> tuple[nn.Module, nn.Module]:
+    models = []
+    for traced in (False, True):
+        torch.manual_seed(0)
+        m = fxinit.trace_init(build) if traced else build()
+        if post is not None:
+            post(m)
+        if traced:
+            fxinit.materialize(m)
+        models.append(m)
+    return models[0], models[1]
+
+
+def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def test_vector_to_parameters_after_the_trace_gives_views_of_one_vector() -> None:
+    vec = torch.arange(6.0)
+    m = fxinit.trace_init(nn.Linear, 2, 2)
+    nn.utils.vector_to_parameters(vec, m.parameters())
+    assert not fxinit.is_deferred(m) and _shares(m.weight, vec) and _shares(m.bias, vec)
+    vec.mul_(2)  # eager's parameters see it
+    assert m.bias.tolist() == [8.0, 10.0] and isinstance(m.weight, nn.Parameter)
+
+
+def test_real_data_set_to_a_deferred_tensor_becomes_deferred_and_shares_its_storage() -> None:
+    held = torch.zeros(3)
+
+    def post(m: nn.Module) -> None:
+        held.data = m.weight.detach()[0]
+        with torch.no_grad():
+            m.weight.mul_(2)  # eager's `held` sees this write
+
+    torch.manual_seed(0)
+    eager = nn.Linear(3, 2)
+    post(eager)
+    want = held.clone()
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(nn.Linear, 3, 2)
+    post(traced)
+    assert fxinit.is_deferred(held)
+    fxinit.materialize(traced)  # the caller's `held` too, as it shares the model's storage
+    assert not fxinit.is_deferred(held) and same_bits(held, want) and _shares(held, traced.weight)
+
+
+def test_numpy_after_the_trace_is_the_tensors_memory() -> None:
+    def post(m: nn.Module) -> None:
+        m.t = torch.as_tensor(m.b.numpy())  # eager: the buffer's memory
+        m.b.add_(1)
+        m.b.numpy()[0] = 7.0
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("b", torch.zeros(3))
+
+    eager, traced = _both(M, post)
+    assert same_bits(traced.b, eager.b) and same_bits(traced.t, eager.t) and _shares(traced.t, traced.b)
+
+
+def test_from_numpy_of_an_alias_after_the_trace_aliases_the_tensor() -> None:
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w0 = nn.Parameter(torch.randn(3))
+
+    def post(m: nn.Module) -> None:
+        m.w1 = nn.Parameter(torch.from_numpy(m.w0.detach().numpy()))
+
+    eager, traced = _both(M, post)
+    assert same_bits(traced.w1, eager.w1) and _shares(traced.w1, traced.w0)
+    assert isinstance(np.asarray(traced.w0.detach()), np.ndarray)
+
+
+def test_tensors_computed_with_autograd_from_parameters_keep_their_gradient_path() -> None:
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(3, 2))
+            self.row = self.w[1]  # a view
+            self.register_buffer("scaled", self.w * 2 + 1)
+            self.lin = nn.utils.weight_norm(nn.Linear(2, 2))  # the old API: `weight` computed from g and v
+
+    eager, traced = _both(M)
+    for m in (eager, traced):
+        (m.row.sum() + m.scaled.sum() + m.lin.weight.sum()).backward()
+    for name in ("w", "lin.weight_g", "lin.weight_v"):
+        got, want = traced.get_parameter(name).grad, eager.get_parameter(name).grad
+        assert want is not None and got is not None and same_bits(got, want), name
+    assert type(traced.row.grad_fn).__name__ == type(eager.row.grad_fn).__name__ == "SelectBackward0"
+    assert _shares(traced.row, traced.w)

@@ -23,7 +23,8 @@ from fxinit.passes.fills import Ranges, exact_chunks, exact_pieces, is_in_place_
 from fxinit.passes.inplace import in_place_chains
 from fxinit.passes.kernels import Kernel, compiled_fills
 from fxinit.passes.partition import independent_groups
-from fxinit.passes.ranges import Extent, partial_fills
+from fxinit.passes.demand import partial_copies, partial_fills, read_demand
+from fxinit.passes.ranges import Extent
 from fxinit.rng.pieces import CHUNK
 from fxinit.spec import cast_by_to
 
@@ -44,6 +45,7 @@ class Plan:
     reuse: dict[fx.Node, tuple[fx.Node, bool]] = field(default_factory=dict)  # CSE: node -> (earlier node, copy)
     in_place: dict[fx.Node, Any] = field(default_factory=dict)  # element-wise node -> its in-place op
     pieces: dict[fx.Node, Ranges] = field(default_factory=dict)  # random fill -> the element ranges it fills
+    copies: dict[fx.Node, Ranges] = field(default_factory=dict)  # copy -> the output elements it writes (all read)
     chunked: frozenset[fx.Node] = frozenset()  # whole exact fills run in cache-sized chunks
     fused_casts: dict[fx.Node, FusedCast] = field(default_factory=dict)  # fill -> fill-then-cast in chunks
     casts: dict[fx.Node, list[fx.Node]] = field(default_factory=dict)  # after node: kept values cast to output_dtype
@@ -65,6 +67,18 @@ class Plan:
     @property
     def random_nodes(self) -> list[fx.Node]:
         return [n for n in self.nodes if is_random(n) and n not in self.fused_away]
+
+    def elements_drawn(self) -> int:
+        """Elements the random nodes generate: their pieces, or all of the tensor they fill."""
+        total = 0
+        for n in self.random_nodes:
+            if n in self.pieces:
+                total += sum(hi - lo for lo, hi in self.pieces[n])
+                continue
+            target = next((a for a in n.args if isinstance(a, fx.Node)), n)  # opaque nodes: (name, tensor)
+            spec = target.meta.get("spec") or n.meta.get("spec")
+            total += spec.numel if spec is not None else 0
+        return total
 
     def bytes_allocated(self) -> int:
         """What running the plan allocates, outputs and temporaries, after in-place chains,
@@ -106,8 +120,10 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
              if _fusable(f, rng) and not exposed.keys() & {*f.members, *f.results}}
     pieces: dict[fx.Node, Ranges] = {}
     pieces_of = portable_pieces if rng == "portable" else exact_pieces
-    for node, ranges in partial_fills(nodes, keep, exposed).items():
-        if node in fused:
+    demand = read_demand(nodes, keep, exposed)
+    shared = {n for pair in reuse.items() for n in (pair[0], pair[1][0])}  # a CSE value serves other readers too
+    for node, ranges in partial_fills(demand).items():
+        if node in fused or node in shared:
             continue
         found = pieces_of(node, ranges, device_map)
         if found is not None:
@@ -115,6 +131,7 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
     chunked = frozenset() if rng == "portable" else frozenset(
         n for n in nodes if is_random(n) and n not in pieces and n not in fused and exact_chunks(n, None, device_map))
     in_place = in_place_chains(nodes, keep, reuse)
+    copies = {n: r for n, r in partial_copies(demand).items() if n not in shared and n not in in_place}
     kernels: dict[fx.Node, Kernel] = {}
     if rng == "portable" and compiles is not None:
         candidates = compiled_fills(nodes, in_place, fused, device_map)
@@ -124,7 +141,7 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
     casts = cast_points(nodes, keep - done_in_dtype - exposed.keys(), reuse) if output_dtype is not None else {}
     return Plan(
         nodes=list(nodes), keep=keep, rng=rng, seed=seed, output_dtype=output_dtype, dead=list(dead), reuse=reuse,
-        in_place=in_place, pieces=pieces, chunked=chunked, fused_casts=fused,
+        in_place=in_place, pieces=pieces, copies=copies, chunked=chunked, fused_casts=fused,
         casts=casts, frees=last_uses(nodes, reuse, keep),
         # a CSE duplicate runs in the group of the value it reuses
         groups=independent_groups(nodes, [(dup, first) for dup, (first, _) in reuse.items()]),
@@ -164,7 +181,7 @@ def format_plan(plan: Plan) -> str:
     head = (f"plan: {len(plan.nodes)} nodes in {len(plan.groups)} independent group(s), rng {plan.rng}"
             + (f" (seed {plan.seed})" if plan.seed is not None else "")
             + (f", output dtype {_dtype(plan.output_dtype)}" if plan.output_dtype is not None else "")
-            + f", {_mib(plan.bytes_allocated())} allocated")
+            + f", {_mib(plan.bytes_allocated())} allocated, {plan.elements_drawn():,} random elements drawn")
     lines = [head]
     if plan.dead:
         lines.append(f"skipped {len(plan.dead)} dead write(s), overwritten before anything reads them: "
@@ -204,9 +221,9 @@ def _decisions(plan: Plan, n: fx.Node, fused_by_member: Mapping[fx.Node, FusedCa
             steps.append(_dtype(k.cast))
         out.append(f"compiled kernel on {k.device.type}: {' -> '.join(steps)}")
     if n in plan.pieces:
-        ranges = plan.pieces[n]
-        shown = ", ".join(f"{lo}..{hi}" for lo, hi in ranges[:3]) + (" ..." if len(ranges) > 3 else "")
-        out.append(f"fills only {sum(hi - lo for lo, hi in ranges)} elements ({shown})")
+        out.append(f"fills only {_ranges(plan.pieces[n])}")
+    if n in plan.copies:
+        out.append(f"copies only {_ranges(plan.copies[n])}")
     if n in plan.chunked:
         out.append(f"in chunks of {CHUNK}")
     if n in plan.fused_casts:
@@ -252,6 +269,13 @@ def _call(n: fx.Node) -> str:
     args = [show(a) for a in (n.args[1:] if n.meta.get("opaque") else n.args)]
     args += [f"{k}={show(v)}" for k, v in n.kwargs.items() if v is not None and _QUIET.get(k, ...) != v]
     return f"%{n.name} = {op_name(n)}({', '.join(args)})"
+
+
+def _ranges(ranges: Ranges) -> str:
+    """``1024 elements in 2 pieces (0..512, 1024..1536)``."""
+    shown = ", ".join(f"{lo}..{hi}" for lo, hi in ranges[:3]) + (" ..." if len(ranges) > 3 else "")
+    pieces = f" in {len(ranges)} pieces" if len(ranges) > 1 else ""
+    return f"{sum(hi - lo for lo, hi in ranges)} elements{pieces} ({shown})"
 
 
 def _dtype(d: torch.dtype | None) -> str:

@@ -77,8 +77,12 @@ def test_fill_then_cast_in_init_is_fused_and_exact(monkeypatch: pytest.MonkeyPat
     (torch.ops.aten.uniform_.default, (0.0, 1.0), torch.bfloat16),
 ])
 @pytest.mark.parametrize("n", [2 * CHUNK, BIG, 3 * CHUNK + 15])
-def test_chunked_fill_equals_whole_fill(op, args, dtype, n, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["rng.fills", "torch"])
+def test_chunked_fill_equals_whole_fill(op, args, dtype, n, native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     import fxinit.backends.exact as exact_backend
+
+    if not native:  # torch's kernel in chunks, as where rng.fills failed its check
+        monkeypatch.setattr(exact_backend, "native_fill", lambda *a, **k: False)
 
     gen = torch.Generator().manual_seed(n)
     snap = RngSnapshot(device="cpu", state=gen.get_state())
@@ -91,7 +95,7 @@ def test_chunked_fill_equals_whole_fill(op, args, dtype, n, monkeypatch: pytest.
     real = exact_backend.chunk_bounds
     monkeypatch.setattr(exact_backend, "chunk_bounds", lambda *a: seen.extend(real(*a)) or real(*a))
     ExactSampler({"g": snap}).fill_chunks(node, (got, *args), {})
-    assert seen == chunk_bounds(n, op is torch.ops.aten.normal_.default)
+    assert seen == ([] if native else chunk_bounds(n, op is torch.ops.aten.normal_.default))
     assert all(hi - lo <= CHUNK + 32 for lo, hi in seen)
     assert torch.equal(_bits(got), _bits(whole))
 
@@ -303,6 +307,7 @@ def test_normal_fills_are_chunked(monkeypatch: pytest.MonkeyPatch) -> None:
 
     pieces = []
     real = exact_backend.chunk_bounds
+    monkeypatch.setattr(exact_backend, "native_fill", lambda *a, **k: False)  # torch's kernel, in chunks
     monkeypatch.setattr(exact_backend, "chunk_bounds", lambda n, blocks: pieces.append(n) or real(n, blocks))
     assert_same_as_eager(BigFill, "normal", 2 * CHUNK + 5, torch.float32, seeds=(0,), orders=("whole",))
     assert 2 * CHUNK + 5 in pieces

@@ -160,14 +160,14 @@ PIECES = ((4099, 512, 800), (4103, 1024, 4103), (3000, 7, 1500))
 
 
 def test_only_the_read_range_of_a_random_fill_is_computed() -> None:
-    from fxinit.passes.ranges import partial_fills
+    from fxinit.passes.demand import partial_fills, read_demand
     from fxinit.passes.stream_keys import stream_keys
     from fxinit.rng import portable
 
     torch.manual_seed(0)
     g = fxinit.init_graph(fxinit.trace_init(ReadsAPiece))
     nodes = g.required_nodes(list(g.outputs))
-    found = partial_fills(nodes, set(g.outputs.values()))
+    found = partial_fills(read_demand(nodes, set(g.outputs.values())))
     by_shape = {n.args[0].meta["spec"].shape: v for n, v in found.items()}
     assert by_shape == {(4099,): [(512, 800)], (4103,): [(1024, 4103)], (3000,): [(7, 1500)],
                         (64, 96): [(16 * 96, 40 * 96)], (40, 100): [(r * 100 + 50, r * 100 + 100) for r in range(40)],

@@ -191,24 +191,36 @@ def measure(cfg: dict, rows: dict[str, str], repeat: int) -> dict[str, list[dict
 
 
 def sampler_speed(n: int = 1 << 22, repeat: int = 7) -> str:
-    """ns per element of the portable samplers on one thread, in memory already touched, next
-    to torch's own CPU samplers (MT19937): the generator's cost without the page faults. The
-    median (min-max) of ``repeat`` timings, fxinit's and torch's interleaved."""
+    """ns per element of fxinit's samplers, in memory already touched, next to torch's own CPU
+    samplers (MT19937): the generator's cost without the page faults. "fxinit exact" is
+    ``rng.fills`` (torch's bits, compiled), on one thread and on all; "fxinit portable" the
+    portable streams on one thread. The median (min-max) of ``repeat`` timings, interleaved."""
     import time
 
     import torch
     from fxinit.rng import portable
+    from fxinit.rng.fills import native_fill
 
-    lines = [f"samplers on one thread, memory already touched, ns per element, median (min-max) of {repeat}; "
-             f"CPU capability {torch.backends.cpu.get_cpu_capability()}:"]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    all_threads = torch.get_num_threads()
+    lines = [f"samplers, memory already touched, ns per element, median (min-max) of {repeat}; CPU capability "
+             f"{torch.backends.cpu.get_cpu_capability()}, {all_threads} threads for 'all':"]
+    state = torch.Generator().manual_seed(1).get_state()
     with portable.serial_fills():
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in (torch.float32, torch.bfloat16, torch.float64):
             out = torch.empty(n, dtype=dtype)
-            for kind, params, torch_fill in (("normal", dict(mean=0.0, std=0.02), lambda: out.normal_(0.0, 0.02)),
-                                             ("uniform", dict(low=-0.1, high=0.1), lambda: out.uniform_(-0.1, 0.1))):
-                fills = {"fxinit portable": lambda: portable.fill_(out, kind, 1, **params), "torch": torch_fill}
+            for kind, params in (("normal", (0.0, 0.02)), ("uniform", (-0.1, 0.1))):
+                def torch_fill(threads: int) -> None:
+                    torch.set_num_threads(threads)
+                    getattr(out, kind + "_")(*params)
+
+                fills = {"torch 1": lambda: torch_fill(1), "torch all": lambda: torch_fill(all_threads),
+                         "fxinit exact 1": lambda: native_fill(kind, out, state, params, threads=1),
+                         "fxinit exact all": lambda: native_fill(kind, out, state, params, threads=all_threads),
+                         "fxinit portable 1": lambda: portable.fill_(
+                             out, kind, 1, **dict(zip(("mean", "std") if kind == "normal" else ("low", "high"),
+                                                      params)))}
+                if not native_fill(kind, out, state, params):
+                    fills = {k: v for k, v in fills.items() if "exact" not in k}  # fell back to torch's kernel
                 timings: dict[str, list[float]] = {name: [] for name in fills}
                 for _ in range(repeat + 1):
                     for name, fill in fills.items():
@@ -218,9 +230,9 @@ def sampler_speed(n: int = 1 << 22, repeat: int = 7) -> str:
                 parts = []
                 for name, ts in timings.items():
                     ts = ts[1:]  # the first run warms up
-                    parts.append(f"{name} {statistics.median(ts):6.2f} ({min(ts):.2f}-{max(ts):.2f})")
+                    parts.append(f"{name} {statistics.median(ts):.2f} ({min(ts):.2f}-{max(ts):.2f})")
                 lines.append(f"  {str(dtype).removeprefix('torch.'):<9}{kind:<8} " + "   ".join(parts))
-    torch.set_num_threads(threads)
+    torch.set_num_threads(all_threads)
     return "\n".join(lines)
 
 
@@ -256,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated subset of rows")
     ap.add_argument("--trace-405b", action="store_true", help="also time tracing the 405B config")
     ap.add_argument("--json", type=Path, help="write raw measurements here")
-    ap.add_argument("--samplers", action="store_true", help="only time the portable samplers against torch's")
+    ap.add_argument("--samplers", action="store_true", help="only time fxinit's samplers (exact: torch's bits compiled; portable) against torch's")
     ap.add_argument("--kernels", action="store_true",
                     help="only count and compile the kernels of compiled portable fills (0.5B and 405B)")
     args = ap.parse_args(argv)
@@ -275,8 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, model {args.model}: {MODELS[args.model]}")
     results = measure(MODELS[args.model], rows, args.repeat)
     print(table(results, ["eager", "floor"]))
-    if any(name.startswith("fxinit portable") for name in rows):
-        print(sampler_speed())
+    print(sampler_speed())
     stats = run_child(MODELS[args.model], STATS_ROW)["extra"]
     plain, bf16 = stats["float32"], stats["bfloat16"]
     print("\ninit graph, as captured -> as run (slicing, dead-init elimination, CSE, in-place chains):")

@@ -3,6 +3,9 @@
 The user's generators are neither read nor changed, any subset of random ops can run
 alone, and pieces or chunks of a fill continue one private generator from the state the
 whole fill would have reached there (``rng.pieces``), so they give the whole fill's bits.
+``uniform_`` and ``normal_`` run as fxinit's compiled copies of torch's CPU kernels
+(``rng.fills``: the same bits, several times faster, written in parallel straight into the
+tensor) wherever those passed their check against the installed torch; else torch's own.
 """
 
 from __future__ import annotations
@@ -15,13 +18,42 @@ import torch.fx as fx
 
 from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes.fills import Ranges
-from fxinit.rng import RngSnapshot, Snapshot, mt19937, private_generator, swapped_default_generators
+from fxinit.rng import Snapshot, mt19937, private_generator, swapped_default_generators
+from fxinit.rng.fills import native_fill
 from fxinit.rng.pieces import CHUNK, chunk_bounds, splittable
+from fxinit.rng.portable import fills_are_serial
+from fxinit.rng.snapshot import RngSnapshot
 from fxinit.rng.snapshot import resolve
 
 # Code that draws from the default generators implicitly must not overlap with other
 # such code: the swap of the process-wide generator state would be seen by both.
 _DEFAULT_GENERATORS = threading.Lock()
+
+aten = torch.ops.aten
+#: Elements of a fill cast chunk by chunk when ``rng.fills`` draws: fewer, larger pieces, as
+#: each starts from a generator state moved past the pieces before it.
+NATIVE_CHUNK = 1 << 21
+#: Fills with compiled copies (``rng.fills``): op -> (kind, its two parameters' names and defaults).
+NATIVE_FILLS = {aten.normal_.default: ("normal", ("mean", 0.0), ("std", 1.0)),
+                aten.uniform_.default: ("uniform", ("from", 0.0), ("to", 1.0))}
+
+
+def native_kind(node: fx.Node, args: tuple, kwargs: dict) -> tuple[str, tuple[float, float]] | None:
+    """``(kind, parameters)`` of a fill ``rng.fills`` may run: ``normal_``/``uniform_`` with
+    plain numbers, drawing from one generator; else None."""
+    entry = NATIVE_FILLS.get(node.target)
+    if entry is None or set(node.meta.get("generators") or {}) != {"gen"}:
+        return None
+    kind, *names = entry
+    params = []
+    for i, (name, default) in enumerate(names, 1):
+        value = args[i] if len(args) > i else kwargs.get(name, default)
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return None
+        params.append(float(value))
+    if set(kwargs) - {"generator", *(name for name, _ in names)}:
+        return None
+    return kind, (params[0], params[1])
 
 
 class ExactSampler:
@@ -38,7 +70,16 @@ class ExactSampler:
 
     def call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         """Run random ``node`` whole (``args`` evaluated)."""
+        native = native_kind(node, args, kwargs)
+        if native is not None and isinstance(args[0], torch.Tensor):
+            state = self.snapshots[node.meta["generators"]["gen"]].state
+            if native_fill(native[0], args[0], state, native[1], threads=self._threads()):
+                return args[0]
         return self.with_generators(node.target, args, kwargs, node.meta["generators"])
+
+    @staticmethod
+    def _threads() -> int | None:
+        return 1 if fills_are_serial() else None
 
     def with_generators(self, fn: Callable[..., Any], args: tuple, kwargs: dict, keys: Mapping[str, str]) -> Any:
         """Call ``fn`` drawing from the recorded snapshots: a private generator passed in,
@@ -53,41 +94,58 @@ class ExactSampler:
 
     def fill_pieces(self, node: fx.Node, args: tuple, kwargs: dict, pieces: Ranges) -> None:
         """Fill only ``pieces`` of ``args[0]`` (flat element ranges, widened to the sampler's
-        blocks by the plan), as the whole fill would. One private generator goes from piece
-        to piece: past the elements between two pieces it is advanced without generating
-        them (``mt19937.advance``, a fraction of the cost)."""
+        blocks by the plan), as the whole fill would. One generator state goes from piece to
+        piece: past the elements between two pieces it is moved without generating them
+        (``mt19937.advance_in_place``: a few microseconds, plus a fraction of a nanosecond a word)."""
         flat = args[0].view(-1)
-        a, tail = self._split(node, args, kwargs, flat.numel())
-        state, at = self.snapshots[node.meta["generators"]["gen"]].state, 0
-        for lo, hi in pieces:
-            gen = private_generator(RngSnapshot(device="cpu", state=mt19937.advance(state, a * (lo - at))))
-            for first, last in chunk_bounds(hi - lo, bool(tail)):  # cache-sized (lo is block-aligned)
-                node.target(flat[lo + first:lo + last], *args[1:], **{**kwargs, "generator": gen})
-            state, at = gen.get_state(), hi
+        self._pieces(node, tuple(args[1:]), kwargs, flat.dtype, flat.numel(), pieces, lambda lo, hi: flat[lo:hi],
+                     None)
 
     def fill_chunks(self, node: fx.Node, args: tuple, kwargs: dict) -> None:
-        """Fill all of ``args[0]`` in cache-sized chunks continuing one generator, with the
-        bits of one whole call. Pieces that fit in the cache make two-pass samplers
+        """Fill all of ``args[0]`` with the bits of one whole call: at once by ``rng.fills``,
+        else in cache-sized chunks continuing one generator, so that two-pass samplers
         (``normal_``: uniforms, then Box-Muller) read their second pass from cache."""
         flat = args[0].view(-1)
-        self._chunks(node, args[1:], kwargs, flat.dtype, flat.numel(), lambda lo, hi: flat[lo:hi], None)
+        native = native_kind(node, args, kwargs)
+        state = self.snapshots[node.meta["generators"]["gen"]].state
+        if native is not None and native_fill(native[0], flat, state, native[1], threads=self._threads()):
+            return
+        _, tail = self._split(node, args, kwargs, flat.numel())
+        gen = private_generator(self.snapshots[node.meta["generators"]["gen"]])
+        for lo, hi in chunk_bounds(flat.numel(), bool(tail)):
+            node.target(flat[lo:hi], *args[1:], **{**kwargs, "generator": gen})
 
     def fill_cast(self, fused: FusedCast, out: torch.Tensor) -> None:
         """The fill of ``fused`` chunk by chunk in a scratch buffer, each chunk cast into ``out``."""
         spec = fused.alloc.meta["spec"]
-        scratch = torch.empty(CHUNK + 32, dtype=spec.dtype)
+        node, rest = fused.fill, tuple(fused.fill.args[1:])
+        size = NATIVE_CHUNK if native_kind(node, (None, *rest), dict(node.kwargs)) is not None else CHUNK
+        scratch = torch.empty(size + 32, dtype=spec.dtype)
         flat = out.view(-1)
-        self._chunks(fused.fill, tuple(fused.fill.args[1:]), dict(fused.fill.kwargs), spec.dtype, spec.numel,
-                     lambda lo, hi: scratch[:hi - lo], lambda lo, hi, piece: flat[lo:hi].copy_(piece))
+        _, tail = self._split(node, (None, *rest), dict(node.kwargs), spec.numel, spec.dtype)
+        self._pieces(node, rest, dict(node.kwargs), spec.dtype, spec.numel,
+                     chunk_bounds(spec.numel, bool(tail), size), lambda lo, hi: scratch[:hi - lo],
+                     lambda lo, hi, piece: flat[lo:hi].copy_(piece))
 
-    def _chunks(self, node: fx.Node, rest: tuple, kwargs: dict, dtype: torch.dtype, n: int,
-                piece: Callable[[int, int], torch.Tensor],
+    def _pieces(self, node: fx.Node, rest: tuple, kwargs: dict, dtype: torch.dtype, n: int, pieces: Ranges,
+                view: Callable[[int, int], torch.Tensor],
                 sink: Callable[[int, int, torch.Tensor], Any] | None) -> None:
-        _, tail = self._split(node, (None, *rest), kwargs, n, dtype)
-        gen = private_generator(self.snapshots[node.meta["generators"]["gen"]])
-        for lo, hi in chunk_bounds(n, bool(tail)):
-            values = piece(lo, hi)
-            node.target(values, *rest, **{**kwargs, "generator": gen})
+        """Elements ``pieces`` of ``node``'s fill of ``n`` elements of ``dtype``, each written
+        into ``view(lo, hi)`` and handed to ``sink``: by ``rng.fills`` from the generator
+        state at the piece's start, else by torch in cache-sized chunks."""
+        a, tail = self._split(node, (None, *rest), kwargs, n, dtype)
+        native = native_kind(node, (None, *rest), kwargs)
+        state, at = self.snapshots[node.meta["generators"]["gen"]].state.clone(), 0
+        for lo, hi in pieces:
+            mt19937.advance_in_place(state, a * (lo - at))
+            at = lo
+            values = view(lo, hi)
+            # a piece starting at lo is the start of a whole fill of n - lo elements (lo is block-aligned)
+            if native is None or not native_fill(native[0], values, state, native[1], total=n - lo,
+                                                 threads=self._threads()):
+                gen = private_generator(RngSnapshot(device="cpu", state=state.clone()))
+                for first, last in chunk_bounds(hi - lo, bool(tail)):
+                    node.target(values[first:last], *rest, **{**kwargs, "generator": gen})
             if sink is not None:
                 sink(lo, hi, values)
 

@@ -24,6 +24,7 @@ import torch.fx as fx
 from fxinit.errors import DeferredInitError
 from fxinit.ops import is_random, replay_args
 from fxinit.passes.cast_fusion import FusedCast
+from fxinit.passes import intervals
 from fxinit.passes.fills import Ranges
 from fxinit.passes.slicing import metadata_only
 from fxinit.plan import Plan
@@ -139,7 +140,21 @@ class Interpreter:
     def call_function(self, n: fx.Node, args: tuple, kwargs: dict) -> Any:
         if is_random(n):
             return self.random_op(n, args, kwargs)
+        if n in self.plan.copies:
+            return self.partial_copy(n, args, kwargs, self.plan.copies[n])
         return self.plan.in_place.get(n, n.target)(*replay_args(n.target, args), **kwargs)
+
+    def partial_copy(self, n: fx.Node, args: tuple, kwargs: dict, ranges: Ranges) -> torch.Tensor:
+        """A copy (``copy_``, ``clone``, ``_to_copy``) that writes only the storage elements
+        ``ranges`` of its output: nothing reads the others (``passes.demand``)."""
+        if n.target is torch.ops.aten.copy_.default:
+            dst, src = args[0], args[1]
+        else:
+            spec, src = n.meta["spec"], args[0]
+            device = self.plan.device_map.get(spec.device, spec.device)
+            dst = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=device)
+        copy_ranges(dst, src, ranges)
+        return dst
 
     def random_op(self, n: fx.Node, args: tuple, kwargs: dict) -> Any:
         """A random node: only its pieces, in chunks, or whole, as the plan says."""
@@ -163,6 +178,21 @@ class Interpreter:
         out = torch.empty_strided(spec.shape, spec.stride, dtype=fused.dtype, device=spec.device)
         self.sampler.fill_cast(fused, out)
         return out
+
+
+def copy_ranges(dst: torch.Tensor, src: torch.Tensor, ranges: Ranges) -> None:
+    """``dst.copy_(src)`` for the storage elements ``ranges`` of ``dst`` only, one copy per
+    piece where both views run contiguously (all of ``dst`` where the layouts are not followed)."""
+    moves = None
+    if dst.shape == src.shape:
+        moves = intervals.correspondence(intervals.of(ranges), tuple(dst.shape), dst.stride(), src.stride(),
+                                         dst.storage_offset(), src.storage_offset())
+    if moves is None:
+        dst.copy_(src)
+        return
+    pieces, shifts = moves
+    for (lo, hi), shift in zip(pieces.tolist(), shifts.tolist()):
+        dst.as_strided((hi - lo,), (1,), lo).copy_(src.as_strided((hi - lo,), (1,), lo + shift))
 
 
 def _copy(value: Any) -> Any:

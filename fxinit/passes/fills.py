@@ -26,9 +26,10 @@ aten = torch.ops.aten
 Ranges = list[tuple[int, int]]  # sorted, disjoint, half-open element ranges
 
 #: Gaps between read ranges shorter than this are drawn rather than skipped. Exact mode: a
-#: skip costs ~60 us of generator handling, drawing ~4 ns an element (measured, CPU mt19937
-#: normal_); portable mode: a call per range costs ~10 us.
-EXACT_SKIP_MIN = 1 << 14
+#: skip costs ~3 us of generator handling plus a sampler call of ~5 us, drawing ~3.5 ns an
+#: element (measured, CPU mt19937 normal_): gaps this short cost about as much either way,
+#: and skipping them keeps what a rank draws at its own elements.
+EXACT_SKIP_MIN = 1 << 9
 PORTABLE_SKIP_MIN = 1 << 13
 
 #: The in-place samplers of portable mode: op -> (distribution, [(schema argument, parameter, default)]).

@@ -257,3 +257,32 @@ FXINIT_CLONES void fxinit_mt_jump(uint32_t *s, const uint64_t *q) {
   free(table);
   for (int i = 0; i < N; i++) s[i] = acc[(idx + i) % N];
 }
+
+/* Advance, in place, a torch CPU generator state (the bytes of get_state()) by `draws`
+ * words, as fxinit/rng/mt19937.py's advance() does: the words are uint64 slots at byte 24,
+ * `left` an int32 at byte 8, `next` a uint64 at byte 16. Returns the number of twists. */
+uint64_t fxinit_mt_state_advance(uint8_t *raw, uint64_t draws) {
+  int32_t left;
+  memcpy(&left, raw + 8, 4);
+  uint64_t consumed = (uint64_t)(N + 1 - left), total = consumed + draws, twists = 0;
+  if (total > N) {
+    uint64_t slots[N];
+    uint32_t s[N];
+    twists = (total - 1) / N;
+    memcpy(slots, raw + 24, sizeof slots);
+    for (int i = 0; i < N; i++) s[i] = (uint32_t)slots[i];
+    fxinit_mt_twist(s, twists);
+    for (int i = 0; i < N; i++) slots[i] = s[i];
+    memcpy(raw + 24, slots, sizeof slots);
+    consumed = total - twists * N;
+  } else {
+    consumed = total;
+  }
+  left = (int32_t)(N + 1 - consumed);
+  uint64_t next = consumed % (N + 1);
+  int32_t seeded = 1;
+  memcpy(raw + 8, &left, 4);
+  memcpy(raw + 12, &seeded, 4);
+  memcpy(raw + 16, &next, 8);
+  return twists;
+}

@@ -124,6 +124,23 @@ def advance(state: torch.Tensor, draws: int) -> torch.Tensor:
     return s.to_tensor()
 
 
+def skip(gen: torch.Generator, draws: int) -> None:
+    """Move CPU generator ``gen`` ``draws`` words ahead in place, as drawing them would
+    (caches untouched): a few microseconds plus ~0.35 us per 624 words skipped."""
+    state = gen.get_state()
+    advance_in_place(state, draws)
+    gen.set_state(state)
+
+
+def advance_in_place(state: torch.Tensor, draws: int) -> None:
+    """``state`` (a CPU generator state tensor) moved ``draws`` words ahead, in place."""
+    lib = library()
+    if lib is None or draws > JUMP_MIN_TWISTS * N:
+        state.copy_(advance(state, draws))
+        return
+    lib.fxinit_mt_state_advance(ctypes.c_void_p(state.data_ptr()), ctypes.c_uint64(draws))
+
+
 def distance(before: torch.Tensor, after: torch.Tensor, max_twists: int = 64) -> int | None:
     """How many words took the generator from ``before`` to ``after``, if that was a pure
     advance of at most ``max_twists`` blocks; None otherwise."""

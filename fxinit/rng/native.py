@@ -44,6 +44,8 @@ def library() -> ctypes.CDLL | None:
     lib.fxinit_mt_xpow.restype = ctypes.c_int
     lib.fxinit_mt_jump.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.fxinit_mt_jump.restype = None
+    lib.fxinit_mt_state_advance.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+    lib.fxinit_mt_state_advance.restype = ctypes.c_uint64
     lib.fxinit_mt_charpoly_matches.argtypes = []
     lib.fxinit_mt_charpoly_matches.restype = ctypes.c_int
     return lib

@@ -49,12 +49,13 @@ def widen(lo: int, hi: int, n: int, tail: int) -> tuple[int, int]:
     return lo, hi
 
 
-def chunk_bounds(n: int, blocks: bool) -> list[tuple[int, int]]:
-    """Pieces of ``CHUNK`` elements covering ``0 .. n``; with ``blocks`` (a sampler working
-    in blocks of 16 that recomputes the last one), the last piece takes the tail block."""
+def chunk_bounds(n: int, blocks: bool, size: int = CHUNK) -> list[tuple[int, int]]:
+    """Pieces of ``size`` elements (a multiple of 16) covering ``0 .. n``; with ``blocks`` (a
+    sampler working in blocks of 16 that recomputes the last one), the last piece takes the
+    tail block."""
     bounds, lo = [], 0
     while lo < n:
-        lo, hi = widen(lo, min(n, lo + CHUNK), n, 16 if blocks else 0)
+        lo, hi = widen(lo, min(n, lo + size), n, 16 if blocks else 0)
         bounds.append((lo, hi))
         lo = hi
     return bounds

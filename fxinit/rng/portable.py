@@ -293,7 +293,7 @@ def fill_(target: torch.Tensor, kind: str, stream: int, first: int = 0, **params
                 sample(kind, stream, first + start, size, target.dtype, target.device, **params))
 
     starts = range(0, n, CHUNK)
-    serial = flat is None or getattr(_THREAD, "serial", False)
+    serial = flat is None or fills_are_serial()
     workers = 1 if serial else min(torch.get_num_threads(), len(starts))
     if workers <= 1:
         for s in starts:
@@ -317,6 +317,11 @@ def serial_fills() -> Iterator[None]:
         yield
     finally:
         _THREAD.serial = before
+
+
+def fills_are_serial() -> bool:
+    """Whether this thread is inside ``serial_fills``."""
+    return getattr(_THREAD, "serial", False)
 
 
 def _strided_chunk(target: torch.Tensor, start: int, size: int) -> torch.Tensor:

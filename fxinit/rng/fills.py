@@ -1,0 +1,278 @@
+"""torch's CPU ``uniform_`` and ``normal_`` fills, bit for bit, in compiled code.
+
+The kernels (``fills.c``) reproduce what the installed torch computes from its MT19937
+generator, for the code path the running torch dispatches to (``DEFAULT``, or the AVX2
+kernels that ``AVX2`` and ``AVX512`` builds run for these two ops). A range of a tensor
+starts from the generator state jumped to its first word (:func:`fxinit.rng.mt19937.advance`),
+so a fill splits over threads, and a shard can fill only its own slice.
+
+Nothing is trusted blindly: the first use of each (kind, dtype, path) compares the kernel
+with torch on sizes that cross every threshold of torch's samplers (and each new pair of
+parameters on a few sizes); on any difference, or where the kernel cannot be built, that
+kind is refused (``native_fill`` returns False) and the caller uses torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from fxinit.rng.mt19937 import CpuState, advance
+from fxinit.rng.native import _load
+
+_SOURCE = Path(__file__).with_name("fills.c")
+_OPS = {"uniform": 0, "normal": 1}
+_DTYPES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2, torch.float16: 3}
+# normal_ has no AVX-512 kernel (REGISTER_NO_AVX512_DISPATCH): AVX-512 builds run the AVX2
+# one; uniform_ is compiled for both with the same fused multiply-add
+_PATHS = {"DEFAULT": 0, "AVX2": 1, "AVX512": 1}
+MIN_PER_THREAD = 1 << 16  # elements: below this a thread's jump costs more than it saves
+_log = logging.getLogger("fxinit")
+
+
+@lru_cache(maxsize=None)
+def library() -> ctypes.CDLL | None:
+    """The loaded fill kernels, or None where they cannot be built here."""
+    lib = _load(_SOURCE)
+    if lib is None:
+        return None
+    lib.fxinit_fill.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
+                                ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
+                                ctypes.c_double, ctypes.c_double]
+    lib.fxinit_fill.restype = ctypes.c_int
+    lib.fxinit_fill_supported.argtypes = [ctypes.c_int]
+    lib.fxinit_fill_supported.restype = ctypes.c_int
+    return lib
+
+
+@lru_cache(maxsize=None)
+def torch_path() -> int | None:
+    """The kernel path of the running torch (0 DEFAULT, 1 AVX2), None where unsupported."""
+    path = _PATHS.get(torch.backends.cpu.get_cpu_capability())
+    lib = library()
+    if path is None or lib is None or not lib.fxinit_fill_supported(path):
+        return None
+    return path
+
+
+def words_per_element(kind: str, dtype: torch.dtype) -> int:
+    """Generator words per uniform sample: 2 for float64 (53-bit), else 1."""
+    return 2 if dtype == torch.float64 else 1
+
+
+def draws(kind: str, dtype: torch.dtype, total: int) -> int:
+    """Words ``torch.empty(total, dtype).<kind>_()`` consumes (normal: total >= 16)."""
+    a = words_per_element(kind, dtype)
+    if kind == "uniform" or total % 16 == 0:
+        return a * total
+    if dtype in (torch.float32, torch.float64):  # every uniform, then a redrawn last block
+        return a * (total + 16)
+    return a * (total // 16 * 16 + 16)  # reduced types draw whole blocks only
+
+
+# --------------------------------------------------------------------------- filling
+
+_Job = tuple[int, int, int, int]  # first, lo, hi (relative to out's element 0), word offset
+
+
+def _jobs(kind: str, dtype: torch.dtype, n: int, start: int, total: int, threads: int,
+          min_chunk: int = MIN_PER_THREAD) -> list[_Job]:
+    a = words_per_element(kind, dtype)
+    end = start + n
+    tail: list[_Job] = []
+    stop = end
+    if kind == "normal" and total % 16:
+        clip = total - 16  # torch overwrites the last 16 elements with a redrawn block
+        stop = min(end, clip)
+        if end > clip:
+            t0 = total if dtype in (torch.float32, torch.float64) else total // 16 * 16
+            tail = [(clip - start, max(clip, start) - start, n, a * t0)]
+    jobs: list[_Job] = []
+    m = stop - start
+    if m > 0:
+        parts = max(1, min(threads, m // min_chunk))
+        cuts = [start + (m * i // parts) // 16 * 16 for i in range(parts)] + [stop]
+        for lo, hi in zip(cuts, cuts[1:]):
+            if hi > lo:
+                jobs.append((lo - start, lo - start, hi - start, a * lo))
+    return jobs + tail
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _forget_pool() -> None:
+    """A forked child has the pool object but none of its threads: it makes its own."""
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="fxinit-fill")
+        return _POOL
+
+
+def _kernel(op: int, dtype: int, path: int, ptr: int, job: _Job, words: np.ndarray, consumed: int,
+            p0: float, p1: float) -> int:
+    lib = library()
+    assert lib is not None
+    first, lo, hi, _ = job
+    return lib.fxinit_fill(op, dtype, path, ptr, first, lo, hi, words.ctypes.data, consumed, p0, p1)
+
+
+_kernel_call: Callable[..., int] = _kernel  # tests swap this to make the kernel disagree
+
+
+def _fill(kind: str, out: torch.Tensor, state: torch.Tensor, params: tuple[float, float], start: int,
+          total: int, threads: int, path: int, min_chunk: int = MIN_PER_THREAD) -> bool:
+    jobs = _jobs(kind, out.dtype, out.numel(), start, total, threads, min_chunk)
+    states = []
+    for job in jobs:
+        s = CpuState.of(advance(state, job[3]) if job[3] else state)
+        states.append((np.ascontiguousarray(s.words, dtype=np.uint32), s.consumed))
+    op, dt, ptr = _OPS[kind], _DTYPES[out.dtype], out.data_ptr()
+    p0, p1 = float(params[0]), float(params[1])
+    call = _kernel_call
+
+    def one(i: int) -> int:
+        return call(op, dt, path, ptr, jobs[i], states[i][0], states[i][1], p0, p1)
+
+    if len(jobs) == 1:
+        return one(0) == 0
+    futures = [_pool().submit(one, i) for i in range(1, len(jobs))]
+    rc = one(0)
+    return all(f.result() == 0 for f in futures) and rc == 0
+
+
+# --------------------------------------------------------------------------- self-check
+
+_CHECK_SIZES = (*range(1, 41), 64, 65, 1000, 1007, 4097, 65536 + 3)
+_QUICK_SIZES = (17, 1007, 4097)
+_checked: dict[tuple, bool] = {}  # (kind, dtype, path) -> passed the full check
+_params_checked: dict[tuple, bool] = {}  # (kind, dtype, path, params) -> passed the quick check
+_CHECK_LOCK = threading.RLock()
+
+
+def _compare(kind: str, dtype: torch.dtype, path: int, params: tuple[float, float], size: int,
+             rng: random.Random) -> bool | None:
+    """One comparison with torch on a random state and a random piece of a ``size`` fill;
+    None where torch itself refuses the parameters."""
+    g = torch.Generator()
+    g.manual_seed(rng.randrange(1 << 62))
+    torch.empty(rng.randrange(0, 700), dtype=torch.float32).uniform_(generator=g)  # any position
+    state = g.get_state()
+    expect = torch.empty(size, dtype=dtype)
+    try:
+        getattr(expect, kind + "_")(*params, generator=g)
+    except (RuntimeError, ValueError, OverflowError):
+        return None
+    step = 16 if kind == "normal" else 1
+    start = rng.randrange(0, size, step) if rng.random() < 0.5 else 0
+    stop = rng.randrange(start + 1, size + 1) if rng.random() < 0.3 else size
+    out = torch.full((stop - start,), float("nan"), dtype=dtype)
+    threads = rng.choice((1, 2, 3))  # small pieces: the split and the jumps are checked too
+    if not _fill(kind, out, state, params, start, size, threads, path, min_chunk=32):
+        return False
+    as_int = {8: torch.int64, 4: torch.int32, 2: torch.int16}[dtype.itemsize]
+    return torch.equal(out.view(as_int), expect[start:stop].view(as_int))
+
+
+def _passes(kind: str, dtype: torch.dtype, path: int, params: tuple[float, float],
+            sizes: tuple[int, ...]) -> bool | None:
+    """True if the kernel equals torch on all ``sizes``; None if torch refuses ``params``."""
+    rng = random.Random(f"{kind}{dtype}{path}{params}")
+    try:
+        for size in sizes:
+            if kind == "normal" and size < 16:
+                continue
+            same = _compare(kind, dtype, path, params, size, rng)
+            if same is None:
+                return None
+            if not same:
+                _log.debug("native %s_ %s (path %d, params %s) differs from torch at size %d: using torch",
+                           kind, dtype, path, params, size)
+                return False
+    except Exception as exc:  # noqa: BLE001 - any failure of ours: torch does the fill
+        _log.debug("native %s_ %s self-check failed: %r", kind, dtype, exc)
+        return False
+    return True
+
+
+def _trusted(kind: str, dtype: torch.dtype, path: int, params: tuple[float, float]) -> bool:
+    """Whether the kernel passed its checks for this kind/dtype/path and these parameters
+    (checking now if not done yet). A difference distrusts the kind for good."""
+    key = (kind, dtype, path)
+    pkey = (*key, params)
+    with _CHECK_LOCK:
+        first = key not in _checked
+        if first:
+            base = (0.0, 1.0) if kind == "normal" else (-0.37, 0.91)
+            _checked[key] = _passes(kind, dtype, path, base, _CHECK_SIZES) is True
+        if not _checked[key]:
+            return False
+        if pkey not in _params_checked:
+            if len(_params_checked) > 4096:
+                _params_checked.clear()
+            same = _passes(kind, dtype, path, params, _CHECK_SIZES if first else _QUICK_SIZES)
+            if same is False:
+                _checked[key] = False
+            _params_checked[pkey] = same is True
+        return _params_checked[pkey] and _checked[key]
+
+
+def reset_checks() -> None:
+    """Forget the self-check results (tests)."""
+    with _CHECK_LOCK:
+        _checked.clear()
+        _params_checked.clear()
+
+
+# --------------------------------------------------------------------------- API
+
+def native_fill(kind: str, out: torch.Tensor, state: torch.Tensor, params: tuple[float, float],
+                start: int = 0, total: int | None = None, threads: int | None = None) -> bool:
+    """Write into ``out`` (a contiguous CPU tensor, float32/float64/bfloat16/float16) the
+    elements ``start .. start+out.numel()`` of what ``torch.empty(total, dtype).<kind>_(*params,
+    generator=g)`` gives, ``g`` a generator in ``state`` (a ``get_state()`` tensor).
+
+    ``kind``: ``"normal"`` (params mean, std) or ``"uniform"`` (params from, to). ``start``
+    must be a multiple of 16 for normal, whose ``total`` must be at least 16 (torch's
+    smaller fills use another sampler); ``total`` defaults to ``start + out.numel()``.
+    Returns False (writing nothing meaningful) when this kind/dtype/path is not supported
+    or failed its self-check; the caller then uses torch.
+    """
+    n = out.numel()
+    total = start + n if total is None else total
+    if kind not in _OPS or out.dtype not in _DTYPES or out.device.type != "cpu" or not out.is_contiguous():
+        return False
+    if start < 0 or start + n > total or state.numel() != 5056:
+        return False
+    if kind == "normal" and (total < 16 or start % 16):
+        return False
+    path = torch_path()
+    if path is None:
+        return False
+    params = (float(params[0]), float(params[1]))
+    if not _trusted(kind, out.dtype, path, params):
+        return False
+    if n == 0:
+        return True
+    threads = torch.get_num_threads() if threads is None else max(1, int(threads))
+    return _fill(kind, out, state, params, start, total, threads, path)

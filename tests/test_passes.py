@@ -181,3 +181,25 @@ def test_only_the_read_range_of_a_random_fill_is_computed() -> None:
         if shape == (4103,):  # the portable piece equals the same elements of the whole stream
             whole = portable.fill_(torch.empty(4103), "normal", portable.stream_key(0, key), mean=0.0, std=0.5)
             assert torch.equal(got["piece1"], whole[1024:])
+
+
+class KeepsAViewOfAFill(nn.Module):
+    """A buffer that is a view of a larger random tensor: eager's storage holds all of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        big = torch.empty(300, 400).normal_()
+        self.register_buffer("columns", big[:, 100:110])
+        copied = torch.empty(300, 400).uniform_().clone()  # a copy, then a view of the copy
+        self.register_buffer("rows", copied[20:30])
+
+
+def test_a_kept_view_keeps_all_of_its_storage() -> None:
+    torch.manual_seed(0)
+    eager = KeepsAViewOfAFill()
+    torch.manual_seed(0)
+    model = fxinit.materialize(fxinit.trace_init(KeepsAViewOfAFill))
+    for name in ("columns", "rows"):
+        want, got = getattr(eager, name), getattr(model, name)
+        assert torch.equal(got, want)
+        assert bytes(got.untyped_storage()) == bytes(want.untyped_storage()), name

@@ -22,8 +22,7 @@ from fxinit.rng import Snapshot, mt19937, private_generator, swapped_default_gen
 from fxinit.rng.fills import native_fill
 from fxinit.rng.pieces import CHUNK, chunk_bounds, splittable
 from fxinit.rng.portable import fills_are_serial
-from fxinit.rng.snapshot import RngSnapshot
-from fxinit.rng.snapshot import resolve
+from fxinit.rng.snapshot import RngSnapshot, resolve
 
 # Code that draws from the default generators implicitly must not overlap with other
 # such code: the swap of the process-wide generator state would be seen by both.
@@ -106,14 +105,8 @@ class ExactSampler:
         else in cache-sized chunks continuing one generator, so that two-pass samplers
         (``normal_``: uniforms, then Box-Muller) read their second pass from cache."""
         flat = args[0].view(-1)
-        native = native_kind(node, args, kwargs)
-        state = self.snapshots[node.meta["generators"]["gen"]].state
-        if native is not None and native_fill(native[0], flat, state, native[1], threads=self._threads()):
-            return
-        _, tail = self._split(node, args, kwargs, flat.numel())
-        gen = private_generator(self.snapshots[node.meta["generators"]["gen"]])
-        for lo, hi in chunk_bounds(flat.numel(), bool(tail)):
-            node.target(flat[lo:hi], *args[1:], **{**kwargs, "generator": gen})
+        self._pieces(node, tuple(args[1:]), kwargs, flat.dtype, flat.numel(), [(0, flat.numel())],
+                     lambda lo, hi: flat[lo:hi], None)
 
     def fill_cast(self, fused: FusedCast, out: torch.Tensor) -> None:
         """The fill of ``fused`` chunk by chunk in a scratch buffer, each chunk cast into ``out``."""

@@ -84,8 +84,10 @@ def read_demand(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
     exposed = exposed or {}
     need: dict[fx.Node, Set] = defaultdict(lambda: intervals.EMPTY)
     for k in keep:
+        # a kept value needs all of its storage, as eager's does (``torch.save`` writes it,
+        # storage views see it); an exposed one only the extent the caller reads
         root = storage_root(k)
-        read = intervals.of([exposed[k]]) if k in exposed else intervals.elements(k.meta.get("spec"))[0]
+        read = intervals.of([exposed[k]]) if k in exposed else intervals.elements(root.meta.get("spec"))[0]
         need[root] = intervals.union(need[root], read)
     found = Demand()
     for n in reversed(nodes):
@@ -137,7 +139,7 @@ def _step(n: fx.Node, need: dict[fx.Node, Set], found: Demand) -> None:
         demanded = intervals.intersect(need[storage_root(written)], intervals.elements(out)[0])
         if written is n:
             need.pop(n, None)
-        for x in _tensor_inputs(n):
+        for x in n.all_input_nodes:
             if x is written:
                 continue  # in place: the positions it writes are the positions it reads
             _read(x, intervals.carry(demanded, out, x.meta.get("spec")), need)
@@ -152,10 +154,6 @@ def _pointwise(n: fx.Node) -> bool:
     return torch.Tag.pointwise in tags and n.meta.get("spec") is not None
 
 
-def _tensor_inputs(n: fx.Node) -> list[fx.Node]:
-    return list(n.all_input_nodes)
-
-
 def _read(x: fx.Node, elements: Set | None, need: dict[fx.Node, Set]) -> None:
     """``x``'s storage is read at ``elements`` (None: all of ``x``)."""
     if elements is None:
@@ -165,7 +163,7 @@ def _read(x: fx.Node, elements: Set | None, need: dict[fx.Node, Set]) -> None:
 
 
 def _read_all(n: fx.Node, need: dict[fx.Node, Set], skip: fx.Node | None = None) -> None:
-    for x in _tensor_inputs(n):
+    for x in n.all_input_nodes:
         if x is not skip:
             _read(x, None, need)
 
@@ -175,7 +173,7 @@ def _shared_roots(nodes: Sequence[fx.Node]) -> set[fx.Node]:
     ids (``meta["reads"]``, ``meta["mutates"]``) of nodes reading one root disagree."""
     ids: dict[fx.Node, set[Any]] = defaultdict(set)
     for n in nodes:
-        roots = {storage_root(x) for x in n.all_input_nodes if x.meta.get("spec") is not None or is_view(x)}
+        roots = {storage_root(x) for x in n.all_input_nodes}
         sids = set(n.meta.get("reads", ())) | set(n.meta.get("mutates", ()))
         if len(roots) == 1 and len(sids) == 1:
             ids[next(iter(roots))] |= sids

@@ -124,16 +124,9 @@ def advance(state: torch.Tensor, draws: int) -> torch.Tensor:
     return s.to_tensor()
 
 
-def skip(gen: torch.Generator, draws: int) -> None:
-    """Move CPU generator ``gen`` ``draws`` words ahead in place, as drawing them would
-    (caches untouched): a few microseconds plus ~0.35 us per 624 words skipped."""
-    state = gen.get_state()
-    advance_in_place(state, draws)
-    gen.set_state(state)
-
-
 def advance_in_place(state: torch.Tensor, draws: int) -> None:
-    """``state`` (a CPU generator state tensor) moved ``draws`` words ahead, in place."""
+    """``state`` (a CPU generator state tensor) moved ``draws`` words ahead in place, as
+    drawing them would (caches untouched): a few microseconds plus ~0.35 us per 624 words."""
     lib = library()
     if lib is None or draws > JUMP_MIN_TWISTS * N:
         state.copy_(advance(state, draws))

@@ -27,8 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define N 624
-#define M 397
+#include "mt19937.h"
 
 enum { OP_UNIFORM = 0, OP_NORMAL = 1 };
 enum { DT_F32 = 0, DT_F64 = 1, DT_BF16 = 2, DT_F16 = 3 };
@@ -41,18 +40,6 @@ typedef struct {
   uint32_t s[N];
   int pos; /* words of the current block already used; N: twist before the next */
 } mt_t;
-
-INLINE uint32_t mix(uint32_t u, uint32_t v) {
-  uint32_t y = (u & 0x80000000U) | (v & 0x7fffffffU);
-  return (y >> 1) ^ ((v & 1U) ? 0x9908b0dfU : 0U);
-}
-
-INLINE void twist(uint32_t *restrict s) {
-  int i;
-  for (i = 0; i < N - M; i++) s[i] = s[i + M] ^ mix(s[i], s[i + 1]);
-  for (; i < N - 1; i++) s[i] = s[i + M - N] ^ mix(s[i], s[i + 1]);
-  s[N - 1] = s[M - 1] ^ mix(s[N - 1], s[0]);
-}
 
 INLINE uint32_t temper(uint32_t y) {
   y ^= y >> 11;

@@ -19,22 +19,10 @@
 #define FXINIT_CLONES
 #endif
 
-#define N 624
-#define M 397
+#include "mt19937.h"
+
 #define DEG 19937
 #define PW ((2 * DEG) / 64 + 2) /* words of a polynomial of degree < 2*DEG */
-
-static inline uint32_t mix(uint32_t u, uint32_t v) {
-  uint32_t y = (u & 0x80000000U) | (v & 0x7fffffffU);
-  return (y >> 1) ^ ((v & 1U) ? 0x9908b0dfU : 0U);
-}
-
-static void twist(uint32_t *restrict s) {
-  int i;
-  for (i = 0; i < N - M; i++) s[i] = s[i + M] ^ mix(s[i], s[i + 1]);
-  for (; i < N - 1; i++) s[i] = s[i + M - N] ^ mix(s[i], s[i + 1]);
-  s[N - 1] = s[M - 1] ^ mix(s[N - 1], s[0]);
-}
 
 /* Apply t twists to the 624-word state s in place. */
 FXINIT_CLONES void fxinit_mt_twist(uint32_t *s, uint64_t t) {

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -82,6 +83,8 @@ NO_CLONES = "-DFXINIT_NO_CLONES"  # one plain version of each kernel, no AVX2/AV
 def build(source_path: Path, flags: tuple[str, ...] = _FLAGS) -> Path:
     """The shared library of ``source_path`` built with ``flags``, from the cache if there."""
     source = source_path.read_bytes()
+    for header in re.findall(rb'#include "([^"]+)"', source):  # headers beside it: part of what is built
+        source += source_path.with_name(header.decode()).read_bytes()
     tag = hashlib.sha256(source + sys.platform.encode() + " ".join(flags).encode()).hexdigest()[:16]
     target = cache_dir() / f"{source_path.stem}-{tag}.so"
     if target.exists():

@@ -130,6 +130,16 @@ def draws_random(target: Any) -> bool:
     return False
 
 
+def filled_argument(node: fx.Node) -> int | None:
+    """Which argument an in-place op writes: 1 for an opaque init function (``(name,
+    tensor)``), 0 for an aten op that writes its first argument, None for others."""
+    if node.target is call_init_function:
+        return 1
+    schema = getattr(node.target, "_schema", None)
+    first = schema.arguments[0].alias_info if schema is not None and schema.arguments else None
+    return 0 if first is not None and first.is_write else None
+
+
 def is_random(node: fx.Node) -> bool:
     """Whether ``node`` draws random numbers (it carries the generators it draws from)."""
     return bool(node.meta.get("generators"))

@@ -3,6 +3,7 @@ through materialization (which must stay bitwise equal to eager)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -203,3 +204,27 @@ def test_a_kept_view_keeps_all_of_its_storage() -> None:
         want, got = getattr(eager, name), getattr(model, name)
         assert torch.equal(got, want)
         assert bytes(got.untyped_storage()) == bytes(want.untyped_storage()), name
+
+
+class TruncNormalRows(nn.Module):
+    """trunc_normal_ with far bounds (torchtitan's std 0.02 within +-2), with near ones (its
+    output layer's cutoff at 3 std: rejections, redrawn), and with a narrow window (torch
+    samples it from uniforms)."""
+
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        for name, bounds in (("far", {}), ("near", dict(a=-0.03, b=0.03)), ("narrow", dict(a=0.5, b=0.6))):
+            full = torch.empty(4096, 64, dtype=dtype)
+            nn.init.trunc_normal_(full, std=0.02 if name != "narrow" else 1.0, **bounds)
+            self.register_buffer(name, full[1000:1010].clone())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_trunc_normal_fills_only_what_is_read(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    g = fxinit.init_graph(fxinit.trace_init(TruncNormalRows, dtype))
+    plan = g.plan()
+    split = {n.kwargs["a"]: r for n, r in plan.pieces.items()}
+    if dtype != torch.bfloat16:  # reduced precisions round normal_'s draws up to blocks: not split
+        assert split == {-2.0: [(64000, 64640)], -0.03: [(64000, 64640)]}  # not the narrow window
+    assert_same_as_eager(lambda: TruncNormalRows(dtype))

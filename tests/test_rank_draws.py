@@ -3,7 +3,8 @@ group, ``tools/bench_rank.py``), their random elements counted against their own
 their shards compared with the matching slices of eager construction.
 
 Column- and row-parallel weights under FSDP2 over tensor parallelism, HSDP over it, uneven
-shards and ranks whose shards are empty: before the read demand was carried through the
+shards, ranks whose shards are empty, and torchtitan's own flow (``init_weights`` after the
+layout, ``trunc_normal_`` with and without rejections): before the read demand was carried through the
 layout's copies, a rank drew its whole tensor-parallel chunk (the dp_shard size times its
 own elements)."""
 
@@ -26,6 +27,8 @@ CASES = [  # (tool arguments, ranks)
     (["--preset", "small", "--mesh", "1", "3", "2"], [4]),  # uneven shards
     (["--preset", "small", "--mesh", "1", "256", "4"], [1023]),  # shards of some weights are empty
     (["--preset", "small", "--mesh", "1", "8", "1"], [3]),  # FSDP alone
+    # torchtitan's flow: init_weights after the layout, trunc_normal_ (its output layer's rejections)
+    (["--model", "titan", "--mesh", "2", "2", "2"], [6]),
 ]
 
 

@@ -13,6 +13,11 @@ bytes once, measured in the same process) and the peak RSS growth against the sh
     python tools/bench_rank.py --preset 405b --mesh 4 32 8 --rank 517 --layers 2
     python tools/bench_rank.py --preset tiny --mesh 2 4 2 --ranks 0 5 15 --check   # and equal eager?
     python tools/bench_rank.py --model linears --mesh 1 8 4 --ranks 0 30 --check --json
+    python tools/bench_rank.py --model titan --mesh 2 4 2 --ranks 0 9 --check   # torchtitan's flow
+
+``--model titan`` is the guide's torchtitan-style Llama (``docs/examples/titan_llama.py``)
+in torchtitan's flow: traced under ``torch.device("meta")``, parallelized, ``to_empty``,
+``init_weights(buffer_device=None)`` (``trunc_normal_``), then materialized.
 
 ``--check`` compares each local shard with the matching slice of eager construction (the
 positions ``capture.layout.local_runs`` gives), so keep the model small there. The bars
@@ -59,7 +64,25 @@ class Linears(nn.Module):
                                     for _ in range(pairs))
 
 
+def titan():  # noqa: ANN201
+    """docs/examples/titan_llama.py as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("titan_llama", ROOT / "docs" / "examples" / "titan_llama.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["titan_llama"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def titan_args(args: argparse.Namespace):  # noqa: ANN201
+    return titan().ModelArgs(dim=1024, n_layers=args.layers or 2, n_heads=8, n_kv_heads=4, vocab_size=2049,
+                             hidden_dim=2816)
+
+
 def build(args: argparse.Namespace) -> tuple[type, tuple]:
+    if args.model == "titan":
+        return titan().Transformer, (titan_args(args),)
     if args.model == "linears":
         return Linears, (args.dim, args.layers or 1)
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -78,6 +101,14 @@ def lay_out(model: nn.Module, mesh, model_kind: str) -> None:  # noqa: ANN001
                                                    parallelize_module)
 
     tp = mesh["tp"]
+    names = tuple(n for n in ("dp_replicate", "dp_shard") if mesh[n].size() > 1) or ("dp_shard",)
+    dp = mesh[names] if len(names) > 1 else mesh[names[0]]
+    if model_kind == "titan":  # its own parallelize, then torchtitan's init steps
+        sys.modules["titan_llama"].parallelize(model, tp if tp.size() > 1 else None, dp if dp.size() > 1 else None)
+        model.to_empty(device="cpu")
+        with torch.no_grad():
+            model.init_weights(buffer_device=None)
+        return
     if tp.size() > 1:
         if model_kind == "linears":
             plan = {}
@@ -98,8 +129,6 @@ def lay_out(model: nn.Module, mesh, model_kind: str) -> None:  # noqa: ANN001
                 for name in ("self_attn.o_proj", "mlp.down_proj"):
                     plan[f"{p}.{name}"] = RowwiseParallel()
         parallelize_module(model, tp, plan)
-    names = tuple(n for n in ("dp_replicate", "dp_shard") if mesh[n].size() > 1) or ("dp_shard",)
-    dp = mesh[names] if len(names) > 1 else mesh[names[0]]
     if dp.size() > 1:
         blocks = model.layers if model_kind == "linears" else model.model.layers
         for block in blocks:
@@ -148,7 +177,8 @@ def one_rank(args: argparse.Namespace, rank: int) -> dict:
         cls, cargs = build(args)
         torch.manual_seed(args.seed)
         t0 = time.perf_counter()
-        model = fxinit.trace_init(cls, *cargs)
+        with torch.device("meta" if args.model == "titan" else "cpu"):
+            model = fxinit.trace_init(cls, *cargs)
         lay_out(model, mesh, args.model)
         traced_s = time.perf_counter() - t0
         plans = []
@@ -178,7 +208,8 @@ def one_rank(args: argparse.Namespace, rank: int) -> dict:
                    rss_growth=growth)
         if args.check:
             torch.manual_seed(args.seed)
-            eager = cls(*cargs).state_dict()
+            eager = (sys.modules["titan_llama"].single_process_reference(cargs[0], args.seed) if args.model == "titan"
+                     else cls(*cargs).state_dict())
             bad = []
             for n, t in model.state_dict().items():
                 if isinstance(t, DTensor):
@@ -214,7 +245,7 @@ def in_child(argv: list[str], rank: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", choices=("llama", "linears"), default="llama")
+    ap.add_argument("--model", choices=("llama", "linears", "titan"), default="llama")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     ap.add_argument("--layers", type=int, default=0, help="layers (llama) or Linear pairs (linears); 0: preset's")
     ap.add_argument("--dim", type=int, default=4096, help="width of --model linears")

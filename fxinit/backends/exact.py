@@ -11,16 +11,18 @@ tensor) wherever those passed their check against the installed torch; else torc
 from __future__ import annotations
 
 import threading
+from functools import lru_cache
 from typing import Any, Callable, Mapping
 
 import torch
 import torch.fx as fx
 
 from fxinit.passes.cast_fusion import FusedCast
-from fxinit.passes.fills import Ranges
+from fxinit.passes import intervals
+from fxinit.passes.fills import FillCall, Ranges, fill_call
 from fxinit.rng import Snapshot, mt19937, private_generator, swapped_default_generators
 from fxinit.rng.fills import native_fill
-from fxinit.rng.pieces import CHUNK, chunk_bounds, splittable
+from fxinit.rng.pieces import CHUNK, chunk_bounds, splittable, widen
 from fxinit.rng.portable import fills_are_serial
 from fxinit.rng.snapshot import RngSnapshot, resolve
 
@@ -37,21 +39,19 @@ NATIVE_FILLS = {aten.normal_.default: ("normal", ("mean", 0.0), ("std", 1.0)),
                 aten.uniform_.default: ("uniform", ("from", 0.0), ("to", 1.0))}
 
 
-def native_kind(node: fx.Node, args: tuple, kwargs: dict) -> tuple[str, tuple[float, float]] | None:
-    """``(kind, parameters)`` of a fill ``rng.fills`` may run: ``normal_``/``uniform_`` with
-    plain numbers, drawing from one generator; else None."""
-    entry = NATIVE_FILLS.get(node.target)
-    if entry is None or set(node.meta.get("generators") or {}) != {"gen"}:
+def native_kind(call: FillCall | None) -> tuple[str, tuple[float, float]] | None:
+    """``(kind, parameters)`` of a fill ``rng.fills`` may run (``normal_``/``uniform_`` with
+    plain numbers), else None."""
+    entry = NATIVE_FILLS.get(call.op) if call is not None else None
+    if entry is None or set(call.kwargs) - {name for name, _ in entry[1:]}:
         return None
     kind, *names = entry
     params = []
-    for i, (name, default) in enumerate(names, 1):
-        value = args[i] if len(args) > i else kwargs.get(name, default)
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
+    for i, (name, default) in enumerate(names):
+        value = call.rest[i] if len(call.rest) > i else call.kwargs.get(name, default)
+        if type(value) not in (int, float):
             return None
         params.append(float(value))
-    if set(kwargs) - {"generator", *(name for name, _ in names)}:
-        return None
     return kind, (params[0], params[1])
 
 
@@ -69,11 +69,12 @@ class ExactSampler:
 
     def call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         """Run random ``node`` whole (``args`` evaluated)."""
-        native = native_kind(node, args, kwargs)
-        if native is not None and isinstance(args[0], torch.Tensor):
-            state = self.snapshots[node.meta["generators"]["gen"]].state
-            if native_fill(native[0], args[0], state, native[1], threads=self._threads()):
-                return args[0]
+        call = fill_call(node)
+        native = native_kind(call) if call is not None and call.bounds is None else None
+        if native is not None and isinstance(args[call.index], torch.Tensor):
+            tensor = args[call.index]
+            if native_fill(native[0], tensor, self.snapshots[call.key].state, native[1], threads=self._threads()):
+                return tensor
         return self.with_generators(node.target, args, kwargs, node.meta["generators"])
 
     @staticmethod
@@ -92,43 +93,45 @@ class ExactSampler:
             return fn(*args, **kwargs)
 
     def fill_pieces(self, node: fx.Node, args: tuple, kwargs: dict, pieces: Ranges) -> None:
-        """Fill only ``pieces`` of ``args[0]`` (flat element ranges, widened to the sampler's
-        blocks by the plan), as the whole fill would. One generator state goes from piece to
-        piece: past the elements between two pieces it is moved without generating them
-        (``mt19937.advance_in_place``: a few microseconds, plus a fraction of a nanosecond a word)."""
-        flat = args[0].view(-1)
-        self._pieces(node, tuple(args[1:]), kwargs, flat.dtype, flat.numel(), pieces, lambda lo, hi: flat[lo:hi],
-                     None)
+        """Fill only ``pieces`` of the tensor ``node`` fills (flat element ranges, widened to
+        the sampler's blocks by the plan), as the whole fill would. One generator state goes
+        from piece to piece: past the elements between two pieces it is moved without
+        generating them (``mt19937.advance_in_place``: a few microseconds, plus a fraction of
+        a nanosecond a word)."""
+        call = self._call(node)
+        flat = args[call.index].view(-1)
+        if call.bounds is not None and not rejection_in_pieces(flat.dtype):
+            self.with_generators(node.target, args, kwargs, node.meta["generators"])  # whole, by torch
+            return
+        self._pieces(call, flat.dtype, flat.numel(), pieces, lambda lo, hi: flat[lo:hi], None)
 
     def fill_chunks(self, node: fx.Node, args: tuple, kwargs: dict) -> None:
-        """Fill all of ``args[0]`` with the bits of one whole call: at once by ``rng.fills``,
-        else in cache-sized chunks continuing one generator, so that two-pass samplers
-        (``normal_``: uniforms, then Box-Muller) read their second pass from cache."""
-        flat = args[0].view(-1)
-        self._pieces(node, tuple(args[1:]), kwargs, flat.dtype, flat.numel(), [(0, flat.numel())],
-                     lambda lo, hi: flat[lo:hi], None)
+        """Fill all of the tensor ``node`` fills with the bits of one whole call: at once by
+        ``rng.fills``, else in cache-sized chunks continuing one generator, so that two-pass
+        samplers (``normal_``: uniforms, then Box-Muller) read their second pass from cache."""
+        self.fill_pieces(node, args, kwargs, [(0, args[self._call(node).index].numel())])
 
     def fill_cast(self, fused: FusedCast, out: torch.Tensor) -> None:
         """The fill of ``fused`` chunk by chunk in a scratch buffer, each chunk cast into ``out``."""
         spec = fused.alloc.meta["spec"]
-        node, rest = fused.fill, tuple(fused.fill.args[1:])
-        size = NATIVE_CHUNK if native_kind(node, (None, *rest), dict(node.kwargs)) is not None else CHUNK
+        call = self._call(fused.fill)
+        size = NATIVE_CHUNK if native_kind(call) is not None else CHUNK
         scratch = torch.empty(size + 32, dtype=spec.dtype)
         flat = out.view(-1)
-        _, tail = self._split(node, (None, *rest), dict(node.kwargs), spec.numel, spec.dtype)
-        self._pieces(node, rest, dict(node.kwargs), spec.dtype, spec.numel,
-                     chunk_bounds(spec.numel, bool(tail), size), lambda lo, hi: scratch[:hi - lo],
-                     lambda lo, hi, piece: flat[lo:hi].copy_(piece))
+        _, tail = self._split(call, spec.numel, spec.dtype)
+        self._pieces(call, spec.dtype, spec.numel, chunk_bounds(spec.numel, bool(tail), size),
+                     lambda lo, hi: scratch[:hi - lo], lambda lo, hi, piece: flat[lo:hi].copy_(piece))
 
-    def _pieces(self, node: fx.Node, rest: tuple, kwargs: dict, dtype: torch.dtype, n: int, pieces: Ranges,
+    def _pieces(self, call: FillCall, dtype: torch.dtype, n: int, pieces: Ranges,
                 view: Callable[[int, int], torch.Tensor],
-                sink: Callable[[int, int, torch.Tensor], Any] | None) -> None:
-        """Elements ``pieces`` of ``node``'s fill of ``n`` elements of ``dtype``, each written
-        into ``view(lo, hi)`` and handed to ``sink``: by ``rng.fills`` from the generator
-        state at the piece's start, else by torch in cache-sized chunks."""
-        a, tail = self._split(node, (None, *rest), kwargs, n, dtype)
-        native = native_kind(node, (None, *rest), kwargs)
-        state, at = self.snapshots[node.meta["generators"]["gen"]].state.clone(), 0
+                sink: Callable[[int, int, torch.Tensor], Any] | None, start: torch.Tensor | None = None) -> None:
+        """Elements ``pieces`` of the fill ``call`` of ``n`` elements of ``dtype`` (drawing from
+        ``start``, default its snapshot), each written into ``view(lo, hi)`` and handed to
+        ``sink``: by ``rng.fills`` from the generator state at the piece's start, else by torch
+        in cache-sized chunks; then, for a bounded call, redrawn where out of bounds."""
+        a, tail = self._split(call, n, dtype)
+        native = native_kind(call)
+        state, at = (self.snapshots[call.key].state if start is None else start).clone(), 0
         for lo, hi in pieces:
             mt19937.advance_in_place(state, a * (lo - at))
             at = lo
@@ -138,14 +141,74 @@ class ExactSampler:
                                                  threads=self._threads()):
                 gen = private_generator(RngSnapshot(device="cpu", state=state.clone()))
                 for first, last in chunk_bounds(hi - lo, bool(tail)):
-                    node.target(values[first:last], *rest, **{**kwargs, "generator": gen})
+                    call.op(values[first:last], *call.rest, **call.kwargs, generator=gen)
+            if call.bounds is not None:
+                self._redraw_rejected(call, dtype, n, lo, values)
             if sink is not None:
                 sink(lo, hi, values)
 
+    def _redraw_rejected(self, call: FillCall, dtype: torch.dtype, n: int, lo: int, values: torch.Tensor) -> None:
+        """``trunc_normal_``'s rejection rounds for ``values``, elements ``lo ..`` of the fill:
+        round ``k`` is a whole fill drawn from the state ``k`` whole fills after the first,
+        and an element keeps its first draw within the bounds. That holds element by element,
+        so a piece needs only the blocks of its own elements that were rejected."""
+        a, tail = self._split(call, n, dtype)
+        words = a * n + (tail if n % 16 else 0)  # one whole fill
+        low, high = call.bounds
+        plain = call._replace(bounds=None)
+        out = (values < low) | (values > high)
+        k = 0
+        while bool(out.any()):
+            k += 1
+            state = mt19937.advance(self.snapshots[call.key].state, k * words)
+            rejected = out.nonzero().view(-1).numpy() + lo
+            if len(rejected) * 16 * 64 > values.numel():  # dense: redraw the whole piece
+                redraw = [(lo, lo + values.numel())]
+            else:
+                redraw = intervals.as_list(intervals.of([widen(int(i), int(i) + 1, n, tail) for i in rejected]))
+
+            def keep(rlo: int, rhi: int, drawn: torch.Tensor) -> None:
+                mask, seg = out[rlo - lo:rhi - lo], values[rlo - lo:rhi - lo]
+                drawn = drawn[:rhi - rlo]
+                seg[mask] = drawn[mask]
+                mask &= (drawn < low) | (drawn > high)
+
+            self._pieces(plain, dtype, n, redraw, lambda rlo, rhi: torch.empty(rhi - rlo, dtype=dtype), keep, state)
+
     @staticmethod
-    def _split(node: fx.Node, args: tuple, kwargs: dict, n: int, dtype: torch.dtype | None = None
-               ) -> tuple[int, int]:
-        split = splittable(node.target, tuple(args[1:]), kwargs, dtype or args[0].dtype, n)
+    def _call(node: fx.Node) -> FillCall:
+        call = fill_call(node)
+        if call is None:  # the plan decided from the same facts
+            raise AssertionError(f"fxinit: {node.name} was planned in pieces but is not a sampler call")
+        return call
+
+    @staticmethod
+    def _split(call: FillCall, n: int, dtype: torch.dtype) -> tuple[int, int]:
+        split = splittable(call.op, call.rest, call.kwargs, dtype, n)
         if split is None:  # the plan decided from the same facts
-            raise AssertionError(f"fxinit: {node.name} was planned in pieces but cannot be split")
+            raise AssertionError(f"fxinit: {call.op} was planned in pieces but cannot be split")
         return split
+
+
+@lru_cache(maxsize=None)
+def rejection_in_pieces(dtype: torch.dtype) -> bool:
+    """Whether pieces of a bounded ``trunc_normal_`` (``ExactSampler._redraw_rejected``) equal
+    the installed torch's whole call, probed with many rejections across sizes and pieces."""
+    try:
+        for n, (a, b), pieces in ((100, (-1.0, 1.5), [(0, 100)]), (1007, (-0.5, 2.0), [(16, 400), (512, 1007)]),
+                                  (4096, (-3.0, 3.0), [(0, 4096)]), (20000, (-1.0, 1.0), [(160, 9600)])):
+            gen = torch.Generator().manual_seed(n)
+            state = gen.get_state()
+            want = torch.empty(n, dtype=dtype)
+            torch.nn.init.trunc_normal_(want, 0.0, 1.0, a, b, generator=gen)
+            low, high = (torch.tensor(x, dtype=dtype).item() for x in (a, b))
+            sampler = ExactSampler({"probe": RngSnapshot(device="cpu", state=state)})
+            got = torch.full((n,), float("nan"), dtype=dtype)
+            call = FillCall(aten.normal_.default, 0, (0.0, 1.0), {}, "probe", (low, high))
+            sampler._pieces(call, dtype, n, pieces, lambda lo, hi: got[lo:hi], None)
+            for lo, hi in pieces:
+                if not torch.equal(got[lo:hi].view(torch.uint8), want[lo:hi].view(torch.uint8)):
+                    return False
+        return True
+    except Exception:
+        return False

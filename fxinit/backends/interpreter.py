@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.errors import DeferredInitError
-from fxinit.ops import is_random, replay_args
+from fxinit.ops import filled_argument, is_random, replay_args
 from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes import intervals
 from fxinit.passes.fills import Ranges
@@ -161,10 +161,10 @@ class Interpreter:
         pieces = self.plan.pieces.get(n)
         if pieces is not None:
             self.sampler.fill_pieces(n, args, kwargs, pieces)
-            return args[0]
+            return args[filled_argument(n)]
         if n in self.plan.chunked:
             self.sampler.fill_chunks(n, args, kwargs)
-            return args[0]
+            return args[filled_argument(n)]
         return self.sampler.call(n, args, kwargs)
 
     def reuse(self, n: fx.Node, first: fx.Node, copy: bool) -> Any:

@@ -35,7 +35,7 @@ from typing import AbstractSet, Any, Mapping, Sequence
 import torch
 import torch.fx as fx
 
-from fxinit.ops import is_view, reads_no_data
+from fxinit.ops import filled_argument, is_view, reads_no_data
 from fxinit.passes import intervals
 from fxinit.passes.intervals import Set
 from fxinit.passes.ranges import Extent, Ranges
@@ -93,7 +93,7 @@ def read_demand(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
     for n in reversed(nodes):
         _step(n, need, found)
     entangled = _shared_roots(nodes)
-    found.fills = {n: s for n, s in found.fills.items() if storage_root(n.args[0]) not in entangled}
+    found.fills = {n: s for n, s in found.fills.items() if storage_root(_written(n)) not in entangled}
     found.copies = {n: s for n, s in found.copies.items() if storage_root(n) not in entangled}
     return found
 
@@ -105,19 +105,20 @@ def _step(n: fx.Node, need: dict[fx.Node, Set], found: Demand) -> None:
     if n.op != "call_function" or reads_no_data(n):
         need.pop(n, None)  # a constant or an allocation: its storage did not exist before
         return
-    target = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
     if n.meta.get("generators"):
-        if n.meta.get("overwrites") and target is not None:
-            root = storage_root(target)
-            covered, exact = intervals.elements(target.meta.get("spec"))
+        filled = _written(n)
+        if n.meta.get("overwrites") and filled is not None:
+            root = storage_root(filled)
+            covered, exact = intervals.elements(filled.meta.get("spec"))
             found.fills[n] = intervals.intersect(need[root], covered)
             if exact:
                 need[root] = intervals.subtract(need[root], covered)
-            _read_all(n, need, skip=target)
+            _read_all(n, need, skip=filled)
         else:
             _read_all(n, need)
             need.pop(n, None)
         return
+    target = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
     if n.target is aten.copy_.default and target is not None and isinstance(n.args[1], fx.Node):
         root = storage_root(target)
         dst = target.meta.get("spec")
@@ -147,6 +148,13 @@ def _step(n: fx.Node, need: dict[fx.Node, Set], found: Demand) -> None:
     _read_all(n, need)
     if not _writes_first_argument(n):
         need.pop(n, None)
+
+
+def _written(n: fx.Node) -> fx.Node | None:
+    """The tensor argument ``n`` writes in place (``ops.filled_argument``), or None."""
+    index = filled_argument(n)
+    arg = n.args[index] if index is not None and len(n.args) > index else None
+    return arg if isinstance(arg, fx.Node) else None
 
 
 def _pointwise(n: fx.Node) -> bool:
@@ -190,7 +198,7 @@ def partial_fills(demand: Demand) -> dict[fx.Node, Ranges]:
     later (the ranges of its target's storage that are)."""
     out: dict[fx.Node, Ranges] = {}
     for n, demanded in demand.fills.items():
-        spec = n.args[0].meta.get("spec")
+        spec = _written(n).meta.get("spec")
         if spec is not None and spec.storage_offset == 0 and _strict_part(demanded, spec):
             out[n] = intervals.as_list(demanded)
     return out

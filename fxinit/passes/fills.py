@@ -12,13 +12,15 @@ chunk by chunk, ``passes.cast_fusion``) with the bits of one whole call:
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import math
+from typing import Any, Mapping, NamedTuple
 
 import torch
 import torch.fx as fx
 
 from fxinit.rng.draws import MIN_ELEMENTS
-from fxinit.rng.pieces import CHUNK, splittable, widen
+from fxinit.ops import filled_argument
+from fxinit.rng.pieces import CHUNK, splittable, trunc_normal_is_normal, widen
 from fxinit.spec import TensorSpec
 
 aten = torch.ops.aten
@@ -45,31 +47,94 @@ IN_PLACE_SAMPLERS: dict[Any, tuple[str, list[tuple[str, str, Any]]]] = {
 }
 
 
+#: ``nn.init.trunc_normal_`` by the names an opaque node records.
+TRUNC_NORMAL = frozenset({"torch.nn.init.trunc_normal_", "torch.nn.init._no_grad_trunc_normal_"})
+#: No value of torch's CPU ``normal_`` lies further than this many std from the mean: it is
+#: Box-Muller of uniforms of at most 53 bits, ``|z| <= sqrt(-2 ln 2**-53) ~ 8.57``.
+NORMAL_REACH = 9.0
+
+
+class FillCall(NamedTuple):
+    """A random fill as a call of an in-place sampler: ``op(tensor, *rest, **kwargs,
+    generator=...)``, the tensor being argument ``index`` of the node, drawing from the
+    generator snapshot ``key``. With ``bounds`` (``trunc_normal_``'s, in the tensor's dtype)
+    it is repeated: round ``k`` draws a whole fill from the state ``k`` whole fills later,
+    and an element keeps its first draw within the bounds (``backends.exact``)."""
+
+    op: Any
+    index: int
+    rest: tuple
+    kwargs: dict
+    key: str
+    bounds: tuple[float, float] | None = None
+
+
+def fill_call(node: fx.Node) -> FillCall | None:
+    """``node`` as a sampler call exact mode can split or run compiled: an in-place aten
+    sampler with plain arguments and one generator, or a ``trunc_normal_`` whose bounds lie
+    beyond every value ``normal_`` can draw, on a torch where it then is ``normal_``
+    (``rng.pieces.trunc_normal_is_normal``); else None."""
+    generators = node.meta.get("generators") or {}
+    if node.meta.get("opaque") in TRUNC_NORMAL:
+        return _trunc_normal_call(node, generators)
+    if set(generators) != {"gen"} or filled_argument(node) != 0 or not _plain_arguments(node):
+        return None
+    return FillCall(node.target, 0, tuple(node.args[1:]), {k: v for k, v in node.kwargs.items() if k != "generator"},
+                    generators["gen"])
+
+
+def _trunc_normal_call(node: fx.Node, generators: Mapping[str, str]) -> FillCall | None:
+    if len(node.args) != 2 or not isinstance(node.args[1], fx.Node) or not _plain_arguments(node):
+        return None
+    spec = node.args[1].meta.get("spec")
+    params = [node.kwargs.get(k, d) for k, d in (("mean", 0.0), ("std", 1.0), ("a", -2.0), ("b", 2.0))]
+    if spec is None or spec.device.type != "cpu" or not all(type(p) in (int, float) for p in params):
+        return None
+    mean, std, a, b = (float(p) for p in params)
+    key = generators.get("gen") or generators.get("default:cpu")
+    if key is None or not std > 0 or not trunc_normal_is_normal(spec.dtype):
+        return None
+    reach = NORMAL_REACH * std
+    if a < mean - reach and mean + reach < b:  # no value of normal_ is out of bounds
+        return FillCall(aten.normal_.default, 1, (mean, std), {}, key)
+    if _accepted_share(mean, std, a, b) <= 0.3:  # torch samples this case from uniforms instead
+        return None
+    low, high = (torch.tensor(x, dtype=spec.dtype).item() for x in (a, b))  # as torch compares
+    return FillCall(aten.normal_.default, 1, (mean, std), {}, key, (low, high))
+
+
+def _accepted_share(mean: float, std: float, a: float, b: float) -> float:
+    """The share of normal draws within ``[a, b]``, computed as ``trunc_normal_`` does."""
+    def cdf(x: float) -> float:
+        return (1.0 + math.erf(x / math.sqrt(2.0))) / 2.0
+
+    return cdf((b - mean) / std) - cdf((a - mean) / std)
+
+
 def _target_spec(node: fx.Node, device_map: Mapping[torch.device, torch.device]) -> TensorSpec | None:
     """The spec of the tensor in-place fill ``node`` writes, on the device it runs on (None
     for an op that writes no argument: a factory such as ``randn``)."""
-    schema = getattr(node.target, "_schema", None)
-    first = schema.arguments[0].alias_info if schema is not None and schema.arguments else None
-    if first is None or not first.is_write:
-        return None
-    target = node.args[0] if node.args else None
+    index = filled_argument(node)
+    target = node.args[index] if index is not None and len(node.args) > index else None
     spec = target.meta.get("spec") if isinstance(target, fx.Node) else None
     return None if spec is None else spec._replace(device=device_map.get(spec.device, spec.device))
 
 
 def _plain_arguments(node: fx.Node) -> bool:
     """No tensor among the fill's other arguments (a tensor ``p`` or ``mean``)."""
-    return not any(isinstance(a, fx.Node) for a in (*node.args[1:], *node.kwargs.values()))
+    return not any(isinstance(a, fx.Node) for a in (*node.args[1 + (filled_argument(node) or 0):],
+                                                     *node.kwargs.values()))
 
 
 def _exact_split(node: fx.Node, spec: TensorSpec | None, at_start: bool = True) -> tuple[int, int] | None:
     """``rng.pieces.splittable`` for exact fill ``node`` of a contiguous CPU tensor ``spec``
     (at the start of its storage if ``at_start``: element ranges are storage ranges)."""
-    if set(node.meta.get("generators") or {}) != {"gen"} or spec is None or spec.device.type != "cpu":
+    call = fill_call(node)
+    if call is None or spec is None or spec.device.type != "cpu":
         return None
-    if (at_start and spec.storage_offset != 0) or not spec.is_contiguous() or not _plain_arguments(node):
+    if (at_start and spec.storage_offset != 0) or not spec.is_contiguous():
         return None
-    return splittable(node.target, tuple(node.args[1:]), dict(node.kwargs), spec.dtype, spec.numel)
+    return splittable(call.op, call.rest, call.kwargs, spec.dtype, spec.numel)
 
 
 def is_in_place_sampler(node: fx.Node) -> bool:

@@ -8,6 +8,7 @@ probe on the installed torch shows that pieces equal the same elements of a whol
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -59,6 +60,27 @@ def chunk_bounds(n: int, blocks: bool, size: int = CHUNK) -> list[tuple[int, int
         bounds.append((lo, hi))
         lo = hi
     return bounds
+
+
+@lru_cache(maxsize=None)
+def trunc_normal_is_normal(dtype: torch.dtype) -> bool:
+    """Whether the installed torch's ``nn.init.trunc_normal_`` of ``dtype``, with bounds no
+    value can reach, draws exactly what ``normal_`` draws and leaves the generator where it
+    does (torch 2.12+: ``normal_``, then whole tensors redrawn while a value is out of
+    bounds; torch 2.11's inverse-CDF method does not), probed on sizes across the samplers'
+    thresholds."""
+    try:
+        for n in (1, 7, 15, 16, 17, 100, 1007, 4097):
+            a, b = torch.Generator().manual_seed(n), torch.Generator().manual_seed(n)
+            got = torch.empty(n, dtype=dtype)
+            torch.nn.init.trunc_normal_(got, 0.25, 0.02, -2.0, 2.0, generator=a)
+            want = torch.empty(n, dtype=dtype).normal_(0.25, 0.02, generator=b)
+            if not torch.equal(got.view(torch.uint8), want.view(torch.uint8)) or \
+                    not torch.equal(a.get_state(), b.get_state()):
+                return False
+        return True
+    except Exception:
+        return False
 
 
 def _piecewise_ok(func: Any, dtype: torch.dtype, rest: tuple, kwargs: dict) -> bool:

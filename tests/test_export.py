@@ -41,8 +41,8 @@ def _llama(seed: int = 0, traced: bool = True, **overrides: object) -> nn.Module
 class Odd(nn.Module):
     """Layouts and inits that pieces must get right: a normal_ fill whose length is not a
     multiple of 16 (the sampler's block), an Embedding with a zeroed padding row, a
-    transposed parameter, a trunc_normal_ (its rejections replayed per row piece), an integer buffer, and a fill of
-    several cache-sized chunks with a tail block."""
+    transposed parameter, a trunc_normal_ (its rejections replayed per row piece), an
+    integer buffer, and a fill of several cache-sized chunks with a tail block."""
 
     def __init__(self) -> None:
         super().__init__()

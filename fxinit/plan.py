@@ -69,7 +69,8 @@ class Plan:
         return [n for n in self.nodes if is_random(n) and n not in self.fused_away]
 
     def elements_drawn(self) -> int:
-        """Elements the random nodes generate: their pieces, or all of the tensor they fill."""
+        """Elements the random nodes generate: their pieces, or all of the tensor they fill
+        (first draws: ``trunc_normal_``'s rejection rounds redraw a few more)."""
         total = 0
         for n in self.random_nodes:
             if n in self.pieces:

@@ -107,3 +107,24 @@ def test_tensors_computed_with_autograd_from_parameters_keep_their_gradient_path
         assert want is not None and got is not None and same_bits(got, want), name
     assert type(traced.row.grad_fn).__name__ == type(eager.row.grad_fn).__name__ == "SelectBackward0"
     assert _shares(traced.row, traced.w)
+
+
+class FromNumpyOfAView(nn.Module):
+    """A tensor made from the array of a view whose size-one dimension has a stride of 2
+    (``w0.t().contiguous()`` is ``w0.t()``): eager's array keeps that stride, and so does a
+    tensor made from it (found by tools/fuzz_capture.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w0 = nn.Parameter(torch.zeros((1, 2)))
+        self.w3 = nn.Parameter(self.w0.t().contiguous())
+        self.w5 = nn.Parameter(torch.tensor(self.w3.detach().numpy()))
+        self.w6 = nn.Parameter(torch.tensor(np.asarray(self.w0.detach().expand(3, 2))))
+
+
+def test_arrays_of_deferred_tensors_have_eagers_strides() -> None:
+    eager = FromNumpyOfAView()
+    got = fxinit.materialize(fxinit.trace_init(FromNumpyOfAView))
+    for name in ("w3", "w5", "w6"):
+        assert getattr(got, name).stride() == getattr(eager, name).stride(), name
+        assert same_bits(getattr(got, name), getattr(eager, name)), name

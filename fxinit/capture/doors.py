@@ -60,7 +60,7 @@ class Doors:
         out = self.read_values(func, t, args, kwargs)
         if not isinstance(out, np.ndarray):
             return out
-        out = out.copy(order="K").view(ReadOnlyValues)  # the shadow's memory stays fxinit's; its layout is eager's
+        out = _with_strides(out, t.stride()).view(ReadOnlyValues)  # the shadow's memory stays fxinit's
         out.flags.writeable = False
         out.recorder = self
         # torch.from_numpy(out) is seen by the capture mode, or after the trace by fxinit's
@@ -178,6 +178,17 @@ class Doors:
         if target is not None and target != state_of(out).device:
             out = out.to(target)
         return out.requires_grad_(True) if requires_grad else out
+
+
+def _with_strides(values: np.ndarray, stride: tuple[int, ...]) -> np.ndarray:
+    """A copy of ``values`` laid out with the tensor strides ``stride`` (in elements), as
+    eager's ``numpy()`` lays out its array (strides of size-one dimensions included: a
+    tensor made from the array keeps them)."""
+    extent = 1 + sum((n - 1) * st for n, st in zip(values.shape, stride)) if values.size else 0
+    out = np.lib.stride_tricks.as_strided(np.empty(extent, dtype=values.dtype), values.shape,
+                                          tuple(st * values.itemsize for st in stride))
+    out[...] = values
+    return out
 
 
 class ReadOnlyValues(np.ndarray):

@@ -43,11 +43,12 @@ sys.path.insert(0, str(ROOT))
 import fxinit  # noqa: E402
 from fxinit import execute  # noqa: E402
 
-PRESETS = {  # transformers LlamaConfig fields
-    "405b": dict(hidden_size=16384, intermediate_size=53248, num_hidden_layers=126, num_attention_heads=128,
-                 num_key_value_heads=8, vocab_size=128256),
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=8, vocab_size=128256),
+sys.path.insert(0, str(ROOT / "tools"))
+from bench_export import MODELS  # noqa: E402
+
+PRESETS = {  # transformers LlamaConfig fields: the benchmarks' Llama configs, and two small ones
+    "405b": MODELS["405b"],
+    "8b": MODELS["8b"],
     "small": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=2, num_attention_heads=8,
                   num_key_value_heads=4, vocab_size=4096),
     "tiny": dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=8,

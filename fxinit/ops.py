@@ -76,6 +76,28 @@ _METADATA_ONLY = frozenset(getattr(torch.ops.aten, name) for name in (
     "full_like", "rand_like", "randn_like"))
 
 
+#: Factories of a tensor holding one value: op -> the value, or the index of the argument holding it.
+_CONSTANT_FACTORIES: dict[Any, tuple[str, Any]] = {
+    **{getattr(torch.ops.aten, name).default: ("value", 0) for name in ("zeros", "new_zeros", "zeros_like")},
+    **{getattr(torch.ops.aten, name).default: ("value", 1) for name in ("ones", "new_ones", "ones_like")},
+    torch.ops.aten.full.default: ("arg", 1), torch.ops.aten.full_like.default: ("arg", 1),
+    torch.ops.aten.new_full.default: ("arg", 2),
+}
+
+
+def constant_value(node: fx.Node) -> Any:
+    """The value every element of ``node``'s new tensor holds (``zeros``, ``new_full``...), or
+    None for other nodes."""
+    how = _CONSTANT_FACTORIES.get(node.target) if node.op == "call_function" else None
+    if how is None:
+        return None
+    kind, where = how
+    if kind == "value":
+        return where
+    value = node.args[where] if len(node.args) > where else node.kwargs.get("fill_value")
+    return value if isinstance(value, (bool, int, float)) else None
+
+
 @functools.lru_cache(maxsize=None)
 def _view_op(target: Any) -> bool:
     if target is torch.ops.aten._unsafe_view.default:  # declared fresh, but a view of its input's storage

@@ -13,22 +13,39 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.fx as fx
 
 from fxinit.ops import allocates, is_random, op_name
 from fxinit.passes.cast_fusion import FusedCast, cast_points, fused_casts
 from fxinit.passes.cse import common_subexpressions
-from fxinit.passes.fills import Ranges, exact_chunks, exact_pieces, is_in_place_sampler, portable_pieces
+from fxinit.passes.fills import Ranges, draws_alone, exact_chunks, exact_pieces, is_in_place_sampler, portable_pieces
 from fxinit.passes.inplace import in_place_chains
 from fxinit.passes.kernels import Kernel, compiled_fills
 from fxinit.passes.partition import independent_groups
-from fxinit.passes.demand import partial_copies, partial_fills, read_demand
+from fxinit.passes.demand import copied_anyway, partial_constants, partial_copies, partial_fills, read_demand
+from fxinit.passes.origins import copy_origins
+from fxinit.passes.roots import shared_roots
 from fxinit.passes.ranges import Extent
 from fxinit.rng.pieces import CHUNK
 from fxinit.spec import cast_by_to
 
 DeviceMap = Mapping[torch.device, torch.device]
+
+
+@dataclass(frozen=True)
+class Forward:
+    """Elements a copy draws straight into its output instead of copying them: ``runs[i]``
+    = ``(lo, hi, at)``, positions ``lo .. hi`` of ``fill``'s draws go to the output's
+    storage elements ``at .. at + hi - lo`` (sorted by ``lo``; ``passes.origins``)."""
+
+    fill: fx.Node
+    runs: Any  # int64 numpy array [k, 3]
+
+    @property
+    def elements(self) -> int:
+        return int((self.runs[:, 1] - self.runs[:, 0]).sum())
 
 
 @dataclass
@@ -45,7 +62,9 @@ class Plan:
     reuse: dict[fx.Node, tuple[fx.Node, bool]] = field(default_factory=dict)  # CSE: node -> (earlier node, copy)
     in_place: dict[fx.Node, Any] = field(default_factory=dict)  # element-wise node -> its in-place op
     pieces: dict[fx.Node, Ranges] = field(default_factory=dict)  # random fill -> the element ranges it fills
-    copies: dict[fx.Node, Ranges] = field(default_factory=dict)  # copy -> the output elements it writes (all read)
+    copies: dict[fx.Node, Ranges] = field(default_factory=dict)  # copy -> the output elements it copies (all read)
+    forwards: dict[fx.Node, list[Forward]] = field(default_factory=dict)  # copy -> what it draws itself
+    constant_parts: dict[fx.Node, Ranges] = field(default_factory=dict)  # zeros & co -> the elements it writes
     chunked: frozenset[fx.Node] = frozenset()  # whole exact fills run in cache-sized chunks
     fused_casts: dict[fx.Node, FusedCast] = field(default_factory=dict)  # fill -> fill-then-cast in chunks
     casts: dict[fx.Node, list[fx.Node]] = field(default_factory=dict)  # after node: kept values cast to output_dtype
@@ -69,9 +88,10 @@ class Plan:
         return [n for n in self.nodes if is_random(n) and n not in self.fused_away]
 
     def elements_drawn(self) -> int:
-        """Elements the random nodes generate: their pieces, or all of the tensor they fill
-        (first draws: ``trunc_normal_``'s rejection rounds redraw a few more)."""
-        total = 0
+        """Elements the random nodes generate (their pieces, or all of the tensor they fill)
+        and the copies draw (``forwards``); first draws: ``trunc_normal_``'s rejection rounds
+        redraw a few more."""
+        total = sum(f.elements for fs in self.forwards.values() for f in fs)
         for n in self.random_nodes:
             if n in self.pieces:
                 total += sum(hi - lo for lo, hi in self.pieces[n])
@@ -121,8 +141,27 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
              if _fusable(f, rng) and not exposed.keys() & {*f.members, *f.results}}
     pieces: dict[fx.Node, Ranges] = {}
     pieces_of = portable_pieces if rng == "portable" else exact_pieces
-    demand = read_demand(nodes, keep, exposed)
     shared = {n for pair in reuse.items() for n in (pair[0], pair[1][0])}  # a CSE value serves other readers too
+    in_place = in_place_chains(nodes, keep, reuse)
+    kernels: dict[fx.Node, Kernel] = {}
+    if rng == "portable" and compiles is not None:
+        candidates = compiled_fills(nodes, in_place, fused, device_map)
+        on = {d: compiles(d) for d in {k.device for k in candidates.values()}}
+        kernels = {n: k for n, k in candidates.items() if on[k.device]}
+    unsplit = {*shared, *in_place, *kernels, *(m for f in fused.values() for m in f.members),
+               *(m for k in kernels.values() for m in k.chain)}  # nodes that run otherwise or for others too
+    entangled = shared_roots(nodes)
+    read = read_demand(nodes, keep, exposed, None, entangled).copies  # what copies must write at most
+    origins = copy_origins(nodes, lambda fill: fill not in unsplit and draws_alone(fill, rng, device_map), entangled,
+                           read)
+    origins.at = {n: r for n, r in origins.at.items() if n not in unsplit}
+    demand = read_demand(nodes, keep, exposed, origins, entangled)
+    for _ in range(8):  # a copy up the chain may then draw them: each round moves up one copy
+        copied = copied_anyway(demand, origins)
+        if not copied:  # (else their fills write those elements for other readers: copies cost less)
+            break
+        origins.at = {n: r for n, r in origins.at.items() if n not in copied}
+        demand = read_demand(nodes, keep, exposed, origins, entangled)
     for node, ranges in partial_fills(demand).items():
         if node in fused or node in shared:
             continue
@@ -131,23 +170,30 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
             pieces[node] = found
     chunked = frozenset() if rng == "portable" else frozenset(
         n for n in nodes if is_random(n) and n not in pieces and n not in fused and exact_chunks(n, None, device_map))
-    in_place = in_place_chains(nodes, keep, reuse)
     copies = {n: r for n, r in partial_copies(demand).items() if n not in shared and n not in in_place}
-    kernels: dict[fx.Node, Kernel] = {}
-    if rng == "portable" and compiles is not None:
-        candidates = compiled_fills(nodes, in_place, fused, device_map)
-        on = {d: compiles(d) for d in {k.device for k in candidates.values()}}
-        kernels = {n: k for n, k in candidates.items() if on[k.device]}
+    forwards = {n: _forwards(runs, origins.fills) for n, runs in demand.forwards.items()}
+    constant_parts = {n: r for n, r in partial_constants(demand).items() if n not in unsplit}
+    assert forwards.keys() <= copies.keys()  # a forwarded copy reads nothing else of its source
     done_in_dtype = {r for f in fused.values() for r in f.results}
     casts = cast_points(nodes, keep - done_in_dtype - exposed.keys(), reuse) if output_dtype is not None else {}
     return Plan(
         nodes=list(nodes), keep=keep, rng=rng, seed=seed, output_dtype=output_dtype, dead=list(dead), reuse=reuse,
-        in_place=in_place, pieces=pieces, copies=copies, chunked=chunked, fused_casts=fused,
+        in_place=in_place, pieces=pieces, copies=copies, forwards=forwards, constant_parts=constant_parts, chunked=chunked, fused_casts=fused,
         casts=casts, frees=last_uses(nodes, reuse, keep),
         # a CSE duplicate runs in the group of the value it reuses
         groups=independent_groups(nodes, [(dup, first) for dup, (first, _) in reuse.items()]),
         streams={n: k for n, k in (streams or {}).items() if n in members}, kernels=kernels, exposed=exposed,
         device_map=device_map, labels=dict(labels or {}))
+
+
+def _forwards(runs: Any, fills: Sequence[fx.Node]) -> list[Forward]:
+    """``origins.Runs`` of a copy's output as one ``Forward`` per fill."""
+    out = []
+    for number in sorted(set(runs[:, 2].tolist())):
+        mine = runs[runs[:, 2] == number]
+        drawn = np.stack([mine[:, 0] + mine[:, 3], mine[:, 1] + mine[:, 3], mine[:, 0]], axis=1)
+        out.append(Forward(fills[number], drawn[np.argsort(drawn[:, 0], kind="stable")]))
+    return out
 
 
 def _fusable(fused: FusedCast, rng: str) -> bool:
@@ -224,7 +270,12 @@ def _decisions(plan: Plan, n: fx.Node, fused_by_member: Mapping[fx.Node, FusedCa
     if n in plan.pieces:
         out.append(f"fills only {_ranges(plan.pieces[n])}")
     if n in plan.copies:
-        out.append(f"copies only {_ranges(plan.copies[n])}")
+        out.append(f"copies only {_ranges(plan.copies[n])}" if plan.copies[n] else "copies nothing")
+    if n in plan.constant_parts:
+        parts = plan.constant_parts[n]
+        out.append(f"writes only {_ranges(parts)}" if parts else "writes nothing (all overwritten before read)")
+    for f in plan.forwards.get(n, ()):
+        out.append(f"draws {f.elements:,} elements of {f.fill.name} itself ({len(f.runs):,} runs)")
     if n in plan.chunked:
         out.append(f"in chunks of {CHUNK}")
     if n in plan.fused_casts:

@@ -14,6 +14,7 @@ import threading
 from functools import lru_cache
 from typing import Any, Callable, Mapping
 
+import numpy as np
 import torch
 import torch.fx as fx
 
@@ -21,7 +22,7 @@ from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes import intervals
 from fxinit.passes.fills import FillCall, Ranges, fill_call
 from fxinit.rng import Snapshot, mt19937, private_generator, swapped_default_generators
-from fxinit.rng.fills import native_fill
+from fxinit.rng.fills import native_fill, native_fill_runs
 from fxinit.rng.pieces import CHUNK, chunk_bounds, splittable, widen
 from fxinit.rng.portable import fills_are_serial
 from fxinit.rng.snapshot import RngSnapshot, resolve
@@ -111,6 +112,35 @@ class ExactSampler:
         samplers (``normal_``: uniforms, then Box-Muller) read their second pass from cache."""
         self.fill_pieces(node, args, kwargs, [(0, args[self._call(node).index].numel())])
 
+    def fill_runs(self, node: fx.Node, runs: np.ndarray, out: torch.Tensor) -> None:
+        """Elements ``runs[i, 0] .. runs[i, 1]`` of fill ``node`` (its whole target, as one
+        call draws it) into the elements ``runs[i, 2] ..`` of ``out`` (flat): a copy's draws
+        (``plan.forwards``). By ``rng.fills`` straight into ``out``; else in pieces drawn into
+        a scratch buffer and copied; else (a bounded fill torch must run whole) whole."""
+        call = self._call(node)
+        spec = node.args[call.index].meta["spec"]
+        n, dtype, state = spec.numel, spec.dtype, self.snapshots[call.key].state
+        native = native_kind(call) if call.bounds is None else None
+        if native is not None and native_fill_runs(native[0], out, state, native[1], runs, n, self._threads()):
+            return
+        if call.bounds is not None and not rejection_in_pieces(dtype):
+            whole = torch.empty(n, dtype=dtype)
+            args = tuple(whole if i == call.index else a for i, a in enumerate(node.args))
+            self.with_generators(node.target, args, dict(node.kwargs), node.meta["generators"])
+            _scatter(out, runs, lambda lo, hi: whole[lo:hi])
+            return
+        _, tail = self._split(call, n, dtype)
+        pieces = intervals.as_list(intervals.of([widen(lo, hi, n, tail) for lo, hi, _ in runs.tolist()]))
+        pieces = [(lo + a, lo + b) for lo, hi in pieces
+                  for a, b in chunk_bounds(hi - lo, bool(tail) and hi == n, NATIVE_CHUNK)]
+        scratch = torch.empty(min(NATIVE_CHUNK, max((hi - lo for lo, hi in pieces), default=0)) + 32, dtype=dtype)
+
+        def scatter(lo: int, hi: int, piece: torch.Tensor) -> None:
+            inside = runs[(runs[:, 1] > lo) & (runs[:, 0] < hi)]
+            _scatter(out, inside, lambda a, b: piece[a - lo:b - lo], (lo, hi))
+
+        self._pieces(call, dtype, n, pieces, lambda lo, hi: scratch[:hi - lo], scatter)
+
     def fill_cast(self, fused: FusedCast, out: torch.Tensor) -> None:
         """The fill of ``fused`` chunk by chunk in a scratch buffer, each chunk cast into ``out``."""
         spec = fused.alloc.meta["spec"]
@@ -188,6 +218,15 @@ class ExactSampler:
         if split is None:  # the plan decided from the same facts
             raise AssertionError(f"fxinit: {call.op} was planned in pieces but cannot be split")
         return split
+
+
+def _scatter(out: torch.Tensor, runs: np.ndarray, drawn: Callable[[int, int], torch.Tensor],
+             window: tuple[int, int] | None = None) -> None:
+    """``out[at + lo' - lo .. ] = drawn(lo', hi')`` for each run ``(lo, hi, at)`` (clipped to
+    ``window`` of fill positions)."""
+    for lo, hi, at in runs.tolist():
+        a, b = (max(lo, window[0]), min(hi, window[1])) if window is not None else (lo, hi)
+        out[at + a - lo:at + b - lo].copy_(drawn(a, b))
 
 
 @lru_cache(maxsize=None)

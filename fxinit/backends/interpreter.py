@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.errors import DeferredInitError
-from fxinit.ops import filled_argument, is_random, replay_args
+from fxinit.ops import constant_value, filled_argument, is_random, replay_args
 from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes import intervals
 from fxinit.passes.fills import Ranges
@@ -41,6 +41,7 @@ class Sampler(Protocol):
     def fill_pieces(self, node: fx.Node, args: tuple, kwargs: dict, pieces: Ranges) -> None: ...
     def fill_chunks(self, node: fx.Node, args: tuple, kwargs: dict) -> None: ...
     def fill_cast(self, fused: FusedCast, out: torch.Tensor) -> None: ...
+    def fill_runs(self, node: fx.Node, runs: Any, out: torch.Tensor) -> None: ...
 
 
 @contextlib.contextmanager
@@ -142,19 +143,41 @@ class Interpreter:
             return self.random_op(n, args, kwargs)
         if n in self.plan.copies:
             return self.partial_copy(n, args, kwargs, self.plan.copies[n])
+        if n in self.plan.constant_parts:
+            return self.partial_constant(n, self.plan.constant_parts[n])
         return self.plan.in_place.get(n, n.target)(*replay_args(n.target, args), **kwargs)
 
     def partial_copy(self, n: fx.Node, args: tuple, kwargs: dict, ranges: Ranges) -> torch.Tensor:
         """A copy (``copy_``, ``clone``, ``_to_copy``) that writes only the storage elements
-        ``ranges`` of its output: nothing reads the others (``passes.demand``)."""
+        ``ranges`` of its output (nothing reads the others, ``passes.demand``), and draws the
+        elements the plan forwards to it straight from their fills (``plan.forwards``)."""
         if n.target is torch.ops.aten.copy_.default:
             dst, src = args[0], args[1]
         else:
             spec, src = n.meta["spec"], args[0]
             device = self.plan.device_map.get(spec.device, spec.device)
             dst = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=device)
-        copy_ranges(dst, src, ranges)
+        if ranges:
+            copy_ranges(dst, src, ranges)
+        forwards = self.plan.forwards.get(n, ())
+        if forwards:
+            storage = _storage(dst)
+            for forward in forwards:
+                self.sampler.fill_runs(forward.fill, forward.runs, storage)
         return dst
+
+    def partial_constant(self, n: fx.Node, ranges: Ranges) -> torch.Tensor:
+        """A factory of a tensor of one value (``zeros``, ``new_full``) that writes only the
+        storage elements ``ranges``: the others are overwritten before anything reads them."""
+        spec = n.meta["spec"]
+        device = self.plan.device_map.get(spec.device, spec.device)
+        out = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=device)
+        if ranges:
+            storage = _storage(out)
+            value = constant_value(n)
+            for lo, hi in ranges:
+                storage[lo:hi].fill_(value)
+        return out
 
     def random_op(self, n: fx.Node, args: tuple, kwargs: dict) -> Any:
         """A random node: only its pieces, in chunks, or whole, as the plan says."""
@@ -193,6 +216,11 @@ def copy_ranges(dst: torch.Tensor, src: torch.Tensor, ranges: Ranges) -> None:
     pieces, shifts = moves
     for (lo, hi), shift in zip(pieces.tolist(), shifts.tolist()):
         dst.as_strided((hi - lo,), (1,), lo).copy_(src.as_strided((hi - lo,), (1,), lo + shift))
+
+
+def _storage(t: torch.Tensor) -> torch.Tensor:
+    """All of ``t``'s storage as a 1-D tensor of its dtype."""
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
 
 
 def _copy(value: Any) -> Any:

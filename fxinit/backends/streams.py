@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.fx as fx
 
@@ -68,6 +69,14 @@ class PortableSampler:
         flat = args[0].view(-1)
         for lo, hi in pieces:
             self.fill(flat[lo:hi], kind, self.streams[node], lo, params)
+
+    def fill_runs(self, node: fx.Node, runs: np.ndarray, out: torch.Tensor) -> None:
+        """Positions ``runs[i, 0] .. runs[i, 1]`` of in-place sampler ``node``'s stream into the
+        elements ``runs[i, 2] ..`` of ``out`` (flat): a copy's draws (``plan.forwards``)."""
+        spec = node.args[0].meta["spec"]
+        kind, params = _sampler(node, torch.empty(0, dtype=spec.dtype), tuple(node.args[1:]), dict(node.kwargs))
+        for lo, hi, at in runs.tolist():
+            self.fill(out[at:at + hi - lo], kind, self.streams[node], lo, params)
 
     def fill_chunks(self, node: fx.Node, args: tuple, kwargs: dict) -> None:
         """A whole fill: ``fill_`` splits it into chunks itself, on every core."""

@@ -16,11 +16,14 @@ comes later. Going back over a node:
 * a copy (``copy_``, ``clone``, ``_to_copy``) and an element-wise op of inputs of its own
   shape carry the demand on their output to the same positions of their inputs
   (``intervals.carry``); a copy into a view also ends the demand on what it overwrites;
+  where a copy's demanded elements are a fill's draws (``passes.origins``), the copy draws
+  them itself and carries no demand for them (the fill and the copies before it need
+  not write them);
 * views and ops that read only metadata read nothing;
 * any other op reads all of every input it takes.
 
 ``read_demand`` returns, for every whole-storage random fill and every copy, the elements
-of its output that are demanded (in storage elements). Anything not understood widens the
+of its output that are demanded (in storage elements), and the copies' draws. Anything not understood widens the
 demand, never narrows it. Where two storage roots of the graph may share a storage (an op
 such as ``set_``), which the capture's storage ids reveal, those roots keep every fill and
 copy whole.
@@ -30,57 +33,48 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import AbstractSet, Any, Mapping, Sequence
+from typing import AbstractSet, Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.fx as fx
 
-from fxinit.ops import filled_argument, is_view, reads_no_data
+from fxinit.ops import constant_value, is_view, reads_no_data
 from fxinit.passes import intervals
 from fxinit.passes.intervals import Set
+from fxinit.passes.origins import COPIES, Origins, Runs, restrict
 from fxinit.passes.ranges import Extent, Ranges
+from fxinit.passes.roots import filled, shared_roots, storage_root, writes_first_argument
 
 aten = torch.ops.aten
 
-#: Out-of-place ops whose element ``i`` is a copy of their input's element ``i``.
-COPIES = frozenset({aten.clone.default, aten._to_copy.default, aten.lift_fresh_copy.default})
+#: A copy draws the elements it writes itself only where they come in runs at least this
+#: long on average: shorter runs cost more to draw (blocks of 16, skips) than to copy.
+FORWARD_RUN_MIN = 256
 
 
 @dataclass
 class Demand:
     """What the backward walk found: ``fills`` maps each whole-storage random fill to the
     elements of its target's storage read after it, ``copies`` each copy to the elements
-    of its output's storage read after it (both sorted disjoint ranges)."""
+    of its output's storage read after it that it copies (both sorted disjoint ranges),
+    ``forwards`` each copy that draws some of them itself to those, as ``origins.Runs``,
+    and ``constants`` each factory of a tensor of one value (``zeros``) to the elements of
+    it read before anything overwrites them."""
 
     fills: dict[fx.Node, Set] = field(default_factory=dict)
     copies: dict[fx.Node, Set] = field(default_factory=dict)
-
-
-def storage_root(node: fx.Node) -> fx.Node:
-    """The node that created ``node``'s storage: up through views and through in-place ops
-    (their result is their first argument, ``t_`` and ``copy_`` alike)."""
-    while True:
-        if is_view(node) or _writes_first_argument(node):
-            parent = node.args[0] if node.args else None
-            if not isinstance(parent, fx.Node):
-                return node
-            node = parent
-        else:
-            return node
-
-
-def _writes_first_argument(node: fx.Node) -> bool:
-    schema = getattr(node.target, "_schema", None)
-    if schema is None or not schema.returns or not schema.arguments:
-        return False
-    ret, first = schema.returns[0].alias_info, schema.arguments[0].alias_info
-    return ret is not None and ret.is_write and first is not None and first.is_write
+    forwards: dict[fx.Node, Runs] = field(default_factory=dict)
+    constants: dict[fx.Node, Set] = field(default_factory=dict)
 
 
 def read_demand(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
-                exposed: Mapping[fx.Node, Extent] | None = None) -> Demand:
+                exposed: Mapping[fx.Node, Extent] | None = None, origins: Origins | None = None,
+                entangled: AbstractSet[fx.Node] | None = None) -> Demand:
     """The read demand of the slice ``nodes`` (program order) whose values ``keep`` are
-    kept; ``exposed``: kept nodes of which only this storage extent is read."""
+    kept; ``exposed``: kept nodes of which only this storage extent is read; ``origins``
+    (``passes.origins``): where copies may draw what they write instead of reading it;
+    ``entangled``: ``roots.shared_roots(nodes)``, if known."""
     exposed = exposed or {}
     need: dict[fx.Node, Set] = defaultdict(lambda: intervals.EMPTY)
     for k in keep:
@@ -91,51 +85,52 @@ def read_demand(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
         need[root] = intervals.union(need[root], read)
     found = Demand()
     for n in reversed(nodes):
-        _step(n, need, found)
-    entangled = _shared_roots(nodes)
-    found.fills = {n: s for n, s in found.fills.items() if storage_root(_written(n)) not in entangled}
+        _step(n, need, found, origins)
+    entangled = shared_roots(nodes) if entangled is None else entangled
+    found.fills = {n: s for n, s in found.fills.items() if storage_root(filled(n)) not in entangled}
     found.copies = {n: s for n, s in found.copies.items() if storage_root(n) not in entangled}
+    found.forwards = {n: r for n, r in found.forwards.items() if n in found.copies}
+    found.constants = {n: s for n, s in found.constants.items() if n not in entangled}
     return found
 
 
-def _step(n: fx.Node, need: dict[fx.Node, Set], found: Demand) -> None:
+def _step(n: fx.Node, need: dict[fx.Node, Set], found: Demand, origins: Origins | None) -> None:
     """Move ``need`` from after ``n`` to before it (see the module doc)."""
     if n.op == "call_function" and is_view(n):
         return  # reads nothing
+    if constant_value(n) is not None:
+        found.constants[n] = need.get(n, intervals.EMPTY)
     if n.op != "call_function" or reads_no_data(n):
         need.pop(n, None)  # a constant or an allocation: its storage did not exist before
         return
     if n.meta.get("generators"):
-        filled = _written(n)
-        if n.meta.get("overwrites") and filled is not None:
-            root = storage_root(filled)
-            covered, exact = intervals.elements(filled.meta.get("spec"))
+        written = filled(n)
+        if n.meta.get("overwrites") and written is not None:
+            root = storage_root(written)
+            covered, exact = intervals.elements(written.meta.get("spec"))
             found.fills[n] = intervals.intersect(need[root], covered)
             if exact:
                 need[root] = intervals.subtract(need[root], covered)
-            _read_all(n, need, skip=filled)
+            _read_all(n, need, skip=written)
         else:
             _read_all(n, need)
             need.pop(n, None)
         return
     target = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
     if n.target is aten.copy_.default and target is not None and isinstance(n.args[1], fx.Node):
-        root = storage_root(target)
-        dst = target.meta.get("spec")
-        covered, exact = intervals.elements(dst)
+        root, src = storage_root(target), n.args[1]
+        covered, exact = intervals.elements(target.meta.get("spec"))
         demanded = intervals.intersect(need[root], covered)
-        found.copies[n] = demanded
         if exact:
             need[root] = intervals.subtract(need[root], covered)
-        _read(n.args[1], intervals.carry(demanded, dst, n.args[1].meta.get("spec")), need)
+        _copy(n, target, src, demanded, need, found, origins)
         return
     if n.target in COPIES and target is not None:
         demanded = intervals.intersect(need.pop(n, intervals.EMPTY), intervals.elements(n.meta.get("spec"))[0])
-        found.copies[n] = demanded
-        _read(target, intervals.carry(demanded, n.meta.get("spec"), target.meta.get("spec")), need)
+        _copy(n, n, target, demanded, need, found, origins)
         return
     if _pointwise(n):
-        written = target if _writes_first_argument(n) else n
+        written = target if writes_first_argument(n) else n
         out = written.meta.get("spec")
         demanded = intervals.intersect(need[storage_root(written)], intervals.elements(out)[0])
         if written is n:
@@ -146,15 +141,22 @@ def _step(n: fx.Node, need: dict[fx.Node, Set], found: Demand) -> None:
             _read(x, intervals.carry(demanded, out, x.meta.get("spec")), need)
         return
     _read_all(n, need)
-    if not _writes_first_argument(n):
+    if not writes_first_argument(n):
         need.pop(n, None)
 
 
-def _written(n: fx.Node) -> fx.Node | None:
-    """The tensor argument ``n`` writes in place (``ops.filled_argument``), or None."""
-    index = filled_argument(n)
-    arg = n.args[index] if index is not None and len(n.args) > index else None
-    return arg if isinstance(arg, fx.Node) else None
+def _copy(n: fx.Node, dst: fx.Node, src: fx.Node, demanded: Set, need: dict[fx.Node, Set], found: Demand,
+          origins: Origins | None) -> None:
+    """Copy ``n`` from ``src`` into ``dst`` must write ``demanded``: it draws the part whose
+    origin is a fill (in long enough runs), and reads the rest from ``src``."""
+    runs = origins.at.get(n) if origins is not None else None
+    if runs is not None and len(demanded):
+        mine = restrict(runs, demanded)
+        if len(mine) and intervals.size(mine[:, :2]) >= FORWARD_RUN_MIN * len(mine):
+            found.forwards[n] = mine
+            demanded = intervals.subtract(demanded, mine[:, :2])
+    found.copies[n] = demanded
+    _read(src, intervals.carry(demanded, dst.meta.get("spec"), src.meta.get("spec")), need)
 
 
 def _pointwise(n: fx.Node) -> bool:
@@ -176,30 +178,29 @@ def _read_all(n: fx.Node, need: dict[fx.Node, Set], skip: fx.Node | None = None)
             _read(x, None, need)
 
 
-def _shared_roots(nodes: Sequence[fx.Node]) -> set[fx.Node]:
-    """Storage roots that may share their storage with another root: the capture's storage
-    ids (``meta["reads"]``, ``meta["mutates"]``) of nodes reading one root disagree."""
-    ids: dict[fx.Node, set[Any]] = defaultdict(set)
-    for n in nodes:
-        roots = {storage_root(x) for x in n.all_input_nodes}
-        sids = set(n.meta.get("reads", ())) | set(n.meta.get("mutates", ()))
-        if len(roots) == 1 and len(sids) == 1:
-            ids[next(iter(roots))] |= sids
-    by_id: dict[Any, set[fx.Node]] = defaultdict(set)
-    for root, sids in ids.items():
-        for sid in sids:
-            by_id[sid].add(root)
-    shared = {root for roots in by_id.values() if len(roots) > 1 for root in roots}
-    return shared | {root for root, sids in ids.items() if len(sids) > 1}
+def copied_anyway(demand: Demand, origins: Origins) -> set[fx.Node]:
+    """Copies that would draw mostly elements their fill writes for other readers anyway (a
+    kept full tensor and its copied shard): copying those costs less than drawing them again."""
+    out = set()
+    for n, runs in demand.forwards.items():
+        mine = 0
+        for number in set(runs[:, 2].tolist()):
+            fill = origins.fills[number]
+            part = runs[runs[:, 2] == number]
+            positions = intervals.of(np.stack([part[:, 0] + part[:, 3], part[:, 1] + part[:, 3]], axis=1))
+            mine += intervals.size(intervals.intersect(positions, demand.fills.get(fill, intervals.EMPTY)))
+        if 2 * mine >= intervals.size(runs[:, :2]):
+            out.add(n)
+    return out
 
 
 def partial_fills(demand: Demand) -> dict[fx.Node, Ranges]:
     """``{random node: ranges}`` for whole-storage random fills of which only part is read
-    later (the ranges of its target's storage that are)."""
+    later (the ranges of its target's storage that are; none at all for a fill nothing reads)."""
     out: dict[fx.Node, Ranges] = {}
     for n, demanded in demand.fills.items():
-        spec = _written(n).meta.get("spec")
-        if spec is not None and spec.storage_offset == 0 and _strict_part(demanded, spec):
+        spec = filled(n).meta.get("spec")
+        if not len(demanded) or (spec is not None and spec.storage_offset == 0 and _strict_part(demanded, spec)):
             out[n] = intervals.as_list(demanded)
     return out
 
@@ -210,11 +211,30 @@ PARTIAL_COPY_MIN = 1 << 16
 
 def partial_copies(demand: Demand) -> dict[fx.Node, Ranges]:
     """``{copy: ranges}`` for copies (``copy_``, ``clone``, ``_to_copy``) of which only part
-    is read later: the ranges of their output's storage that are."""
+    is read later, or that draw part of it (``Demand.forwards``): the ranges of their
+    output's storage they copy (none at all for a copy nothing reads)."""
     out: dict[fx.Node, Ranges] = {}
     for n, demanded in demand.copies.items():
         spec = (n.args[0] if n.target is aten.copy_.default else n).meta.get("spec")
-        if spec is not None and spec.numel >= PARTIAL_COPY_MIN and _strict_part(demanded, spec):
+        if (n in demand.forwards or not len(demanded)
+                or (spec is not None and spec.numel >= PARTIAL_COPY_MIN and _strict_part(demanded, spec))):
+            out[n] = intervals.as_list(demanded)
+    return out
+
+
+#: Factories of one value smaller than this write all of it.
+PARTIAL_CONSTANT_MIN = 1 << 16
+
+
+def partial_constants(demand: Demand) -> dict[fx.Node, Ranges]:
+    """``{factory: ranges}`` for factories of a tensor of one value (``zeros``, ``new_full``)
+    of which only part is read before it is overwritten (FSDP's padded buffer, into which
+    the shard is then copied): the ranges of its storage worth writing."""
+    out: dict[fx.Node, Ranges] = {}
+    for n, demanded in demand.constants.items():
+        spec = n.meta.get("spec")
+        if spec is not None and spec.numel >= PARTIAL_CONSTANT_MIN and (
+                not len(demanded) or _strict_part(demanded, spec)):
             out[n] = intervals.as_list(demanded)
     return out
 

@@ -152,11 +152,23 @@ def exact_pieces(node: fx.Node, ranges: Ranges, device_map: Mapping[torch.device
     if split is None:
         return None
     assert spec is not None
+    if not ranges:
+        return []
     n, tail = spec.numel, split[1]
     pieces = _close_gaps([widen(lo, hi, n, tail) for lo, hi in ranges], EXACT_SKIP_MIN)
     if sum(hi - lo for lo, hi in pieces) < MIN_ELEMENTS or pieces == [(0, n)]:
         return None
     return pieces
+
+
+def draws_alone(node: fx.Node, rng: str, device_map: Mapping[torch.device, torch.device] = {}) -> bool:
+    """Whether any piece of fill ``node`` (a whole storage: positions are storage elements)
+    can be drawn alone, with the whole fill's bits, wherever its elements were copied to
+    (``passes.origins``)."""
+    spec = _target_spec(node, device_map)
+    if rng == "portable":
+        return is_in_place_sampler(node) and spec is not None and spec.storage_offset == 0 and spec.is_contiguous()
+    return _exact_split(node, spec) is not None
 
 
 def portable_pieces(node: fx.Node, ranges: Ranges, device_map: Mapping[torch.device, torch.device] = {}

@@ -9,6 +9,11 @@ arrays of shape ``(k, 2)`` keep every set operation linear and vectorized.
 
 from __future__ import annotations
 
+import functools
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, TypeVar
+
 import numpy as np
 
 Set = np.ndarray  # int64[k, 2]: sorted, disjoint, non-empty half-open ranges
@@ -17,6 +22,42 @@ EMPTY: Set = np.zeros((0, 2), dtype=np.int64)
 EVERYTHING: Set = np.array([[0, 1 << 62]], dtype=np.int64)
 #: Above this many runs a view's elements are taken as its whole extent.
 MAX_RUNS = 1 << 20
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def memo(fn: F) -> F:
+    """``fn`` remembering its last few thousand results. A model repeats its layers, and
+    every layer's copies have the same layouts and the same sets: the element analyses
+    then cost about one layer's. Arrays among the arguments count by value; the results
+    are read-only."""
+    cache: OrderedDict[Any, Any] = OrderedDict()
+    lock = threading.Lock()
+
+    def frozen(value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+        elif isinstance(value, tuple):
+            for v in value:
+                frozen(v)
+        return value
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        k = tuple((a.shape, a.tobytes()) if isinstance(a, np.ndarray) else a for a in args)
+        with lock:
+            if k in cache:
+                cache.move_to_end(k)
+                return cache[k]
+        value = frozen(fn(*args))
+        with lock:
+            cache[k] = value
+            if len(cache) > 4096:
+                cache.popitem(last=False)
+        return value
+
+    return wrapper  # type: ignore[return-value]
 
 
 def of(ranges: list[tuple[int, int]] | np.ndarray) -> Set:
@@ -78,6 +119,7 @@ def as_list(a: Set) -> list[tuple[int, int]]:
     return [(int(lo), int(hi)) for lo, hi in a]
 
 
+@memo
 def elements(spec) -> tuple[Set, bool]:  # noqa: ANN001
     """The storage elements a strided view covers, and whether that is exact (a view of
     more than ``MAX_RUNS`` runs, or a negative stride, is taken as its whole extent)."""
@@ -121,6 +163,7 @@ def runs(shape, strides: list[tuple[int, ...]], *offsets: int) -> tuple[np.ndarr
     return starts, run
 
 
+@memo
 def carry(demand: Set, dst, src) -> Set | None:  # noqa: ANN001
     """The elements of ``src``'s storage at the positions where ``dst`` (a view of the same
     shape) holds ``demand``'s elements: what a copy from ``src`` into ``dst`` must read for
@@ -134,6 +177,7 @@ def carry(demand: Set, dst, src) -> Set | None:  # noqa: ANN001
     return None if moves is None else union(moves[0] + moves[1][:, None])
 
 
+@memo
 def correspondence(demand: Set, shape, dst_stride, src_stride, dst_offset: int, src_offset: int  # noqa: ANN001
                    ) -> tuple[Set, np.ndarray] | None:
     """The elements of ``demand`` a view of ``shape`` (``dst_*``) holds, cut where another
@@ -144,10 +188,12 @@ def correspondence(demand: Set, shape, dst_stride, src_stride, dst_offset: int, 
     if found is None:
         return None
     starts, run = found
-    if len(np.unique(starts[:, 0])) != len(starts):
-        return None
-    order = np.argsort(starts[:, 0])
-    d, s = starts[order, 0], starts[order, 1]
+    d, s = starts[:, 0], starts[:, 1]
+    if len(d) > 1 and not (d[1:] > d[:-1]).all():
+        order = np.argsort(d, kind="stable")
+        d, s = d[order], s[order]
+    if len(d) > 1 and not (d[1:] >= d[:-1] + run).all():
+        return None  # dst overlaps itself
     pieces = intersect(demand, np.stack([d, d + run], axis=1))  # dst runs: sorted, disjoint
     which = np.searchsorted(d, pieces[:, 0], side="right") - 1
     return pieces, s[which] - d[which]

@@ -444,6 +444,69 @@ INLINE void run(int op, int dtype, int path, void *out, int64_t first, int64_t l
     normal_job(&g, dtype, path == PATH_AVX2, out, first, lo, hi, p0, p1);
 }
 
+/* Skip n words of g. */
+INLINE void mt_skip(mt_t *g, int64_t n) {
+  while (n > 0) {
+    if (g->pos == N) {
+      twist(g->s);
+      g->pos = 0;
+    }
+    int64_t take = N - g->pos;
+    if (take > n) take = n;
+    g->pos += (int)take;
+    n -= take;
+  }
+}
+
+/* Runs of one fill into scattered places: run r draws the fill's elements [lo, hi) =
+ * runs[3r], runs[3r+1] into element runs[3r+2] on of out. The state is at the first word of
+ * element `start`; runs are sorted, and no run starts in a block of 16 (normal) that an
+ * earlier one reached. Returns 0, or -1 - r for a run that breaks this. */
+INLINE int64_t run_runs(int op, int dtype, int path, char *out, const int64_t *runs, int64_t k, const uint32_t *words,
+                        int consumed, int64_t start, double p0, double p1) {
+  mt_t g;
+  memcpy(g.s, words, sizeof g.s);
+  g.pos = consumed;
+  const int64_t a = dtype == DT_F64 ? 2 : 1, size = dtype == DT_F64 ? 8 : dtype == DT_F32 ? 4 : 2;
+  const int64_t block = op == OP_NORMAL ? 16 : 1;
+  int64_t at = start;
+  for (int64_t r = 0; r < k; r++) {
+    const int64_t lo = runs[3 * r], hi = runs[3 * r + 1], dst = runs[3 * r + 2];
+    const int64_t first = lo - lo % block;
+    if (lo < 0 || hi < lo || first < at || dst < 0) return -1 - r;
+    mt_skip(&g, a * (first - at));
+    if (op == OP_UNIFORM) {
+      uniform_job(&g, dtype, path == PATH_AVX2, out + dst * size, hi - lo, p0, p1);
+      at = hi;
+    } else {
+      /* element `first` of the job's coordinates sits lo - first elements before out[dst] */
+      void *base = (void *)((uintptr_t)out + (uintptr_t)((dst - (lo - first)) * size));
+      normal_job(&g, dtype, path == PATH_AVX2, base, 0, lo - first, hi - first, p0, p1);
+      at = first + (hi - first + 15) / 16 * 16;
+    }
+  }
+  return 0;
+}
+
+static int64_t runs_generic(int op, int dtype, int path, char *out, const int64_t *runs, int64_t k,
+                            const uint32_t *words, int consumed, int64_t start, double p0, double p1) {
+  return run_runs(op, dtype, path, out, runs, k, words, consumed, start, p0, p1);
+}
+
+#ifdef FILLS_X86
+__attribute__((target("avx2,fma"))) static int64_t runs_avx2(int op, int dtype, int path, char *out,
+                                                             const int64_t *runs, int64_t k, const uint32_t *words,
+                                                             int consumed, int64_t start, double p0, double p1) {
+  return run_runs(op, dtype, path, out, runs, k, words, consumed, start, p0, p1);
+}
+
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma,prefer-vector-width=512"))) static int64_t
+runs_avx512(int op, int dtype, int path, char *out, const int64_t *runs, int64_t k, const uint32_t *words,
+            int consumed, int64_t start, double p0, double p1) {
+  return run_runs(op, dtype, path, out, runs, k, words, consumed, start, p0, p1);
+}
+#endif
+
 static void run_generic(int op, int dtype, int path, void *out, int64_t first, int64_t lo, int64_t hi,
                         const uint32_t *words, int consumed, double p0, double p1) {
   run(op, dtype, path, out, first, lo, hi, words, consumed, p0, p1);
@@ -505,4 +568,18 @@ int fxinit_fill(int op, int dtype, int path, void *out, int64_t first, int64_t l
 #endif
   run_generic(op, dtype, path, out, first, lo, hi, words, consumed, p0, p1);
   return 0;
+}
+
+/* Fill runs (see run_runs) of one fill, from the state at the first word of element `start`. */
+int64_t fxinit_fill_runs(int op, int dtype, int path, void *out, const int64_t *runs, int64_t k,
+                         const uint32_t *words, int consumed, int64_t start, double p0, double p1) {
+  if (op < 0 || op > 1 || dtype < 0 || dtype > 3 || consumed < 0 || consumed > N || k < 0) return -1;
+  if (!fxinit_fill_supported(path)) return -1;
+#ifdef FILLS_X86
+  if (use_avx512()) return runs_avx512(op, dtype, path, out, runs, k, words, consumed, start, p0, p1);
+  const char *isa = getenv("FXINIT_FILLS_ISA");
+  if (fxinit_fill_supported(PATH_AVX2) && !(isa && strcmp(isa, "generic") == 0))
+    return runs_avx2(op, dtype, path, out, runs, k, words, consumed, start, p0, p1);
+#endif
+  return runs_generic(op, dtype, path, out, runs, k, words, consumed, start, p0, p1);
 }

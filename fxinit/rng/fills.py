@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from fxinit.rng.mt19937 import CpuState, advance
+from fxinit.rng.mt19937 import JUMP_MIN_TWISTS, CpuState, advance
 from fxinit.rng.native import _load
 
 _SOURCE = Path(__file__).with_name("fills.c")
@@ -50,6 +50,10 @@ def library() -> ctypes.CDLL | None:
                                 ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
                                 ctypes.c_double, ctypes.c_double]
     lib.fxinit_fill.restype = ctypes.c_int
+    lib.fxinit_fill_runs.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
+                                     ctypes.c_double, ctypes.c_double]
+    lib.fxinit_fill_runs.restype = ctypes.c_int64
     lib.fxinit_fill_supported.argtypes = [ctypes.c_int]
     lib.fxinit_fill_supported.restype = ctypes.c_int
     return lib
@@ -276,3 +280,106 @@ def native_fill(kind: str, out: torch.Tensor, state: torch.Tensor, params: tuple
         return True
     threads = torch.get_num_threads() if threads is None else max(1, int(threads))
     return _fill(kind, out, state, params, start, total, threads, path)
+
+
+#: A run of a fill's elements drawn into scattered places (``native_fill_runs``) starts at a
+#: state jumped to it rather than twisted to, past this many words from the previous run.
+RUNS_JUMP_WORDS = JUMP_MIN_TWISTS * 624
+
+
+def native_fill_runs(kind: str, out: torch.Tensor, state: torch.Tensor, params: tuple[float, float],
+                     runs: np.ndarray, total: int, threads: int | None = None) -> bool:
+    """Write elements ``runs[i, 0] .. runs[i, 1]`` of what ``torch.empty(total, dtype).<kind>_(
+    *params, generator=g)`` gives into ``out[runs[i, 2] ..]`` (``out`` a contiguous 1-D CPU
+    tensor; ``g`` a generator in ``state``), for every run: the elements a copy draws itself
+    (``plan.forwards``). Runs are sorted by their first element and disjoint. One pass of
+    the generator serves runs that do not share a block of 16 (normal); the last, redrawn
+    block of a normal fill is drawn apart. False (nothing meaningful written) as for
+    ``native_fill``; the caller then draws them otherwise."""
+    n = out.numel()
+    if kind not in _OPS or out.dtype not in _DTYPES or out.device.type != "cpu" or out.dim() != 1 \
+            or not out.is_contiguous() or state.numel() != 5056 or (kind == "normal" and total < 16):
+        return False
+    runs = np.ascontiguousarray(runs, dtype=np.int64).reshape(-1, 3)
+    if len(runs) and (runs[:, 0].min() < 0 or runs[:, 1].max() > total or runs[:, 2].min() < 0
+                      or (runs[:, 2] + runs[:, 1] - runs[:, 0]).max() > n or (runs[:, 1] < runs[:, 0]).any()):
+        return False
+    path = torch_path()
+    if path is None:
+        return False
+    params = (float(params[0]), float(params[1]))
+    if not _trusted(kind, out.dtype, path, params):
+        return False
+    runs = runs[runs[:, 1] > runs[:, 0]]
+    clip = total - 16 if kind == "normal" and total % 16 else total
+    if (runs[:, 1] > clip).any():  # the redrawn last block: through native_fill, apart
+        last = runs[runs[:, 1] > clip]
+        base = clip - clip % 16
+        scratch = torch.empty(total - base, dtype=out.dtype)
+        if not native_fill(kind, scratch, state, params, start=base, total=total, threads=1):
+            return False
+        for lo, hi, at in last.tolist():
+            lo2 = max(lo, base)
+            out[at + lo2 - lo:at + hi - lo].copy_(scratch[lo2 - base:hi - base])
+        runs = np.concatenate([runs[runs[:, 1] <= clip], _clipped(last, base)])
+        runs = runs[np.argsort(runs[:, 0], kind="stable")]
+    threads = torch.get_num_threads() if threads is None else max(1, int(threads))
+    jobs = [job for passes in _passes_of(runs, kind) for job in _runs_jobs(passes, kind, out.dtype, threads)]
+    op, dt, ptr = _OPS[kind], _DTYPES[out.dtype], out.data_ptr()
+
+    def one(job: np.ndarray) -> int:
+        first = int(job[0, 0]) - int(job[0, 0]) % (16 if kind == "normal" else 1)
+        s = CpuState.of(advance(state, words_per_element(kind, out.dtype) * first) if first else state)
+        words = np.ascontiguousarray(s.words, dtype=np.uint32)
+        job = np.ascontiguousarray(job)
+        return library().fxinit_fill_runs(op, dt, path, ptr, job.ctypes.data, len(job), words.ctypes.data,
+                                          s.consumed, first, *params)
+
+    if len(jobs) <= 1 or threads == 1:
+        return all(one(job) == 0 for job in jobs)
+    futures = [_pool().submit(one, job) for job in jobs[1:]]
+    rc = one(jobs[0])
+    return all(f.result() == 0 for f in futures) and rc == 0
+
+
+def _clipped(runs: np.ndarray, base: int) -> np.ndarray:
+    """The parts of ``runs`` before element ``base``."""
+    runs = runs[runs[:, 0] < base].copy()
+    runs[:, 1] = np.minimum(runs[:, 1], base)
+    return runs
+
+
+def _passes_of(runs: np.ndarray, kind: str) -> list[np.ndarray]:
+    """``runs`` in as few groups as one generator pass each can draw: a normal run that
+    starts in a block of 16 an earlier run of its group reached goes to another group."""
+    if kind != "normal" or len(runs) < 2:
+        return [runs] if len(runs) else []
+    first = runs[:, 0] - runs[:, 0] % 16
+    reached = (runs[:, 1] + 15) // 16 * 16
+    if (first[1:] >= reached[:-1]).all():
+        return [runs]
+    groups: list[list[int]] = []
+    ends: list[int] = []
+    for i in range(len(runs)):
+        g = next((j for j, end in enumerate(ends) if first[i] >= end), None)
+        if g is None:
+            groups.append([])
+            ends.append(0)
+            g = len(groups) - 1
+        groups[g].append(i)
+        ends[g] = int(reached[i])
+    return [runs[idx] for idx in groups]
+
+
+def _runs_jobs(runs: np.ndarray, kind: str, dtype: torch.dtype, threads: int) -> list[np.ndarray]:
+    """One pass of runs cut where the generator jumps rather than twists (long gaps), and
+    into about ``threads`` parts of equal elements when there are enough of them."""
+    if not len(runs):
+        return []
+    a = words_per_element(kind, dtype)
+    cuts = set((np.flatnonzero(a * (runs[1:, 0] - runs[:-1, 1]) > RUNS_JUMP_WORDS) + 1).tolist())
+    sizes = np.cumsum(runs[:, 1] - runs[:, 0])
+    parts = max(1, min(threads, int(sizes[-1]) // MIN_PER_THREAD))
+    cuts |= {int(i) for i in np.searchsorted(sizes, [sizes[-1] * p // parts for p in range(1, parts)], side="right")}
+    bounds = [0, *sorted(c for c in cuts if 0 < c < len(runs)), len(runs)]
+    return [runs[lo:hi] for lo, hi in zip(bounds, bounds[1:]) if hi > lo]

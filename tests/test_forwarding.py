@@ -1,0 +1,167 @@
+"""Copies that draw their elements themselves (``passes.origins``, ``plan.forwards``) and
+factories of one value that write only what is read (``plan.constant_parts``).
+
+A layout copies a random fill's elements through a chain (tensor parallelism's chunk
+``clone``, the scatter's ``copy_``, FSDP's ``copy_`` into a padded buffer): the last copy
+draws them straight into its output, the fill and the copies before draw and copy
+nothing. Every test compares with eager construction bit for bit, and checks that the
+plan decided what it should (a test of speed that could pass by copying would prove
+nothing)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import fxinit
+from conftest import assert_same_as_eager
+from fxinit.passes import origins
+
+
+def _chain(w: torch.Tensor, columns: slice, rows: slice, pad: int, touch=None, cast=None):  # noqa: ANN001, ANN202
+    """TP chunk of ``columns`` (a contiguous clone), scattered into a local tensor, a row
+    block of it copied into a zero-padded buffer: the buffer (FSDP's)."""
+    chunk = w[:, columns].contiguous()
+    if touch is not None:
+        touch(chunk)
+    local = torch.empty_like(chunk) if cast is None else torch.empty_like(chunk, dtype=cast)
+    local.copy_(chunk)
+    block = local[rows]
+    out = local.new_zeros(block.shape[0] + pad, block.shape[1])
+    out[:block.shape[0]].copy_(block)
+    return out
+
+
+class Layouts(nn.Module):
+    """Shards of random fills through the chain, in the ways a layout can go."""
+
+    def __init__(self, dtype: torch.dtype = torch.float32, init: str = "normal") -> None:
+        super().__init__()
+        fill = {"normal": lambda t: nn.init.normal_(t, 0.0, 0.02),
+                "uniform": lambda t: nn.init.uniform_(t, -0.1, 0.1),
+                "kaiming": lambda t: nn.init.kaiming_uniform_(t, a=5 ** 0.5),
+                "trunc_near": lambda t: nn.init.trunc_normal_(t, std=1.0, a=-1.5, b=1.5),
+                "trunc_far": lambda t: nn.init.trunc_normal_(t, std=0.02)}[init]
+        for name, (rows, cols), cs, rs, pad in (
+                ("row_parallel", (256, 1024), slice(512, 768), slice(64, 128), 0),
+                ("col_parallel", (1024, 256), slice(0, 256), slice(256, 512), 3),
+                ("tail", (257, 1023), slice(700, 1023), slice(200, 257), 2)):  # the last, redrawn block
+            w = torch.empty(rows, cols, dtype=dtype)
+            fill(w)
+            self.register_buffer(name, _chain(w, cs, rs, pad))
+
+
+@pytest.mark.parametrize("dtype,init", [(torch.float32, "normal"), (torch.float32, "kaiming"),
+                                        (torch.float64, "normal"), (torch.bfloat16, "uniform"),
+                                        (torch.float16, "normal"), (torch.float32, "trunc_near"),
+                                        (torch.float32, "trunc_far")])
+def test_the_last_copy_draws_the_shard_straight_into_its_buffer(dtype: torch.dtype, init: str) -> None:
+    torch.manual_seed(0)
+    g = fxinit.init_graph(fxinit.trace_init(Layouts, dtype, init))
+    plan = g.plan()
+    drawn = {f.fill for forwards in plan.forwards.values() for f in forwards}
+    if dtype == torch.float16:  # torch's half normal_ rounds its draws up to whole blocks: not split
+        assert not drawn, str(plan)
+    else:
+        assert len(drawn) == 3, str(plan)
+        for fill in drawn:  # the fills draw nothing themselves
+            assert plan.pieces.get(fill) == [], str(plan)
+        assert plan.elements_drawn() == 64 * 256 + 256 * 256 + 57 * 323, str(plan)
+    assert_same_as_eager(Layouts, dtype, init)
+
+
+def test_the_padding_alone_is_zeroed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fxinit.passes import demand
+
+    monkeypatch.setattr(demand, "PARTIAL_CONSTANT_MIN", 0)  # these are small
+    torch.manual_seed(0)
+    plan = fxinit.init_graph(fxinit.trace_init(Layouts)).plan()
+    parts = {tuple(n.meta["spec"].shape): r for n, r in plan.constant_parts.items()}
+    assert parts == {(64, 256): [], (259, 256): [(256 * 256, 259 * 256)], (59, 323): [(57 * 323, 59 * 323)]}
+    assert "writes nothing (all overwritten before read)" in str(plan)
+
+
+def _doubled(t: torch.Tensor) -> None:
+    t.mul_(2)
+
+
+class Touched(nn.Module):
+    """The chain with a write between the fill and the copy, a cast inside it, a write to
+    part of the filled tensor, and (``keep_full``) the full tensor kept too."""
+
+    def __init__(self, keep_full: bool = False) -> None:
+        super().__init__()
+        w = torch.empty(256, 1024)
+        nn.init.normal_(w)
+        self.register_buffer("doubled", _chain(w, slice(0, 256), slice(0, 64), 0, touch=_doubled))
+        self.register_buffer("cast", _chain(w, slice(256, 512), slice(0, 64), 0, cast=torch.bfloat16))
+        self.register_buffer("plain", _chain(w, slice(512, 768), slice(0, 64), 0))
+        if keep_full:
+            self.register_buffer("full", w)
+        v = torch.empty(512, 512)
+        nn.init.uniform_(v)
+        v[100:200].add_(1.0)  # part of the fill's own storage written after it
+        self.register_buffer("after", _chain(v, slice(0, 256), slice(64, 256), 0))
+
+
+def test_writes_and_casts_between_keep_their_values() -> None:
+    torch.manual_seed(0)
+    plan = fxinit.init_graph(fxinit.trace_init(Touched)).plan()
+    kinds = sorted(str(n.target) for n in plan.forwards)
+    # the clones before the write and the cast draw, the last copies of "plain" and "after" draw
+    assert kinds == ["aten.clone.default"] * 2 + ["aten.copy_.default"] * 2, str(plan)
+    v = next(f for fs in plan.forwards.values() for f in fs if f.fill.args[0].meta["spec"].shape == (512, 512))
+    rows = {lo // 512 for lo, _, _ in v.runs.tolist()}
+    assert rows == set(range(64, 100)) | set(range(200, 256)), str(plan)  # not the rows the add wrote
+    assert_same_as_eager(Touched)
+
+
+def test_a_fill_written_for_other_readers_is_copied_not_drawn_again() -> None:
+    torch.manual_seed(0)
+    plan = fxinit.init_graph(fxinit.trace_init(Touched, True)).plan()
+    assert all(f.fill.args[0].meta["spec"].shape == (512, 512) for fs in plan.forwards.values() for f in fs), str(plan)
+    assert_same_as_eager(Touched, True)
+
+
+def test_portable_copies_draw_the_streams_elements() -> None:
+    torch.manual_seed(0)
+    g = fxinit.init_graph(fxinit.trace_init(Touched, True))
+    plan = g.plan(rng="portable", seed=3)
+    assert plan.forwards, str(plan)
+    got = g.materialize(rng="portable", seed=3)
+    assert torch.equal(got["plain"], got["full"][:, 512:768][:64])
+
+
+def test_runs_compose_through_copies() -> None:
+    held = np.array([[0, 100, 0, 0], [100, 200, 1, -100]])  # fill 0 at 0.., fill 1 at 0.. again
+    pieces = np.array([[10, 20], [50, 60]])  # destination elements, copying source e + shift
+    shifts = np.array([90, 0])
+    out = origins.compose(pieces, shifts, held)
+    assert out.tolist() == [[10, 20, 1, -10], [50, 60, 0, 0]]
+    merged = origins.assign(out, np.array([[15, 55]]), np.array([[15, 55, 2, 0]]))
+    assert merged.tolist() == [[10, 15, 1, -10], [15, 55, 2, 0], [55, 60, 0, 0]]
+    assert origins.merge(np.array([[0, 5, 0, 1], [5, 9, 0, 1], [9, 10, 1, 1]])).tolist() == [[0, 9, 0, 1],
+                                                                                             [9, 10, 1, 1]]
+
+
+def test_native_runs_equal_torch_for_scattered_runs() -> None:
+    from fxinit.rng.fills import native_fill_runs
+
+    rng = np.random.default_rng(0)
+    for kind, dtype, total in (("normal", torch.float32, 5003), ("uniform", torch.float64, 4096),
+                               ("normal", torch.bfloat16, 1000), ("normal", torch.float64, 70001)):
+        g = torch.Generator().manual_seed(total)
+        state = g.get_state()
+        want = getattr(torch.empty(total, dtype=dtype), kind + "_")(generator=g)
+        cuts = np.sort(rng.choice(total, 40, replace=False))
+        runs = cuts.reshape(-1, 2)
+        order = rng.permutation(len(runs))
+        at = np.cumsum([0, *(runs[order, 1] - runs[order, 0])])[:-1]
+        table = np.stack([runs[order, 0], runs[order, 1], at], axis=1)
+        table = table[np.argsort(table[:, 0])]
+        out = torch.full((int(at[-1] + runs[order[-1], 1] - runs[order[-1], 0]),), float("nan"), dtype=dtype)
+        assert native_fill_runs(kind, out, state, (0.0, 1.0), table, total, threads=2)
+        for lo, hi, a in table.tolist():
+            assert torch.equal(out[a:a + hi - lo], want[lo:hi]), (kind, dtype, lo, hi)

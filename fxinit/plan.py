@@ -3,7 +3,9 @@
 ``make_plan`` runs the passes over a slice (``passes.slicing``) and keeps every decision
 in a ``Plan``: which nodes run, which dead writes were skipped, which values are reused
 (CSE), which element-wise ops run in place, which random fills fill only pieces or run in
-chunks, which fills are cast chunk by chunk, where requested dtypes are applied, when each
+chunks, which copies copy only part of their output and which draw it themselves
+(``passes.forwarding``), which factories of zeros write only the part read, which fills
+are cast chunk by chunk, where requested dtypes are applied, when each
 value is freed, and which groups of nodes are independent. ``backends.interpreter`` runs a
 plan without deciding anything; ``InitGraph.stats`` reads one; ``print(plan)`` shows it.
 """
@@ -13,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Callable, Mapping, Sequence
 
-import numpy as np
 import torch
 import torch.fx as fx
 
@@ -24,28 +25,14 @@ from fxinit.passes.fills import Ranges, draws_alone, exact_chunks, exact_pieces,
 from fxinit.passes.inplace import in_place_chains
 from fxinit.passes.kernels import Kernel, compiled_fills
 from fxinit.passes.partition import independent_groups
-from fxinit.passes.demand import copied_anyway, partial_constants, partial_copies, partial_fills, read_demand
-from fxinit.passes.origins import copy_origins
+from fxinit.passes.demand import partial_constants, partial_copies, partial_fills
+from fxinit.passes.forwarding import Forward, forwarded_demand
 from fxinit.passes.roots import shared_roots
 from fxinit.passes.ranges import Extent
 from fxinit.rng.pieces import CHUNK
 from fxinit.spec import cast_by_to
 
 DeviceMap = Mapping[torch.device, torch.device]
-
-
-@dataclass(frozen=True)
-class Forward:
-    """Elements a copy draws straight into its output instead of copying them: ``runs[i]``
-    = ``(lo, hi, at)``, positions ``lo .. hi`` of ``fill``'s draws go to the output's
-    storage elements ``at .. at + hi - lo`` (sorted by ``lo``; ``passes.origins``)."""
-
-    fill: fx.Node
-    runs: Any  # int64 numpy array [k, 3]
-
-    @property
-    def elements(self) -> int:
-        return int((self.runs[:, 1] - self.runs[:, 0]).sum())
 
 
 @dataclass
@@ -150,18 +137,9 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
         kernels = {n: k for n, k in candidates.items() if on[k.device]}
     unsplit = {*shared, *in_place, *kernels, *(m for f in fused.values() for m in f.members),
                *(m for k in kernels.values() for m in k.chain)}  # nodes that run otherwise or for others too
-    entangled = shared_roots(nodes)
-    read = read_demand(nodes, keep, exposed, None, entangled).copies  # what copies must write at most
-    origins = copy_origins(nodes, lambda fill: fill not in unsplit and draws_alone(fill, rng, device_map), entangled,
-                           read)
-    origins.at = {n: r for n, r in origins.at.items() if n not in unsplit}
-    demand = read_demand(nodes, keep, exposed, origins, entangled)
-    for _ in range(8):  # a copy up the chain may then draw them: each round moves up one copy
-        copied = copied_anyway(demand, origins)
-        if not copied:  # (else their fills write those elements for other readers: copies cost less)
-            break
-        origins.at = {n: r for n, r in origins.at.items() if n not in copied}
-        demand = read_demand(nodes, keep, exposed, origins, entangled)
+    demand, forwards = forwarded_demand(nodes, keep, exposed,
+                                        lambda fill: fill not in unsplit and draws_alone(fill, rng, device_map),
+                                        unsplit, shared_roots(nodes))
     for node, ranges in partial_fills(demand).items():
         if node in fused or node in shared:
             continue
@@ -171,29 +149,19 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
     chunked = frozenset() if rng == "portable" else frozenset(
         n for n in nodes if is_random(n) and n not in pieces and n not in fused and exact_chunks(n, None, device_map))
     copies = {n: r for n, r in partial_copies(demand).items() if n not in shared and n not in in_place}
-    forwards = {n: _forwards(runs, origins.fills) for n, runs in demand.forwards.items()}
     constant_parts = {n: r for n, r in partial_constants(demand).items() if n not in unsplit}
     assert forwards.keys() <= copies.keys()  # a forwarded copy reads nothing else of its source
     done_in_dtype = {r for f in fused.values() for r in f.results}
     casts = cast_points(nodes, keep - done_in_dtype - exposed.keys(), reuse) if output_dtype is not None else {}
     return Plan(
         nodes=list(nodes), keep=keep, rng=rng, seed=seed, output_dtype=output_dtype, dead=list(dead), reuse=reuse,
-        in_place=in_place, pieces=pieces, copies=copies, forwards=forwards, constant_parts=constant_parts, chunked=chunked, fused_casts=fused,
+        in_place=in_place, pieces=pieces, copies=copies, forwards=forwards, constant_parts=constant_parts,
+        chunked=chunked, fused_casts=fused,
         casts=casts, frees=last_uses(nodes, reuse, keep),
         # a CSE duplicate runs in the group of the value it reuses
         groups=independent_groups(nodes, [(dup, first) for dup, (first, _) in reuse.items()]),
         streams={n: k for n, k in (streams or {}).items() if n in members}, kernels=kernels, exposed=exposed,
         device_map=device_map, labels=dict(labels or {}))
-
-
-def _forwards(runs: Any, fills: Sequence[fx.Node]) -> list[Forward]:
-    """``origins.Runs`` of a copy's output as one ``Forward`` per fill."""
-    out = []
-    for number in sorted(set(runs[:, 2].tolist())):
-        mine = runs[runs[:, 2] == number]
-        drawn = np.stack([mine[:, 0] + mine[:, 3], mine[:, 1] + mine[:, 3], mine[:, 0]], axis=1)
-        out.append(Forward(fills[number], drawn[np.argsort(drawn[:, 0], kind="stable")]))
-    return out
 
 
 def _fusable(fused: FusedCast, rng: str) -> bool:
@@ -275,7 +243,7 @@ def _decisions(plan: Plan, n: fx.Node, fused_by_member: Mapping[fx.Node, FusedCa
         parts = plan.constant_parts[n]
         out.append(f"writes only {_ranges(parts)}" if parts else "writes nothing (all overwritten before read)")
     for f in plan.forwards.get(n, ()):
-        out.append(f"draws {f.elements:,} elements of {f.fill.name} itself ({len(f.runs):,} runs)")
+        out.append(f"draws {f.elements:,} elements of {f.fill.name} itself, in {len(f.runs):,} run(s)")
     if n in plan.chunked:
         out.append(f"in chunks of {CHUNK}")
     if n in plan.fused_casts:

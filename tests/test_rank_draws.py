@@ -3,7 +3,7 @@ group, ``tools/bench_rank.py``), their random elements counted against their own
 their shards compared with the matching slices of eager construction.
 
 Column- and row-parallel weights under FSDP2 over tensor parallelism, HSDP over it, uneven
-shards, ranks whose shards are empty, and torchtitan's own flow (``init_weights`` after the
+shards, ranks whose shards are empty, expert parallel under FSDP2, and torchtitan's own flow (``init_weights`` after the
 layout, ``trunc_normal_`` with and without rejections): before the read demand was carried through the
 layout's copies, a rank drew its whole tensor-parallel chunk (the dp_shard size times its
 own elements)."""
@@ -29,6 +29,9 @@ CASES = [  # (tool arguments, ranks)
     (["--preset", "small", "--mesh", "1", "8", "1"], [3]),  # FSDP alone
     # torchtitan's flow: init_weights after the layout, trunc_normal_ (its output layer's rejections)
     (["--model", "titan", "--mesh", "2", "2", "2"], [6]),
+    # expert parallel (torchtitan's GroupedExperts on "tp"), FSDP on the experts' second dimension
+    (["--model", "experts", "--dim", "512", "--mesh", "1", "4", "4"], [0, 13]),
+    (["--model", "experts", "--dim", "256", "--mesh", "2", "2", "3"], [11]),  # HSDP; 8 experts on 3: DTensor pads
 ]
 
 

@@ -15,6 +15,7 @@ peak RSS growth against the shard.
     python tools/bench_rank.py --preset tiny --mesh 2 4 2 --ranks 0 5 15 --check   # and equal eager?
     python tools/bench_rank.py --model linears --mesh 1 8 4 --ranks 0 30 --check --json
     python tools/bench_rank.py --model titan --mesh 2 4 2 --ranks 0 9 --check   # torchtitan's flow
+    python tools/bench_rank.py --model experts --dim 512 --mesh 1 4 4 --ranks 0 13 --check  # expert parallel
 
 ``--model titan`` is the guide's torchtitan-style Llama (``docs/examples/titan_llama.py``)
 in torchtitan's flow: traced under ``torch.device("meta")``, parallelized, ``to_empty``,
@@ -66,6 +67,26 @@ class Linears(nn.Module):
                                     for _ in range(pairs))
 
 
+class Experts(nn.Module):
+    """``layers`` mixtures of experts stored as one tensor per weight (torchtitan's
+    GroupedExperts): a router and ``experts`` SwiGLU experts."""
+
+    def __init__(self, dim: int = 512, layers: int = 2, experts: int = 8) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_ExpertLayer(dim, experts) for _ in range(layers))
+
+
+class _ExpertLayer(nn.Module):
+    def __init__(self, dim: int, experts: int) -> None:
+        super().__init__()
+        self.router = nn.Linear(dim, experts, bias=False)
+        self.w1 = nn.Parameter(torch.empty(experts, dim, 2 * dim))
+        self.w2 = nn.Parameter(torch.empty(experts, 2 * dim, dim))
+        self.w3 = nn.Parameter(torch.empty(experts, dim, 2 * dim))
+        for w in (self.w1, self.w2, self.w3):
+            nn.init.trunc_normal_(w, std=0.02)
+
+
 def titan():  # noqa: ANN201
     """docs/examples/titan_llama.py as a module."""
     import importlib.util
@@ -87,6 +108,8 @@ def build(args: argparse.Namespace) -> tuple[type, tuple]:
         return titan().Transformer, (titan_args(args),)
     if args.model == "linears":
         return Linears, (args.dim, args.layers or 1)
+    if args.model == "experts":
+        return Experts, (args.dim, args.layers or 2)
     from transformers import LlamaConfig, LlamaForCausalLM
 
     fields = dict(PRESETS[args.preset])
@@ -110,6 +133,9 @@ def lay_out(model: nn.Module, mesh, model_kind: str) -> None:  # noqa: ANN001
         model.to_empty(device="cpu")
         with torch.no_grad():
             model.init_weights(buffer_device=None)
+        return
+    if model_kind == "experts":
+        _expert_parallel(model, mesh, tp, dp)
         return
     if tp.size() > 1:
         if model_kind == "linears":
@@ -135,6 +161,28 @@ def lay_out(model: nn.Module, mesh, model_kind: str) -> None:  # noqa: ANN001
         blocks = model.layers if model_kind == "linears" else model.model.layers
         for block in blocks:
             fully_shard(block, mesh=dp)
+        fully_shard(model, mesh=dp)
+
+
+def _expert_parallel(model: nn.Module, mesh, ep, dp) -> None:  # noqa: ANN001
+    """torchtitan's expert parallel: the expert weights sharded on the expert dimension over
+    "tp" (standing for the EP mesh), then FSDP2 per layer over dp, on the expert weights' second
+    dimension (as torchtitan shards experts when there are fewer of them than ranks)."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard, distribute_module, distribute_tensor
+
+    for layer in model.layers:
+        if ep.size() > 1:
+            def partition(name: str, mod: nn.Module, mesh, layer=layer) -> None:  # noqa: ANN001
+                if mod is layer:
+                    for pname in ("w1", "w2", "w3"):
+                        mod.register_parameter(pname, nn.Parameter(distribute_tensor(getattr(mod, pname), mesh,
+                                                                                     [Shard(0)])))
+
+            distribute_module(layer, ep, partition)
+        if dp.size() > 1:
+            fully_shard(layer, mesh=dp, shard_placement_fn=lambda p: Shard(1) if p.dim() == 3 else Shard(0))
+    if dp.size() > 1:
         fully_shard(model, mesh=dp)
 
 
@@ -261,10 +309,10 @@ def in_child(argv: list[str], rank: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", choices=("llama", "linears", "titan"), default="llama")
+    ap.add_argument("--model", choices=("llama", "linears", "titan", "experts"), default="llama")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
-    ap.add_argument("--layers", type=int, default=0, help="layers (llama) or Linear pairs (linears); 0: preset's")
-    ap.add_argument("--dim", type=int, default=4096, help="width of --model linears")
+    ap.add_argument("--layers", type=int, default=0, help="layers (llama, titan, experts) or Linear pairs (linears); 0: the default")
+    ap.add_argument("--dim", type=int, default=4096, help="width of --model linears and experts")
     ap.add_argument("--mesh", type=int, nargs=3, default=(1, 4, 2), metavar=("REPLICATE", "SHARD", "TP"))
     ap.add_argument("--rank", type=int, default=None)
     ap.add_argument("--ranks", type=int, nargs="*", default=None)

@@ -13,9 +13,10 @@ comes later. Going back over a node:
 
 * a whole-storage random fill (``meta["overwrites"]``) needs what is demanded of it, and
   nothing of its target before it;
-* a copy (``copy_``, ``clone``, ``_to_copy``) and an element-wise op of inputs of its own
-  shape carry the demand on their output to the same positions of their inputs
-  (``intervals.carry``); a copy into a view also ends the demand on what it overwrites;
+* a copy (``copy_``, ``clone``, ``_to_copy``; ``constant_pad_nd`` into the unpadded part of its
+  output) and an element-wise op of inputs of its own shape carry the demand on their output
+  to the same positions of their inputs (``intervals.carry``); a copy into a view also ends
+  the demand on what it overwrites;
   where a copy's demanded elements are a fill's draws (``passes.origins``), the copy draws
   them itself and carries no demand for them (the fill and the copies before it need
   not write them);
@@ -35,14 +36,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import AbstractSet, Mapping, Sequence
 
-import numpy as np
 import torch
 import torch.fx as fx
 
 from fxinit.ops import constant_value, is_view, reads_no_data
 from fxinit.passes import intervals
 from fxinit.passes.intervals import Set
-from fxinit.passes.origins import COPIES, Origins, Runs, restrict
+from fxinit.passes.origins import Copied, Origins, Runs, copied_views, restrict
 from fxinit.passes.ranges import Extent, Ranges
 from fxinit.passes.roots import filled, shared_roots, storage_root, writes_first_argument
 
@@ -116,19 +116,22 @@ def _step(n: fx.Node, need: dict[fx.Node, Set], found: Demand, origins: Origins 
             _read_all(n, need)
             need.pop(n, None)
         return
-    target = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
-    if n.target is aten.copy_.default and target is not None and isinstance(n.args[1], fx.Node):
-        root, src = storage_root(target), n.args[1]
-        covered, exact = intervals.elements(target.meta.get("spec"))
-        demanded = intervals.intersect(need[root], covered)
+    copy = copied_views(n)
+    if copy is not None and n.target is aten.copy_.default:
+        covered, exact = intervals.elements(copy.dst)
+        demanded = intervals.intersect(need[copy.root], covered)
         if exact:
-            need[root] = intervals.subtract(need[root], covered)
-        _copy(n, target, src, demanded, need, found, origins)
+            need[copy.root] = intervals.subtract(need[copy.root], covered)
+        _copy(n, copy, demanded, need, found, origins)
         return
-    if n.target in COPIES and target is not None:
-        demanded = intervals.intersect(need.pop(n, intervals.EMPTY), intervals.elements(n.meta.get("spec"))[0])
-        _copy(n, n, target, demanded, need, found, origins)
+    if copy is not None:  # a new storage: what is demanded of it before it existed ends here
+        demanded = intervals.intersect(need.pop(n, intervals.EMPTY), intervals.elements(copy.dst)[0])
+        if n.target is aten.constant_pad_nd.default:  # runs whole: the rest of its input is never read
+            _read(copy.src, intervals.carry(demanded, copy.dst, copy.src_view), need)
+        else:
+            _copy(n, copy, demanded, need, found, origins)
         return
+    target = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
     if _pointwise(n):
         written = target if writes_first_argument(n) else n
         out = written.meta.get("spec")
@@ -145,10 +148,10 @@ def _step(n: fx.Node, need: dict[fx.Node, Set], found: Demand, origins: Origins 
         need.pop(n, None)
 
 
-def _copy(n: fx.Node, dst: fx.Node, src: fx.Node, demanded: Set, need: dict[fx.Node, Set], found: Demand,
+def _copy(n: fx.Node, copy: Copied, demanded: Set, need: dict[fx.Node, Set], found: Demand,
           origins: Origins | None) -> None:
-    """Copy ``n`` from ``src`` into ``dst`` must write ``demanded``: it draws the part whose
-    origin is a fill (in long enough runs), and reads the rest from ``src``."""
+    """Copy ``n`` must write ``demanded``: it draws the part whose origin is a fill (in long
+    enough runs), and reads the rest from its source."""
     runs = origins.at.get(n) if origins is not None else None
     if runs is not None and len(demanded):
         mine = restrict(runs, demanded)
@@ -156,7 +159,7 @@ def _copy(n: fx.Node, dst: fx.Node, src: fx.Node, demanded: Set, need: dict[fx.N
             found.forwards[n] = mine
             demanded = intervals.subtract(demanded, mine[:, :2])
     found.copies[n] = demanded
-    _read(src, intervals.carry(demanded, dst.meta.get("spec"), src.meta.get("spec")), need)
+    _read(copy.src, intervals.carry(demanded, copy.dst, copy.src_view), need)
 
 
 def _pointwise(n: fx.Node) -> bool:
@@ -176,22 +179,6 @@ def _read_all(n: fx.Node, need: dict[fx.Node, Set], skip: fx.Node | None = None)
     for x in n.all_input_nodes:
         if x is not skip:
             _read(x, None, need)
-
-
-def copied_anyway(demand: Demand, origins: Origins) -> set[fx.Node]:
-    """Copies that would draw mostly elements their fill writes for other readers anyway (a
-    kept full tensor and its copied shard): copying those costs less than drawing them again."""
-    out = set()
-    for n, runs in demand.forwards.items():
-        mine = 0
-        for number in set(runs[:, 2].tolist()):
-            fill = origins.fills[number]
-            part = runs[runs[:, 2] == number]
-            positions = intervals.of(np.stack([part[:, 0] + part[:, 3], part[:, 1] + part[:, 3]], axis=1))
-            mine += intervals.size(intervals.intersect(positions, demand.fills.get(fill, intervals.EMPTY)))
-        if 2 * mine >= intervals.size(runs[:, :2]):
-            out.add(n)
-    return out
 
 
 def partial_fills(demand: Demand) -> dict[fx.Node, Ranges]:

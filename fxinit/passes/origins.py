@@ -16,9 +16,10 @@ the runs of its elements that hold a fill's draws unchanged, as ``Runs``: rows
 
 * a whole-storage random fill that can draw any piece alone (``sources``) makes its target's
   elements its own draws;
-* ``copy_``, ``clone``, ``_to_copy`` and ``lift_fresh_copy`` between views of the same shape,
-  dtype and device move the runs their source holds to their destination's positions
-  (``intervals.correspondence``); other elements they write lose their origin;
+* ``copy_``, ``clone``, ``_to_copy``, ``lift_fresh_copy`` and ``constant_pad_nd`` (DTensor's
+  padding of an uneven shard) between views of the same shape, dtype and device move the runs
+  their source holds to their destination's positions (``intervals.correspondence``); other
+  elements they write lose their origin;
 * any other write loses the origin of every storage it may write; a new storage has none.
 
 Storages that may share memory with another root (``roots.shared_roots``) never have an
@@ -28,7 +29,7 @@ origin: a write through the other root would not be seen.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import AbstractSet, Callable, Mapping, Sequence
+from typing import AbstractSet, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -38,6 +39,7 @@ from fxinit.ops import is_view, reads_no_data
 from fxinit.passes import intervals
 from fxinit.passes.intervals import Set
 from fxinit.passes.roots import filled, storage_root
+from fxinit.spec import TensorSpec
 
 aten = torch.ops.aten
 
@@ -90,17 +92,16 @@ def copy_origins(nodes: Sequence[fx.Node], sources: Callable[[fx.Node], bool],
                 held[root] = remove(held.get(root, NO_RUNS), covered)
             _lose_other_writes(n, held, skip=target)
             continue
-        copy = _copy_views(n)
+        copy = copied_views(n)
         if copy is not None:
-            dst, src, root = copy
-            covered, exact = intervals.elements(dst.meta.get("spec"))
+            covered, exact = intervals.elements(copy.dst)
             followed = intervals.intersect(covered, read[n]) if read is not None and n in read else covered
-            moved = _moved(dst, src, followed, held.get(storage_root(src), NO_RUNS)) if exact else None
-            if moved is None or root in shared:
-                held.pop(root, None)
+            moved = _moved(copy, followed, held.get(storage_root(copy.src), NO_RUNS)) if exact else None
+            if moved is None or copy.root in shared:
+                held.pop(copy.root, None)
                 continue
-            held[root] = assign(held.get(root, NO_RUNS), covered, moved)
-            if len(moved):
+            held[copy.root] = assign(held.get(copy.root, NO_RUNS), covered, moved)
+            if len(moved) and n.target is not aten.constant_pad_nd.default:  # (a pad runs whole: not drawn into)
                 found.at[n] = moved
             continue
         _lose_other_writes(n, held)
@@ -108,20 +109,56 @@ def copy_origins(nodes: Sequence[fx.Node], sources: Callable[[fx.Node], bool],
     return found
 
 
-def _copy_views(n: fx.Node) -> tuple[fx.Node, fx.Node, fx.Node] | None:
-    """``(destination view, source view, destination root)`` of a copy, or None."""
+class Copied(NamedTuple):
+    """What a node that copies elements moves: the elements of view ``src_view`` of ``src``'s
+    storage go to the same positions of view ``dst`` of ``root``'s storage."""
+
+    root: fx.Node
+    dst: TensorSpec
+    src: fx.Node
+    src_view: TensorSpec
+
+
+def copied_views(n: fx.Node) -> Copied | None:
+    """What copy ``n`` moves (``copy_``, ``COPIES``, and ``constant_pad_nd`` from its input into
+    the unpadded part of its output), or None for other nodes and unknown layouts."""
     if n.target is aten.copy_.default and len(n.args) >= 2 and all(isinstance(a, fx.Node) for a in n.args[:2]):
-        return n.args[0], n.args[1], storage_root(n.args[0])
-    if n.target in COPIES and n.args and isinstance(n.args[0], fx.Node):
-        return n, n.args[0], n
+        dst, src = n.args[0].meta.get("spec"), n.args[1].meta.get("spec")
+        return None if dst is None or src is None else Copied(storage_root(n.args[0]), dst, n.args[1], src)
+    if not n.args or not isinstance(n.args[0], fx.Node) or n.meta.get("spec") is None \
+            or n.args[0].meta.get("spec") is None:
+        return None
+    if n.target in COPIES:
+        return Copied(n, n.meta["spec"], n.args[0], n.args[0].meta["spec"])
+    if n.target is aten.constant_pad_nd.default and len(n.args) >= 2:
+        return _padded(n, n.args[0].meta["spec"], list(n.args[1]))
     return None
 
 
-def _moved(dst: fx.Node, src: fx.Node, covered: Set, held: Runs) -> Runs | None:
-    """The runs ``src`` holds, at the positions of ``dst`` they are copied to; None where the
-    copy converts (dtype, device) or the layouts are not followed."""
-    d, s = dst.meta.get("spec"), src.meta.get("spec")
-    if d is None or s is None or d.dtype != s.dtype or d.device != s.device or tuple(d.shape) != tuple(s.shape):
+def _padded(n: fx.Node, src: TensorSpec, pad: list[int]) -> Copied | None:
+    """``constant_pad_nd``: ``pad`` holds (before, after) pairs from the last dimension on;
+    a negative one crops the input."""
+    out = n.meta["spec"]
+    if len(pad) % 2 or len(pad) // 2 > len(src.shape) or len(out.shape) != len(src.shape):
+        return None
+    dst_off, src_off, shape = out.storage_offset, src.storage_offset, list(src.shape)
+    for i in range(len(pad) // 2):
+        d = len(shape) - 1 - i
+        before, after = pad[2 * i], pad[2 * i + 1]
+        dst_off += max(before, 0) * out.stride[d]
+        src_off += max(-before, 0) * src.stride[d]
+        shape[d] -= max(-before, 0) + max(-after, 0)
+    if any(s <= 0 for s in shape):
+        return None
+    return Copied(n, out._replace(shape=tuple(shape), storage_offset=dst_off), n.args[0],
+                  src._replace(shape=tuple(shape), storage_offset=src_off))
+
+
+def _moved(copy: Copied, covered: Set, held: Runs) -> Runs | None:
+    """The runs ``copy``'s source holds, at the positions of its destination they are copied
+    to; None where the copy converts (dtype, device) or the layouts are not followed."""
+    d, s = copy.dst, copy.src_view
+    if d.dtype != s.dtype or d.device != s.device or tuple(d.shape) != tuple(s.shape):
         return None
     if not len(held) or not len(covered):
         return NO_RUNS

@@ -10,6 +10,8 @@ nothing)."""
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 import torch
@@ -165,3 +167,122 @@ def test_native_runs_equal_torch_for_scattered_runs() -> None:
         assert native_fill_runs(kind, out, state, (0.0, 1.0), table, total, threads=2)
         for lo, hi, a in table.tolist():
             assert torch.equal(out[a:a + hi - lo], want[lo:hi]), (kind, dtype, lo, hi)
+
+
+class RandomChain(nn.Module):
+    """A random fill moved through ``steps`` (views, copies, clones, casts, pads, zero-padded
+    buffers, writes): the ways a layout can move a shard, in any order."""
+
+    def __init__(self, shape: tuple[int, int], fill: str, steps: list[tuple], keep_full: bool) -> None:
+        super().__init__()
+        w = torch.empty(shape)
+        {"normal": lambda: nn.init.normal_(w, 0.5, 2.0), "uniform": lambda: nn.init.uniform_(w, -1.0, 1.0),
+         "trunc": lambda: nn.init.trunc_normal_(w, std=1.0, a=-1.0, b=1.5)}[fill]()
+        t = w
+        for step, *a in steps:
+            if step == "rows":
+                t = t[a[0]:a[1]]
+            elif step == "cols":
+                t = t[:, a[0]:a[1]]
+            elif step == "t":
+                t = t.t()
+            elif step == "contiguous":
+                t = t.contiguous()
+            elif step == "clone":
+                t = t.clone()
+            elif step == "copy":
+                dst = torch.empty_like(t)
+                dst.copy_(t)
+                t = dst
+            elif step == "zeros":  # FSDP's padded buffer
+                buf = t.new_zeros(t.shape[0] + a[0], t.shape[1])
+                buf[:t.shape[0]].copy_(t)
+                t = buf
+            elif step == "pad":
+                t = nn.functional.pad(t, (0, 0, 0, a[0]))
+            elif step == "write":
+                t[a[0]:a[1]].mul_(3.0)
+            elif step == "cast":
+                t = t.to(torch.float64)
+        self.register_buffer("out", t)
+        if keep_full:
+            self.register_buffer("full", w)
+
+
+def _random_steps(rng: random.Random, shape: tuple[int, int]) -> list[tuple]:
+    rows, cols = shape
+    steps: list[tuple] = []
+    for _ in range(rng.randint(1, 6)):
+        step = rng.choice(["rows", "cols", "t", "contiguous", "clone", "copy", "zeros", "pad", "write", "cast"])
+        if step == "rows" and rows > 1:
+            lo = rng.randrange(rows - 1)
+            hi = rng.randint(lo + 1, rows)
+            steps.append((step, lo, hi))
+            rows = hi - lo
+        elif step == "cols" and cols > 1:
+            lo = rng.randrange(cols - 1)
+            hi = rng.randint(lo + 1, cols)
+            steps.append((step, lo, hi))
+            cols = hi - lo
+        elif step == "t":
+            steps.append((step,))
+            rows, cols = cols, rows
+        elif step in ("zeros", "pad"):
+            extra = rng.randint(0, 3)
+            steps.append((step, extra))
+            rows += extra
+        elif step == "write" and rows > 1:
+            lo = rng.randrange(rows - 1)
+            steps.append((step, lo, rng.randint(lo + 1, rows)))
+        elif step in ("contiguous", "clone", "copy", "cast"):
+            steps.append((step,))
+    return steps
+
+
+def test_random_chains_equal_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every path at small sizes (the thresholds at their minimum, as ``fuzz_capture
+    --small-thresholds``): random chains from a fill to a kept buffer, bit for bit."""
+    from fxinit.passes import demand, fills
+
+    for module, name, value in ((demand, "PARTIAL_COPY_MIN", 0), (demand, "PARTIAL_CONSTANT_MIN", 0),
+                                (demand, "FORWARD_RUN_MIN", 1), (fills, "EXACT_SKIP_MIN", 1),
+                                (fills, "PORTABLE_SKIP_MIN", 1), (fills, "MIN_ELEMENTS", 1)):
+        monkeypatch.setattr(module, name, value)
+    rng = random.Random(7)
+    forwarded = 0
+    for _ in range(40):
+        shape = (rng.randint(2, 40), rng.randint(16, 90))
+        args = (shape, rng.choice(["normal", "uniform", "trunc"]), _random_steps(rng, shape), rng.random() < 0.2)
+        torch.manual_seed(0)
+        forwarded += bool(fxinit.init_graph(fxinit.trace_init(RandomChain, *args)).plan().forwards)
+        assert_same_as_eager(RandomChain, *args, seeds=(0,))
+    assert forwarded >= 10  # the chains do reach the copies that draw
+
+
+class LastElements(nn.Module):
+    """The first rows and the last few elements of fills whose last block torch redraws (a
+    size not a multiple of 16): a piece of fewer than 16 elements at the end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for i, (dtype, fill) in enumerate(((torch.float32, lambda t: nn.init.normal_(t)),
+                                           (torch.float64, lambda t: nn.init.normal_(t, 1.0, 3.0)),
+                                           (torch.float32, lambda t: nn.init.trunc_normal_(t, a=-1.0, b=1.0)))):
+            full = torch.empty(10007, dtype=dtype)
+            fill(full)
+            self.register_buffer(f"head{i}", full[:1000].clone())
+            self.register_buffer(f"end{i}", full[10000:].clone())
+
+
+@pytest.mark.parametrize("forward", [True, False])
+def test_a_piece_in_the_redrawn_last_block_equals_eager(forward: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fxinit.passes import demand
+
+    if not forward:  # the fills' own pieces, as before copies drew
+        monkeypatch.setattr(demand, "FORWARD_RUN_MIN", 1 << 40)
+    torch.manual_seed(0)
+    plan = fxinit.init_graph(fxinit.trace_init(LastElements)).plan()
+    assert len(plan.forwards) == (3 if forward else 0), str(plan)  # the heads' copies (the ends are short)
+    for pieces in plan.pieces.values():  # the fills draw the ends: a piece at least 16 long
+        assert pieces[-1][1] == 10007 and pieces[-1][1] - pieces[-1][0] >= 16, str(plan)
+    assert_same_as_eager(LastElements)

@@ -1,6 +1,7 @@
 """Long-mode differential fuzzing of fxinit's capture against eager construction.
 
     python tools/fuzz_capture.py --examples 3000 --seed 0 [--include-known-holes] [--out holes.md]
+    python tools/fuzz_capture.py --examples 3000 --seed 1 --small-thresholds  # pieces, copies that draw
 
 Generates model constructors from the grammar of ``tests/fuzz_programs.py`` (factories, random
 fills, sub-modules, in-place and view edits, ties, casts, numpy and ``torch.load``, generators,
@@ -149,6 +150,16 @@ class Search:
         return None
 
 
+def small_thresholds() -> None:
+    """The size thresholds of the element analyses at their minimum (``--small-thresholds``)."""
+    from fxinit.passes import demand, fills
+
+    demand.PARTIAL_COPY_MIN = demand.PARTIAL_CONSTANT_MIN = 0
+    demand.FORWARD_RUN_MIN = 1
+    fills.EXACT_SKIP_MIN = fills.PORTABLE_SKIP_MIN = 1
+    fills.MIN_ELEMENTS = 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--examples", type=int, default=2000, help="generated programs to run (shrinking not counted)")
@@ -160,7 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="also write the holes (markdown) to this file")
     ap.add_argument("--scripts", type=Path, help="write each hole's standalone script (with the comparison) here")
     ap.add_argument("-q", "--quiet", action="store_true")
+    ap.add_argument("--small-thresholds", action="store_true",
+                    help="fill pieces, partial copies, copies that draw and partial zeros at any size: the paths a "
+                         "big model's layout takes, on the grammar's small tensors")
     args = ap.parse_args(argv)
+    if args.small_thresholds:
+        small_thresholds()
 
     disabled = frozenset() if args.include_known_holes else frozenset(KNOWN_HOLE_KINDS)
     search = Search(disabled, verbose=not args.quiet)

@@ -40,13 +40,17 @@ def splittable(func: Any, rest: tuple, kwargs: dict, dtype: torch.dtype, n: int)
 
 def widen(lo: int, hi: int, n: int, tail: int) -> tuple[int, int]:
     """Samplers that work in blocks of 16 (``normal_``: ``tail`` words) need block-aligned
-    pieces, and a piece reaching into the last, recomputed block must run to the end."""
+    pieces, and a piece reaching into the last, recomputed block must run to the end and
+    start 16 elements or more before it: a piece is drawn as a whole fill of its own length
+    from the generator state at its start, and a fill of fewer than 16 elements is drawn
+    by another sampler."""
     if not tail:
         return lo, hi
     lo -= lo % 16
     hi = min(n, -(-hi // 16) * 16)
     if n % 16 and hi > n - n % 16 - 16:
         hi = n
+        lo = min(lo, (n - 16) // 16 * 16)
     return lo, hi
 
 

@@ -286,3 +286,17 @@ def test_a_piece_in_the_redrawn_last_block_equals_eager(forward: bool, monkeypat
     for pieces in plan.pieces.values():  # the fills draw the ends: a piece at least 16 long
         assert pieces[-1][1] == 10007 and pieces[-1][1] - pieces[-1][0] >= 16, str(plan)
     assert_same_as_eager(LastElements)
+
+
+def test_native_runs_of_the_same_elements_twice() -> None:
+    from fxinit.rng.fills import native_fill_runs
+
+    g = torch.Generator().manual_seed(1)
+    state = g.get_state()
+    for kind in ("uniform", "normal"):
+        want = getattr(torch.empty(4096), kind + "_")(generator=torch.Generator().set_state(state))
+        table = np.array([[100, 300, 0], [100, 300, 200], [250, 260, 400], [1000, 1001, 410]])
+        out = torch.full((411,), float("nan"))
+        assert native_fill_runs(kind, out, state, (0.0, 1.0), table, 4096, threads=1)
+        for lo, hi, at in table.tolist():
+            assert torch.equal(out[at:at + hi - lo], want[lo:hi]), (kind, lo, hi)

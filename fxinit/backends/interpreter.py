@@ -26,9 +26,12 @@ from fxinit.ops import constant_value, filled_argument, is_random, replay_args
 from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes import intervals
 from fxinit.passes.fills import Ranges
+from fxinit.passes.origins import copied_views
 from fxinit.passes.slicing import metadata_only
 from fxinit.plan import Plan
 from fxinit.spec import dtype_after_to
+
+aten = torch.ops.aten
 
 
 class Sampler(Protocol):
@@ -148,23 +151,28 @@ class Interpreter:
         return self.plan.in_place.get(n, n.target)(*replay_args(n.target, args), **kwargs)
 
     def partial_copy(self, n: fx.Node, args: tuple, kwargs: dict, ranges: Ranges) -> torch.Tensor:
-        """A copy (``copy_``, ``clone``, ``_to_copy``) that writes only the storage elements
-        ``ranges`` of its output (nothing reads the others, ``passes.demand``), and draws the
-        elements the plan forwards to it straight from their fills (``plan.forwards``)."""
-        if n.target is torch.ops.aten.copy_.default:
-            dst, src = args[0], args[1]
+        """A copy (``copy_``, ``clone``, ``_to_copy``, ``constant_pad_nd``) that writes only the
+        storage elements ``ranges`` of its output (nothing reads the others, ``passes.demand``;
+        a pad writes all of its padding), and draws the elements the plan forwards to it
+        straight from their fills (``plan.forwards``)."""
+        if n.target is aten.copy_.default:
+            out = dst = args[0]
+            src = args[1]
         else:
-            spec, src = n.meta["spec"], args[0]
+            spec = n.meta["spec"]
             device = self.plan.device_map.get(spec.device, spec.device)
-            dst = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=device)
+            out = dst = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=device)
+            src = args[0]
+            if n.target is aten.constant_pad_nd.default:
+                dst, src = _pad(n, out, src, args[1], args[2] if len(args) > 2 else kwargs.get("value", 0.0))
         if ranges:
             copy_ranges(dst, src, ranges)
         forwards = self.plan.forwards.get(n, ())
         if forwards:
-            storage = _storage(dst)
+            storage = _storage(out)
             for forward in forwards:
                 self.sampler.fill_runs(forward.fill, forward.runs, storage)
-        return dst
+        return out
 
     def partial_constant(self, n: fx.Node, ranges: Ranges) -> torch.Tensor:
         """A factory of a tensor of one value (``zeros``, ``new_full``) that writes only the
@@ -216,6 +224,23 @@ def copy_ranges(dst: torch.Tensor, src: torch.Tensor, ranges: Ranges) -> None:
     pieces, shifts = moves
     for (lo, hi), shift in zip(pieces.tolist(), shifts.tolist()):
         dst.as_strided((hi - lo,), (1,), lo).copy_(src.as_strided((hi - lo,), (1,), lo + shift))
+
+
+def _pad(n: fx.Node, out: torch.Tensor, src: torch.Tensor, pad: Sequence[int], value: Any
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``constant_pad_nd``'s padding written into ``out``; the views of ``out`` and of its
+    input ``src`` between which it copies (``origins.copied_views``)."""
+    copy = copied_views(n)
+    assert copy is not None  # the plan made it a partial copy from the same facts
+    for i in range(len(pad) // 2):
+        d = out.dim() - 1 - i
+        before, after = max(pad[2 * i], 0), max(pad[2 * i + 1], 0)
+        if before:
+            out.narrow(d, 0, before).fill_(value)
+        if after:
+            out.narrow(d, out.shape[d] - after, after).fill_(value)
+    return (out.as_strided(copy.dst.shape, copy.dst.stride, copy.dst.storage_offset),
+            src.as_strided(copy.src_view.shape, copy.src_view.stride, copy.src_view.storage_offset))
 
 
 def _storage(t: torch.Tensor) -> torch.Tensor:

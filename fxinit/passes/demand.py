@@ -126,10 +126,7 @@ def _step(n: fx.Node, need: dict[fx.Node, Set], found: Demand, origins: Origins 
         return
     if copy is not None:  # a new storage: what is demanded of it before it existed ends here
         demanded = intervals.intersect(need.pop(n, intervals.EMPTY), intervals.elements(copy.dst)[0])
-        if n.target is aten.constant_pad_nd.default:  # runs whole: the rest of its input is never read
-            _read(copy.src, intervals.carry(demanded, copy.dst, copy.src_view), need)
-        else:
-            _copy(n, copy, demanded, need, found, origins)
+        _copy(n, copy, demanded, need, found, origins)
         return
     target = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
     if _pointwise(n):

@@ -101,7 +101,7 @@ def copy_origins(nodes: Sequence[fx.Node], sources: Callable[[fx.Node], bool],
                 held.pop(copy.root, None)
                 continue
             held[copy.root] = assign(held.get(copy.root, NO_RUNS), covered, moved)
-            if len(moved) and n.target is not aten.constant_pad_nd.default:  # (a pad runs whole: not drawn into)
+            if len(moved):
                 found.at[n] = moved
             continue
         _lose_other_writes(n, held)

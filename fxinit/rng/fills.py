@@ -350,12 +350,14 @@ def _clipped(runs: np.ndarray, base: int) -> np.ndarray:
 
 
 def _passes_of(runs: np.ndarray, kind: str) -> list[np.ndarray]:
-    """``runs`` in as few groups as one generator pass each can draw: a normal run that
-    starts in a block of 16 an earlier run of its group reached goes to another group."""
-    if kind != "normal" or len(runs) < 2:
+    """``runs`` in as few groups as one generator pass each can draw: a run that starts where
+    an earlier run of its group reached (the same elements copied twice, or for normal the
+    same block of 16) goes to another group."""
+    if len(runs) < 2:
         return [runs] if len(runs) else []
-    first = runs[:, 0] - runs[:, 0] % 16
-    reached = (runs[:, 1] + 15) // 16 * 16
+    block = 16 if kind == "normal" else 1
+    first = runs[:, 0] - runs[:, 0] % block
+    reached = (runs[:, 1] + block - 1) // block * block
     if (first[1:] >= reached[:-1]).all():
         return [runs]
     groups: list[list[int]] = []

@@ -39,7 +39,8 @@ This module is a facade that re-exports the fuzzer's public names from its parts
 only the ones above it):
 
 * ``fuzz_source``: ``Step`` and ``Program`` (programs as data; ``Program.to_source()``);
-* ``fuzz_run``: ``FuzzModule`` and ``build`` (running a program eagerly or under fxinit);
+* ``fuzz_run``: ``FuzzModule`` and ``build`` (running a program eagerly or under fxinit), and
+  ``small_thresholds`` (the size thresholds of the element analyses at their minimum);
 * ``fuzz_oracle``: ``compare``, ``check``, ``Outcome``, ``Hole``, ``signature`` (the oracle);
 * ``fuzz_draw``: ``Sym``, dtype groups, source helpers and ``GenBase`` (the generator's state
   and drawing helpers);
@@ -56,7 +57,7 @@ from fuzz_exprs import GenExprs
 from fuzz_grammar import Gen, example, programs
 from fuzz_minimize import minimize, same_hole
 from fuzz_oracle import CATEGORY_ORDER, Hole, Outcome, check, compare, hole_class, raise_hole, reachable, signature
-from fuzz_run import Built, FuzzModule, build
+from fuzz_run import Built, FuzzModule, build, small_thresholds
 from fuzz_source import Program, Step
 from fuzz_steps import GenSteps
 
@@ -64,4 +65,5 @@ __all__ = [
     "CATEGORY_ORDER", "COMPLEX", "FLOATS", "INTS", "NP_OK", "Built", "FuzzModule", "Gen", "GenBase", "GenExprs",
     "GenSteps", "Hole", "Outcome", "Program", "Step", "Sym", "build", "check", "compare", "dt", "example",
     "hole_class", "lit", "minimize", "programs", "raise_hole", "reachable", "same_hole", "shape_src", "signature",
+    "small_thresholds",
 ]

@@ -128,3 +128,28 @@ def build(program: Program, trace: bool, out: Built) -> Built:
     finally:
         _CURRENT_TMP.pop()
     return out
+
+
+#: The size thresholds of fxinit's element analyses and their values at their minimum.
+SMALL_THRESHOLDS = (
+    ("fxinit.passes.demand", "PARTIAL_COPY_MIN", 0), ("fxinit.passes.demand", "PARTIAL_CONSTANT_MIN", 0),
+    ("fxinit.passes.demand", "FORWARD_RUN_MIN", 1), ("fxinit.passes.fills", "EXACT_SKIP_MIN", 1),
+    ("fxinit.passes.fills", "PORTABLE_SKIP_MIN", 1), ("fxinit.passes.fills", "MIN_ELEMENTS", 1),
+)
+
+
+@contextlib.contextmanager
+def small_thresholds() -> Any:
+    """Fill pieces, partial copies, copies that draw and partial zeros at any size: the paths
+    a big model's layout takes, on a program's small tensors."""
+    import importlib
+
+    saved = [(importlib.import_module(m), name, getattr(importlib.import_module(m), name))
+             for m, name, _ in SMALL_THRESHOLDS]
+    try:
+        for (module, name, _), (_, _, value) in zip(saved, SMALL_THRESHOLDS):
+            setattr(module, name, value)
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)

@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import numpy as np
+import pytest
 import torch
 import torch.nn as nn
 
 import fxinit
+from fxinit.errors import DeferredInitError
 from conftest import same_bits
 
 
@@ -74,6 +76,27 @@ def test_numpy_after_the_trace_is_the_tensors_memory() -> None:
 
     eager, traced = _both(M, post)
     assert same_bits(traced.b, eager.b) and same_bits(traced.t, eager.t) and _shares(traced.t, traced.b)
+
+
+class ViewBuffer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("v", torch.randn(2, 3).view(3, 2))  # a view: numpy() after the trace copies it
+
+
+def test_a_write_after_numpy_of_a_view_is_refused_only_while_the_array_lives() -> None:
+    def copy_then_write(m: nn.Module) -> None:
+        m.c = torch.tensor(m.v.numpy())  # a copy: the array dies here (found by the capture fuzzer)
+        m.v.mul_(2)
+
+    eager, traced = _both(ViewBuffer, copy_then_write)
+    assert same_bits(traced.v, eager.v) and same_bits(traced.c, eager.c)
+
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(ViewBuffer)
+    traced.a = torch.as_tensor(traced.v.numpy())  # eager's shares the buffer's memory: it would see the write
+    with pytest.raises(DeferredInitError, match="through numpy"):
+        traced.v.mul_(2)
 
 
 def test_from_numpy_of_an_alias_after_the_trace_aliases_the_tensor() -> None:

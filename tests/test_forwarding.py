@@ -19,6 +19,7 @@ import torch.nn as nn
 
 import fxinit
 from conftest import assert_same_as_eager
+from fuzz_run import small_thresholds
 from fxinit.passes import origins
 
 
@@ -239,23 +240,18 @@ def _random_steps(rng: random.Random, shape: tuple[int, int]) -> list[tuple]:
     return steps
 
 
-def test_random_chains_equal_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_random_chains_equal_eager() -> None:
     """Every path at small sizes (the thresholds at their minimum, as ``fuzz_capture
     --small-thresholds``): random chains from a fill to a kept buffer, bit for bit."""
-    from fxinit.passes import demand, fills
-
-    for module, name, value in ((demand, "PARTIAL_COPY_MIN", 0), (demand, "PARTIAL_CONSTANT_MIN", 0),
-                                (demand, "FORWARD_RUN_MIN", 1), (fills, "EXACT_SKIP_MIN", 1),
-                                (fills, "PORTABLE_SKIP_MIN", 1), (fills, "MIN_ELEMENTS", 1)):
-        monkeypatch.setattr(module, name, value)
     rng = random.Random(7)
     forwarded = 0
-    for _ in range(40):
-        shape = (rng.randint(2, 40), rng.randint(16, 90))
-        args = (shape, rng.choice(["normal", "uniform", "trunc"]), _random_steps(rng, shape), rng.random() < 0.2)
-        torch.manual_seed(0)
-        forwarded += bool(fxinit.init_graph(fxinit.trace_init(RandomChain, *args)).plan().forwards)
-        assert_same_as_eager(RandomChain, *args, seeds=(0,))
+    with small_thresholds():
+        for _ in range(40):
+            shape = (rng.randint(2, 40), rng.randint(16, 90))
+            args = (shape, rng.choice(["normal", "uniform", "trunc"]), _random_steps(rng, shape), rng.random() < 0.2)
+            torch.manual_seed(0)
+            forwarded += bool(fxinit.init_graph(fxinit.trace_init(RandomChain, *args)).plan().forwards)
+            assert_same_as_eager(RandomChain, *args, seeds=(0,))
     assert forwarded >= 10  # the chains do reach the copies that draw
 
 

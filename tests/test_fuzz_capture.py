@@ -21,7 +21,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, Phase, assume, find, given, settings
 
-from fuzz_programs import Hole, Outcome, Program, check, example, programs
+from fuzz_programs import Hole, Outcome, Program, check, example, programs, small_thresholds
 
 # ----------------------------------------------------------------------------- open holes
 #
@@ -173,6 +173,16 @@ CI_EXAMPLES = 1500  # about 45 s on 2 shared cores (30 ms a program)
 def test_fuzz_capture_against_eager(program: Program) -> None:
     outcome = check(program)  # raises a Hole (an AssertionError with the program's source) on a difference
     assume(outcome.status != "invalid")  # eager itself raised: not a program
+
+
+@settings(max_examples=CI_EXAMPLES // 4, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+@given(programs(disabled=frozenset(KNOWN_HOLE_KINDS)))
+def test_fuzz_capture_at_small_thresholds(program: Program) -> None:
+    """The same, with fill pieces, partial copies and copies that draw at any size."""
+    with small_thresholds():
+        outcome = check(program)
+    assume(outcome.status != "invalid")
 
 
 # ----------------------------------------------------------------------------- the open holes

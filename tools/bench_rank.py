@@ -311,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=("llama", "linears", "titan", "experts"), default="llama")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
-    ap.add_argument("--layers", type=int, default=0, help="layers (llama, titan, experts) or Linear pairs (linears); 0: the default")
+    ap.add_argument("--layers", type=int, default=0,
+                    help="layers (llama, titan, experts) or Linear pairs (linears); 0: the default")
     ap.add_argument("--dim", type=int, default=4096, help="width of --model linears and experts")
     ap.add_argument("--mesh", type=int, nargs=3, default=(1, 4, 2), metavar=("REPLICATE", "SHARD", "TP"))
     ap.add_argument("--rank", type=int, default=None)

@@ -150,16 +150,6 @@ class Search:
         return None
 
 
-def small_thresholds() -> None:
-    """The size thresholds of the element analyses at their minimum (``--small-thresholds``)."""
-    from fxinit.passes import demand, fills
-
-    demand.PARTIAL_COPY_MIN = demand.PARTIAL_CONSTANT_MIN = 0
-    demand.FORWARD_RUN_MIN = 1
-    fills.EXACT_SKIP_MIN = fills.PORTABLE_SKIP_MIN = 1
-    fills.MIN_ELEMENTS = 1
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--examples", type=int, default=2000, help="generated programs to run (shrinking not counted)")
@@ -176,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                          "big model's layout takes, on the grammar's small tensors")
     args = ap.parse_args(argv)
     if args.small_thresholds:
-        small_thresholds()
+        fp.small_thresholds().__enter__()  # for the whole run
 
     disabled = frozenset() if args.include_known_holes else frozenset(KNOWN_HOLE_KINDS)
     search = Search(disabled, verbose=not args.quiet)

@@ -68,9 +68,19 @@ class Doors:
         self.numpy_arrays.append((weakref.ref(out), t))
         if not self.capturing:  # torch.as_tensor(out) is seen by nothing, and eager's would alias t
             _NUMPY_RECORDERS.add(self)
-            self.copied_out.setdefault(self.storage_id(t), "its values were read through numpy() after the "
-                                                           "trace (a tensor made from that array shares them)")
+            self.numpy_out.add(self.storage_id(t))
         return out
+
+    def copied_out_by(self, sids: tuple[int, ...]) -> str | None:
+        """How a storage among ``sids`` had its value copied out where eager shares it
+        (``copied_out``; or an array ``numpy()`` gave after the trace, while it, or a tensor
+        ``torch.as_tensor`` made of it, lives: once none does, a write reaches nothing), or None."""
+        how = next((self.copied_out[sid] for sid in sids if sid in self.copied_out), None)
+        if how is None and self.numpy_out.intersection(sids):
+            self.numpy_arrays = [(ref, t) for ref, t in self.numpy_arrays if ref() is not None]
+            if any(self.storage_id(t) in sids for _, t in self.numpy_arrays):
+                how = "its values were read through numpy() after the trace (a tensor made from that array shares them)"
+        return how
 
     def make_real(self, t: torch.Tensor) -> bool:
         """After the trace, ``numpy()`` of a deferred CPU tensor that owns its storage makes it

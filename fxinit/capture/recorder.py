@@ -93,6 +93,7 @@ class Recorder(Shadows, Doors):
         # (storage id -> how): a later write to one cannot reach that copy, so it is refused.
         self.copied_out: dict[int, str] = {}
         self.numpy_arrays: list[tuple[Any, torch.Tensor]] = []  # what numpy() gave, and for which tensor
+        self.numpy_out: set[int] = set()  # storages numpy() gave an array of after the trace
         self.adopted: list[torch.Tensor] = []  # real tensors made deferred by `real.data = deferred`
         # data pointers of real storages that share memory with a deferred tensor in eager (`.data =`)
         self.lifted_reals: dict[int, str] = {}
@@ -504,8 +505,8 @@ class Recorder(Shadows, Doors):
         reads = tuple(dict.fromkeys(self.storage_id(t) for t in inputs))
         mutated_objs = [t for i in mutated_arg_indices(func) for t in tensors_in(schema_value(func, args, kwargs, i))]
         mutates = tuple(dict.fromkeys(self.storage_id(t) for t in mutated_objs))
-        if self.copied_out and any(sid in self.copied_out for sid in mutates):
-            how = next(self.copied_out[sid] for sid in mutates if sid in self.copied_out)
+        how = self.copied_out_by(mutates) if self.copied_out or self.numpy_out else None
+        if how is not None:
             raise self.fail(
                 f"fxinit cannot record {func} here: {how} earlier, so in eager construction this write would "
                 "reach it too, and fxinit gave it a copy of the value as it was then",

@@ -296,3 +296,20 @@ def test_native_runs_of_the_same_elements_twice() -> None:
         assert native_fill_runs(kind, out, state, (0.0, 1.0), table, 4096, threads=1)
         for lo, hi, at in table.tolist():
             assert torch.equal(out[at:at + hi - lo], want[lo:hi]), (kind, lo, hi)
+
+
+@pytest.mark.parametrize("dtype,init", [(torch.bfloat16, "uniform"), (torch.float32, "normal"),
+                                        (torch.float64, "normal")])
+def test_portable_copies_draw_what_the_fills_would(dtype: torch.dtype, init: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from fxinit.passes import demand
+
+    torch.manual_seed(0)
+    g = fxinit.init_graph(fxinit.trace_init(Layouts, dtype, init))
+    assert g.plan(rng="portable", seed=1).forwards
+    drawn = g.materialize(rng="portable", seed=1)
+    monkeypatch.setattr(demand, "FORWARD_RUN_MIN", 1 << 40)  # the fills draw, the copies copy
+    assert not g.plan(rng="portable", seed=1).forwards
+    copied = g.materialize(rng="portable", seed=1)
+    for name in drawn:
+        assert torch.equal(drawn[name], copied[name]), name

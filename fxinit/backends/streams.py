@@ -75,6 +75,8 @@ class PortableSampler:
         elements ``runs[i, 2] ..`` of ``out`` (flat): a copy's draws (``plan.forwards``)."""
         spec = node.args[0].meta["spec"]
         kind, params = _sampler(node, torch.empty(0, dtype=spec.dtype), tuple(node.args[1:]), dict(node.kwargs))
+        if portable.fill_runs(out, kind, self.streams[node], runs, **params):
+            return
         for lo, hi, at in runs.tolist():
             self.fill(out[at:at + hi - lo], kind, self.streams[node], lo, params)
 

@@ -39,7 +39,7 @@ import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -302,6 +302,22 @@ def fill_(target: torch.Tensor, kind: str, stream: int, first: int = 0, **params
         with ThreadPoolExecutor(workers, "fxinit-portable") as pool:
             list(pool.map(run, starts))
     return target
+
+
+def fill_runs(out: torch.Tensor, kind: str, stream: int, runs: Any, **params: float) -> bool:
+    """Elements ``runs[i, 0] .. runs[i, 1]`` of the stream into ``out[runs[i, 2] ..]`` (``out``
+    flat, contiguous, on the CPU) by one C call a run: the elements a copy draws itself
+    (``plan.forwards``), often thousands of rows. False where the C kernel does not do this
+    kind and dtype (the caller fills run by run)."""
+    lib = portable_library() if out.device.type == "cpu" else None
+    if lib is None or kind not in _AFFINE or out.dtype not in _FUSED_DTYPES or not out.is_contiguous():
+        return False
+    scale, shift = affine(kind, params)
+    code, dtype, ptr, key = _KINDS.index(kind), _FUSED_DTYPES.index(out.dtype), out.data_ptr(), stream & _U64
+    size = out.element_size()
+    for lo, hi, at in runs.tolist():
+        lib.fxinit_portable_fill(ptr + at * size, code, dtype, hi - lo, lo, key, float(scale), float(shift))
+    return True
 
 
 _THREAD = threading.local()

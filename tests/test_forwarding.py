@@ -10,6 +10,7 @@ nothing)."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import numpy as np
@@ -313,3 +314,60 @@ def test_portable_copies_draw_what_the_fills_would(dtype: torch.dtype, init: str
     copied = g.materialize(rng="portable", seed=1)
     for name in drawn:
         assert torch.equal(drawn[name], copied[name]), name
+
+
+class Reinterpreted(nn.Module):
+    """Views of a storage as another dtype (``view(dtype)``): their offsets and strides count
+    in other units and their elements are other bits (found by review: drawn values, or
+    zeros written only where read, where eager has the reinterpreted bits)."""
+
+    def __init__(self, case: str) -> None:
+        super().__init__()
+        w = torch.empty(64, 1024)
+        if case == "int_fill":
+            w.view(torch.int32).random_(0, 1 << 20)
+        else:
+            nn.init.normal_(w, 0.0, 0.02)
+        if case == "bf16_write":
+            w.view(torch.bfloat16)[10:12].zero_()
+        elif case == "complex_write":
+            w.view(torch.complex64)[2:3].zero_()
+        elif case == "ones":
+            w = torch.ones(64, 1024)
+            w.view(torch.bfloat16)[0:2].copy_(torch.full((2, 2048), 3.0, dtype=torch.bfloat16))
+        out = w.view(torch.int32)[1:4] if case == "int_view" else w[0:16]
+        self.register_buffer("out", out.clone())
+
+
+class IntegerDivision(nn.Module):
+    """An element-wise integer division over all of a tensor whose divisors were written
+    only where read (``ones``) or drawn only there: unread elements must not be garbage."""
+
+    def __init__(self, divisor: str) -> None:
+        super().__init__()
+        n = 1 << 17
+        d = torch.ones(n, dtype=torch.int64) if divisor == "ones" else torch.empty(n, dtype=torch.int64).random_(1, 9)
+        self.register_buffer("out", torch.remainder(torch.arange(n), d)[:100].clone())
+
+
+class EmptyCopy(nn.Module):
+    """A copy of no elements (a pad that crops everything): eager's strides."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        w = torch.empty(6, 40)
+        nn.init.normal_(w)
+        y = nn.functional.pad(w, (-40, 0))
+        z = torch.empty_like(y)
+        z.copy_(y)
+        self.register_buffer("out", z[1:].clone())
+
+
+@pytest.mark.parametrize("small", [False, True])
+def test_reinterpreting_views_integer_division_and_empty_copies_equal_eager(small: bool) -> None:
+    with small_thresholds() if small else contextlib.nullcontext():
+        for case in ("int_fill", "bf16_write", "complex_write", "ones", "int_view"):
+            assert_same_as_eager(Reinterpreted, case, seeds=(0,))
+        for divisor in ("ones", "random"):
+            assert_same_as_eager(IntegerDivision, divisor, seeds=(0,))
+        assert_same_as_eager(EmptyCopy, seeds=(0,))

@@ -21,7 +21,9 @@ comes later. Going back over a node:
   them itself and carries no demand for them (the fill and the copies before it need
   not write them);
 * views and ops that read only metadata read nothing;
-* any other op reads all of every input it takes.
+* any other op reads all of every input it takes, and so does an element-wise op on integer
+  values (unread elements could hold a zero it divides by) and anything on a view that
+  reinterprets its storage's dtype (``roots.reinterprets``).
 
 ``read_demand`` returns, for every whole-storage random fill and every copy, the elements
 of its output that are demanded (in storage elements), and the copies' draws. Anything not understood widens the
@@ -44,7 +46,7 @@ from fxinit.passes import intervals
 from fxinit.passes.intervals import Set
 from fxinit.passes.origins import Copied, Origins, Runs, copied_views, restrict
 from fxinit.passes.ranges import Extent, Ranges
-from fxinit.passes.roots import filled, shared_roots, storage_root, writes_first_argument
+from fxinit.passes.roots import filled, reinterprets, shared_roots, storage_root, writes_first_argument
 
 aten = torch.ops.aten
 
@@ -105,7 +107,7 @@ def _step(n: fx.Node, need: dict[fx.Node, Set], found: Demand, origins: Origins 
         return
     if n.meta.get("generators"):
         written = filled(n)
-        if n.meta.get("overwrites") and written is not None:
+        if n.meta.get("overwrites") and written is not None and not reinterprets(written):
             root = storage_root(written)
             covered, exact = intervals.elements(written.meta.get("spec"))
             found.fills[n] = intervals.intersect(need[root], covered)
@@ -117,6 +119,11 @@ def _step(n: fx.Node, need: dict[fx.Node, Set], found: Demand, origins: Origins 
             need.pop(n, None)
         return
     copy = copied_views(n)
+    if copy is not None and copy.reinterpreted:  # positions unknown: it reads all of its source
+        _read(copy.src, None, need)
+        if n.target is not aten.copy_.default:
+            need.pop(n, None)
+        return
     if copy is not None and n.target is aten.copy_.default:
         covered, exact = intervals.elements(copy.dst)
         demanded = intervals.intersect(need[copy.root], covered)
@@ -129,7 +136,7 @@ def _step(n: fx.Node, need: dict[fx.Node, Set], found: Demand, origins: Origins 
         _copy(n, copy, demanded, need, found, origins)
         return
     target = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
-    if _pointwise(n):
+    if _pointwise(n) and not any(reinterprets(x) or not _floating(x) for x in (n, *n.all_input_nodes)):
         written = target if writes_first_argument(n) else n
         out = written.meta.get("spec")
         demanded = intervals.intersect(need[storage_root(written)], intervals.elements(out)[0])
@@ -159,6 +166,13 @@ def _copy(n: fx.Node, copy: Copied, demanded: Set, need: dict[fx.Node, Set], fou
     _read(copy.src, intervals.carry(demanded, copy.dst, copy.src_view), need)
 
 
+def _floating(x: fx.Node) -> bool:
+    """``x`` holds floating or complex values: values nobody reads, whatever their bits, make
+    an element-wise op raise nothing (an integer division by a zero there would)."""
+    spec = x.meta.get("spec")
+    return spec is None or spec.dtype.is_floating_point or spec.dtype.is_complex
+
+
 def _pointwise(n: fx.Node) -> bool:
     tags = getattr(n.target, "tags", ())
     return torch.Tag.pointwise in tags and n.meta.get("spec") is not None
@@ -166,6 +180,8 @@ def _pointwise(n: fx.Node) -> bool:
 
 def _read(x: fx.Node, elements: Set | None, need: dict[fx.Node, Set]) -> None:
     """``x``'s storage is read at ``elements`` (None: all of ``x``)."""
+    if reinterprets(x):
+        elements = intervals.EVERYTHING
     if elements is None:
         elements = intervals.elements(x.meta.get("spec"))[0] if x.meta.get("spec") is not None else intervals.EVERYTHING
     root = storage_root(x)
@@ -200,8 +216,10 @@ def partial_copies(demand: Demand) -> dict[fx.Node, Ranges]:
     out: dict[fx.Node, Ranges] = {}
     for n, demanded in demand.copies.items():
         spec = (n.args[0] if n.target is aten.copy_.default else n).meta.get("spec")
-        if (n in demand.forwards or not len(demanded)
-                or (spec is not None and spec.numel >= PARTIAL_COPY_MIN and _strict_part(demanded, spec))):
+        if spec is None or not spec.numel:  # (an empty one runs as torch runs it: eager's strides)
+            continue
+        if n in demand.forwards or not len(demanded) or (
+                spec.numel >= PARTIAL_COPY_MIN and _strict_part(demanded, spec)):
             out[n] = intervals.as_list(demanded)
     return out
 
@@ -217,7 +235,7 @@ def partial_constants(demand: Demand) -> dict[fx.Node, Ranges]:
     out: dict[fx.Node, Ranges] = {}
     for n, demanded in demand.constants.items():
         spec = n.meta.get("spec")
-        if spec is not None and spec.numel >= PARTIAL_CONSTANT_MIN and (
+        if spec is not None and spec.numel and spec.numel >= PARTIAL_CONSTANT_MIN and (
                 not len(demanded) or _strict_part(demanded, spec)):
             out[n] = intervals.as_list(demanded)
     return out

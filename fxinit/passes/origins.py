@@ -38,7 +38,7 @@ import torch.fx as fx
 from fxinit.ops import is_view, reads_no_data
 from fxinit.passes import intervals
 from fxinit.passes.intervals import Set
-from fxinit.passes.roots import filled, storage_root
+from fxinit.passes.roots import filled, reinterprets, storage_root
 from fxinit.spec import TensorSpec
 
 aten = torch.ops.aten
@@ -79,7 +79,7 @@ def copy_origins(nodes: Sequence[fx.Node], sources: Callable[[fx.Node], bool],
         if target is not None and n.meta.get("overwrites"):
             root = storage_root(target)
             covered, exact = intervals.elements(target.meta.get("spec"))
-            if root in shared or not exact:
+            if root in shared or not exact or reinterprets(target):
                 held.pop(root, None)
             elif sources(n):
                 number.setdefault(n, len(found.fills))
@@ -94,6 +94,9 @@ def copy_origins(nodes: Sequence[fx.Node], sources: Callable[[fx.Node], bool],
             continue
         copy = copied_views(n)
         if copy is not None:
+            if copy.reinterpreted:
+                held.pop(copy.root, None)
+                continue
             covered, exact = intervals.elements(copy.dst)
             followed = intervals.intersect(covered, read[n]) if read is not None and n in read else covered
             moved = _moved(copy, followed, held.get(storage_root(copy.src), NO_RUNS)) if exact else None
@@ -111,12 +114,14 @@ def copy_origins(nodes: Sequence[fx.Node], sources: Callable[[fx.Node], bool],
 
 class Copied(NamedTuple):
     """What a node that copies elements moves: the elements of view ``src_view`` of ``src``'s
-    storage go to the same positions of view ``dst`` of ``root``'s storage."""
+    storage go to the same positions of view ``dst`` of ``root``'s storage. ``reinterpreted``:
+    either side views its storage as another dtype (``roots.reinterprets``): positions unknown."""
 
     root: fx.Node
     dst: TensorSpec
     src: fx.Node
     src_view: TensorSpec
+    reinterpreted: bool = False
 
 
 def copied_views(n: fx.Node) -> Copied | None:
@@ -124,14 +129,17 @@ def copied_views(n: fx.Node) -> Copied | None:
     the unpadded part of its output), or None for other nodes and unknown layouts."""
     if n.target is aten.copy_.default and len(n.args) >= 2 and all(isinstance(a, fx.Node) for a in n.args[:2]):
         dst, src = n.args[0].meta.get("spec"), n.args[1].meta.get("spec")
-        return None if dst is None or src is None else Copied(storage_root(n.args[0]), dst, n.args[1], src)
+        if dst is None or src is None:
+            return None
+        return Copied(storage_root(n.args[0]), dst, n.args[1], src, reinterprets(n.args[0]) or reinterprets(n.args[1]))
     if not n.args or not isinstance(n.args[0], fx.Node) or n.meta.get("spec") is None \
             or n.args[0].meta.get("spec") is None:
         return None
     if n.target in COPIES:
-        return Copied(n, n.meta["spec"], n.args[0], n.args[0].meta["spec"])
+        return Copied(n, n.meta["spec"], n.args[0], n.args[0].meta["spec"], reinterprets(n.args[0]))
     if n.target is aten.constant_pad_nd.default and len(n.args) >= 2:
-        return _padded(n, n.args[0].meta["spec"], list(n.args[1]))
+        padded = _padded(n, n.args[0].meta["spec"], list(n.args[1]))
+        return None if padded is None else padded._replace(reinterpreted=reinterprets(n.args[0]))
     return None
 
 
@@ -183,7 +191,8 @@ def _lose_other_writes(n: fx.Node, held: dict[fx.Node, Runs], skip: fx.Node | No
         root = storage_root(t)
         if t is skip or root not in held:
             continue
-        written, exact = intervals.elements(t.meta.get("spec")) if schema is not None else (None, False)
+        written, exact = (intervals.elements(t.meta.get("spec")) if schema is not None and not reinterprets(t)
+                          else (None, False))
         if exact:
             held[root] = remove(held[root], written)
         else:

@@ -43,6 +43,14 @@ def _writes_first(target: Any) -> bool:
     return ret is not None and ret.is_write and first is not None and first.is_write
 
 
+def reinterprets(node: fx.Node) -> bool:
+    """``node`` views its storage as another dtype than the one that made it (``view(dtype)``,
+    complex views): its offset and strides count in other units, its elements are other
+    bits, so the element analyses take it as an unknown layout."""
+    spec, root = node.meta.get("spec"), storage_root(node).meta.get("spec")
+    return spec is not None and root is not None and spec.dtype != root.dtype
+
+
 def filled(n: fx.Node) -> fx.Node | None:
     """The tensor argument ``n`` writes in place (``ops.filled_argument``), or None."""
     index = filled_argument(n)

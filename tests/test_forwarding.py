@@ -371,3 +371,20 @@ def test_reinterpreting_views_integer_division_and_empty_copies_equal_eager(smal
         for divisor in ("ones", "random"):
             assert_same_as_eager(IntegerDivision, divisor, seeds=(0,))
         assert_same_as_eager(EmptyCopy, seeds=(0,))
+
+
+class BatchNormStepInInit(nn.Module):
+    """A forward step in ``__init__`` whose batch norm writes its running statistics, which
+    its schema does not mark as written: a copy of them afterwards must copy, not draw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        w, var = torch.empty(1000), torch.ones(64)
+        nn.init.normal_(w)
+        nn.functional.batch_norm(torch.randn(8, 64), w[:64], var, training=True)  # its running mean
+        self.register_buffer("after", w[:400].clone())
+
+
+def test_writes_the_schema_does_not_mark_end_the_origins() -> None:
+    with small_thresholds():
+        assert_same_as_eager(BatchNormStepInInit, seeds=(0,))

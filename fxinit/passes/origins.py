@@ -176,17 +176,21 @@ def _moved(copy: Copied, covered: Set, held: Runs) -> Runs | None:
 
 def _lose_other_writes(n: fx.Node, held: dict[fx.Node, Runs], skip: fx.Node | None = None) -> None:
     """What ``n`` may write loses its origins: the elements of the views it writes (all of
-    its inputs' storages where the op does not say what it writes)."""
+    its inputs' storages where the op does not say what it writes, or writes more storages
+    than its schema says, as the capture saw: ``meta["mutates"]``)."""
     schema = getattr(n.target, "_schema", None)
-    if schema is None:
-        targets = list(n.all_input_nodes)
-    else:
-        targets = []
+    targets = list(n.all_input_nodes)
+    if schema is not None:
+        marked = []
         for i, arg in enumerate(schema.arguments):
             if arg.alias_info is None or not arg.alias_info.is_write:
                 continue
             value = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
-            targets += [v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, fx.Node)]
+            marked += [v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, fx.Node)]
+        if len(set(n.meta.get("mutates", ()))) <= len({storage_root(t) for t in marked}):
+            targets = marked
+        else:  # running statistics written by batch norm, unannotated
+            schema = None
     for t in targets:
         root = storage_root(t)
         if t is skip or root not in held:

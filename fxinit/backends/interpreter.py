@@ -26,7 +26,6 @@ from fxinit.ops import constant_value, filled_argument, is_random, replay_args
 from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes import intervals
 from fxinit.passes.fills import Ranges
-from fxinit.passes.origins import copied_views
 from fxinit.passes.slicing import metadata_only
 from fxinit.plan import Plan
 from fxinit.spec import dtype_after_to
@@ -164,7 +163,7 @@ class Interpreter:
             out = dst = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=device)
             src = args[0]
             if n.target is aten.constant_pad_nd.default:
-                dst, src = _pad(n, out, src, args[1], args[2] if len(args) > 2 else kwargs.get("value", 0.0))
+                dst, src = _pad(out, src, args[1], args[2] if len(args) > 2 else kwargs.get("value", 0.0))
         if ranges:
             copy_ranges(dst, src, ranges)
         forwards = self.plan.forwards.get(n, ())
@@ -226,21 +225,21 @@ def copy_ranges(dst: torch.Tensor, src: torch.Tensor, ranges: Ranges) -> None:
         dst.as_strided((hi - lo,), (1,), lo).copy_(src.as_strided((hi - lo,), (1,), lo + shift))
 
 
-def _pad(n: fx.Node, out: torch.Tensor, src: torch.Tensor, pad: Sequence[int], value: Any
-         ) -> tuple[torch.Tensor, torch.Tensor]:
+def _pad(out: torch.Tensor, src: torch.Tensor, pad: Sequence[int], value: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """``constant_pad_nd``'s padding written into ``out``; the views of ``out`` and of its
-    input ``src`` between which it copies (``origins.copied_views``)."""
-    copy = copied_views(n)
-    assert copy is not None  # the plan made it a partial copy from the same facts
+    input ``src`` between which it copies (a negative pad crops the input)."""
+    dst, region = out, src
     for i in range(len(pad) // 2):
         d = out.dim() - 1 - i
-        before, after = max(pad[2 * i], 0), max(pad[2 * i + 1], 0)
-        if before:
+        before, after = pad[2 * i], pad[2 * i + 1]
+        if before > 0:
             out.narrow(d, 0, before).fill_(value)
-        if after:
+        if after > 0:
             out.narrow(d, out.shape[d] - after, after).fill_(value)
-    return (out.as_strided(copy.dst.shape, copy.dst.stride, copy.dst.storage_offset),
-            src.as_strided(copy.src_view.shape, copy.src_view.stride, copy.src_view.storage_offset))
+        size = src.shape[d] - max(-before, 0) - max(-after, 0)
+        region = region.narrow(d, max(-before, 0), size)
+        dst = dst.narrow(d, max(before, 0), size)
+    return dst, region
 
 
 def _storage(t: torch.Tensor) -> torch.Tensor:

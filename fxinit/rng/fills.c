@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bits.h"
 #include "mt19937.h"
 
 enum { OP_UNIFORM = 0, OP_NORMAL = 1 };
@@ -72,16 +73,9 @@ INLINE double unit53(uint32_t hi, uint32_t lo) {
 }
 
 INLINE uint16_t to_bf16(float f) { /* round to nearest even, NaN to the canonical one */
-  uint32_t u;
-  memcpy(&u, &f, 4);
+  uint32_t u = bits_of(f);
   uint16_t r = (uint16_t)((u + 0x7fffU + ((u >> 16) & 1U)) >> 16);
   return f != f ? (uint16_t)0x7fc0 : r;
-}
-
-INLINE float from_bits(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
 }
 
 /* IEEE binary16, round to nearest even, without branches (so loops vectorize): scaling
@@ -89,15 +83,13 @@ INLINE float from_bits(uint32_t u) {
  * whose ulp is the binary16 ulp of f lets the float add do the rounding, after which the
  * exponent and mantissa bits are read off the sum. NaN keeps its sign, quiet. */
 INLINE uint16_t to_f16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
+  uint32_t u = bits_of(f);
   uint32_t twice = u << 1; /* sign dropped */
   float scaled = (fabsf(f) * 0x1p+112f) * 0x1p-110f;
   uint32_t e = twice & 0xff000000U; /* the exponent, in the top byte */
   e = e < 0x71000000U ? 0x71000000U : e; /* below 2^-14 the quantum is fixed: 2^-24 */
-  uint32_t r;
-  float sum = from_bits((e >> 1) + 0x07800000U) + scaled;
-  memcpy(&r, &sum, 4);
+  float sum = float_of((e >> 1) + 0x07800000U) + scaled;
+  uint32_t r = bits_of(sum);
   uint32_t mag = ((r >> 13) & 0x7c00U) + (r & 0x0fffU);
   return (uint16_t)(((u >> 16) & 0x8000U) | (twice > 0xff000000U ? 0x7e00U : mag));
 }

@@ -250,6 +250,22 @@ def reset_checks() -> None:
 
 # --------------------------------------------------------------------------- API
 
+def _usable(kind: str, out: torch.Tensor, state: torch.Tensor, total: int,
+            params: tuple[float, float]) -> tuple[int, tuple[float, float]] | None:
+    """``(path, params as floats)`` where the kernel may fill ``out`` (a contiguous CPU tensor
+    of a supported dtype) for a ``kind`` fill of ``total`` elements from ``state``: this CPU
+    and torch have a path, and the kernel passed its checks; else None."""
+    if kind not in _OPS or out.dtype not in _DTYPES or out.device.type != "cpu" or not out.is_contiguous():
+        return None
+    if state.numel() != 5056 or (kind == "normal" and total < 16):
+        return None
+    path = torch_path()
+    if path is None:
+        return None
+    params = (float(params[0]), float(params[1]))
+    return (path, params) if _trusted(kind, out.dtype, path, params) else None
+
+
 def native_fill(kind: str, out: torch.Tensor, state: torch.Tensor, params: tuple[float, float],
                 start: int = 0, total: int | None = None, threads: int | None = None) -> bool:
     """Write into ``out`` (a contiguous CPU tensor, float32/float64/bfloat16/float16) the
@@ -264,18 +280,12 @@ def native_fill(kind: str, out: torch.Tensor, state: torch.Tensor, params: tuple
     """
     n = out.numel()
     total = start + n if total is None else total
-    if kind not in _OPS or out.dtype not in _DTYPES or out.device.type != "cpu" or not out.is_contiguous():
+    if start < 0 or start + n > total or (kind == "normal" and start % 16):
         return False
-    if start < 0 or start + n > total or state.numel() != 5056:
+    usable = _usable(kind, out, state, total, params)
+    if usable is None:
         return False
-    if kind == "normal" and (total < 16 or start % 16):
-        return False
-    path = torch_path()
-    if path is None:
-        return False
-    params = (float(params[0]), float(params[1]))
-    if not _trusted(kind, out.dtype, path, params):
-        return False
+    path, params = usable
     if n == 0:
         return True
     threads = torch.get_num_threads() if threads is None else max(1, int(threads))
@@ -297,19 +307,15 @@ def native_fill_runs(kind: str, out: torch.Tensor, state: torch.Tensor, params: 
     block of a normal fill is drawn apart. False (nothing meaningful written) as for
     ``native_fill``; the caller then draws them otherwise."""
     n = out.numel()
-    if kind not in _OPS or out.dtype not in _DTYPES or out.device.type != "cpu" or out.dim() != 1 \
-            or not out.is_contiguous() or state.numel() != 5056 or (kind == "normal" and total < 16):
-        return False
     runs = np.ascontiguousarray(runs, dtype=np.int64).reshape(-1, 3)
-    if len(runs) and (runs[:, 0].min() < 0 or runs[:, 1].max() > total or runs[:, 2].min() < 0
-                      or (runs[:, 2] + runs[:, 1] - runs[:, 0]).max() > n or (runs[:, 1] < runs[:, 0]).any()):
+    if out.dim() != 1 or len(runs) and (runs[:, 0].min() < 0 or runs[:, 1].max() > total or runs[:, 2].min() < 0
+                                        or (runs[:, 2] + runs[:, 1] - runs[:, 0]).max() > n
+                                        or (runs[:, 1] < runs[:, 0]).any()):
         return False
-    path = torch_path()
-    if path is None:
+    usable = _usable(kind, out, state, total, params)
+    if usable is None:
         return False
-    params = (float(params[0]), float(params[1]))
-    if not _trusted(kind, out.dtype, path, params):
-        return False
+    path, params = usable
     runs = runs[runs[:, 1] > runs[:, 0]]
     clip = total - 16 if kind == "normal" and total % 16 else total
     if (runs[:, 1] > clip).any():  # the redrawn last block: through native_fill, apart

@@ -22,6 +22,8 @@
 #include <string.h>
 #include <math.h>
 
+#include "bits.h"
+
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(FXINIT_NO_CLONES)
 #define FXINIT_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
@@ -44,18 +46,6 @@ INLINE uint64_t mix(uint64_t z) {
 }
 
 INLINE uint64_t word(uint64_t stream, uint64_t k) { return mix((k + 1) * GOLDEN + stream); }
-
-INLINE uint32_t bits_of(float v) {
-  uint32_t u;
-  memcpy(&u, &v, 4);
-  return u;
-}
-
-INLINE float float_of(uint32_t u) {
-  float v;
-  memcpy(&v, &u, 4);
-  return v;
-}
 
 /* -2 log(m / 2^24) for an integer m in [1, 2^24]: m / 2^24 = 2^k f with f in [sqrt(1/2), sqrt(2))
  * read off the bits of m (as musl's logf does), log f = t - t^2/2 + t^3 P(t) with t = f - 1

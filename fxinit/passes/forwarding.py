@@ -69,12 +69,9 @@ def copied_anyway(demand: Demand, origins: Origins) -> set[fx.Node]:
     kept full tensor and its copied shard): copying those costs less than drawing them again."""
     out = set()
     for n, runs in demand.forwards.items():
-        again = 0
-        for number in set(runs[:, 2].tolist()):
-            part = runs[runs[:, 2] == number]
-            positions = intervals.of(np.stack([part[:, 0] + part[:, 3], part[:, 1] + part[:, 3]], axis=1))
-            filled = demand.fills.get(origins.fills[number], intervals.EMPTY)
-            again += intervals.size(intervals.intersect(positions, filled))
+        again = sum(intervals.size(intervals.intersect(intervals.of(f.runs[:, :2]),
+                                                       demand.fills.get(f.fill, intervals.EMPTY)))
+                    for f in _by_fill(runs, origins.fills))
         if 2 * again >= intervals.size(runs[:, :2]):
             out.add(n)
     return out

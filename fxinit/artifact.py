@@ -27,14 +27,16 @@ from fxinit.archive import pack, short_message, unpack
 from fxinit.capture.provenance import Provenance
 from fxinit.errors import ArtifactError
 from fxinit.ops import OPAQUE_INIT_FUNCTIONS, call_init_function, draws_random, replay_args, resolve_init_function
-from fxinit.rng import RngSnapshot
+from fxinit.rng import RngSnapshot, Snapshot
+from fxinit.rng.philox import PENDING_FIELDS, decode_pending, encode_snapshots
 from fxinit.spec import OutputInfo, TensorSpec
 
 if TYPE_CHECKING:  # annotations only: graph.py imports this module
     from fxinit.graph import InitGraph
 
 FORMAT = "fxinit-init-graph"
-SCHEMA_VERSION = 2  # 2: hf_config; 1: the payload of the older header layout, still read
+SCHEMA_VERSION = 3  # 3: CUDA snapshots pending their device (rng.philox); 2: hf_config;
+# 1: the payload of the older header layout, still read
 MAX_NODES = 10_000_000
 MAX_CONFIG_DEPTH = 32
 MAX_CONFIG_ITEMS = 1_000_000
@@ -72,7 +74,7 @@ def save_graph(graph: InitGraph, path: str | os.PathLike) -> None:
         "ties": [list(g) for g in graph.ties],
         "constants": {k: v.detach().cpu().contiguous() if v.device.type != "cpu" else v.detach()
                       for k, v in graph.constants.items()},
-        "rng": {k: {"device": s.device, "state": s.state.cpu()} for k, s in graph.snapshots.items()},
+        "rng": encode_snapshots(graph.snapshots),
         "hf_config": _checked_config(graph.hf_config, "cannot save this graph"),
     }
     data = pack(payload)
@@ -186,7 +188,7 @@ def _decode(p: Any) -> dict[str, Any]:
     if version > SCHEMA_VERSION:
         raise ArtifactError(f"schema version {version} is newer than this fxinit reads ({SCHEMA_VERSION})",
                             hint="upgrade fxinit to load it")
-    _expect(version in (1, SCHEMA_VERSION), f"unknown schema version {version}")
+    _expect(version in (1, 2, SCHEMA_VERSION), f"unknown schema version {version}")
     _expect(("hf_config" in p) == (version >= 2),
             f"a schema {version} payload {'without' if version >= 2 else 'with'} hf_config")
     _expect(p.get("default_dtype") in _DTYPES, "bad default dtype")
@@ -201,9 +203,14 @@ def _decode(p: Any) -> dict[str, Any]:
     constants = p["constants"]
     for k, v in constants.items():
         _expect(isinstance(k, str) and isinstance(v, torch.Tensor), f"constant {k!r} is not a tensor")
-    snapshots: dict[str, RngSnapshot] = {}
+    snapshots: dict[str, Snapshot] = {}
+    pending: dict[str, dict] = {}
     for k, v in p["rng"].items():
-        _expect(isinstance(k, str) and isinstance(v, dict) and set(v) == {"device", "state"}, f"rng entry {k!r}")
+        _expect(isinstance(k, str) and isinstance(v, dict), f"rng entry {k!r}")
+        if set(v) == set(PENDING_FIELDS):
+            pending[k] = v
+            continue
+        _expect(set(v) == {"device", "state"}, f"rng entry {k!r}")
         state, device = v["state"], v["device"]
         _expect(isinstance(state, torch.Tensor) and state.dtype == torch.uint8 and state.dim() == 1,
                 f"rng state {k!r} is not a byte tensor")
@@ -212,6 +219,8 @@ def _decode(p: Any) -> dict[str, Any]:
         _expect(dev.type in ("cpu", "cuda"), f"rng device {device!r}")
         _expect(dev.type != "cpu" or state.numel() == _CPU_STATE_BYTES, f"rng state {k!r} has the wrong size")
         snapshots[k] = RngSnapshot(device=device, state=state)
+    bad = decode_pending(pending, snapshots)
+    _expect(not bad, f"rng entries {bad[:3]}: CUDA snapshots pending their device")
 
     graph = fx.Graph()
     env: dict[str, fx.Node] = {}
@@ -280,7 +289,7 @@ _NODE_KEYS = {"name", "op", "target", "args", "kwargs", "pos", "spec", "reads", 
 
 
 def _decode_node(graph: fx.Graph, rec: Any, env: dict[str, fx.Node], constants: dict[str, torch.Tensor],
-                 snapshots: dict[str, RngSnapshot], i: int) -> fx.Node:
+                 snapshots: dict[str, Snapshot], i: int) -> fx.Node:
     _expect(isinstance(rec, dict) and set(rec) == _NODE_KEYS, f"node {i} has unexpected fields")
     name = rec["name"]
     _expect(isinstance(name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) is not None

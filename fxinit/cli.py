@@ -38,8 +38,12 @@ class UsageError(Exception):
     """A command line that names something that does not exist or cannot be used."""
 
 
-def resolve_target(spec: str) -> Callable[..., Any]:
-    """``pkg.module:attr.path`` or ``path/to/file.py:attr.path`` -> the callable."""
+def resolve_target(spec: str, app_dir: str | None = ".") -> Callable[..., Any]:
+    """``pkg.module:attr.path`` or ``path/to/file.py:attr.path`` -> the callable.
+
+    A module name is looked up in ``app_dir`` first (the working directory by default), as
+    ``python -m`` and CLIs that take ``module:attr`` (uvicorn's ``--app-dir``) do: a console
+    script does not put the working directory on ``sys.path`` by itself."""
     where, sep, attr = spec.rpartition(":")
     if not sep or not where or not attr:
         raise UsageError(f"TARGET must look like module:callable or file.py:callable, got {spec!r}")
@@ -55,10 +59,15 @@ def resolve_target(spec: str) -> Callable[..., Any]:
         sys.path.insert(0, str(path.resolve().parent))
         mod_spec.loader.exec_module(module)
     else:
+        searched = str(Path(app_dir).resolve()) if app_dir else None
+        if searched is not None and searched not in sys.path:
+            sys.path.insert(0, searched)
         try:
             module = importlib.import_module(where)
         except ImportError as exc:
-            raise UsageError(f"cannot import module {where!r}: {exc}") from exc
+            place = f" (looked in {searched} and on sys.path)" if searched else " (looked on sys.path)"
+            raise UsageError(f"cannot import module {where!r}{place}: {exc}; pass --app-dir DIR for a module "
+                             f"that lives elsewhere") from exc
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -84,7 +93,7 @@ def _json(text: str | None, kind: type, what: str) -> Any:
 def call_arguments(args: argparse.Namespace) -> tuple[Callable[..., Any], list[Any], dict[str, Any]]:
     """The callable TARGET names and its arguments: ``--args``, ``--kwargs``, and the
     transformers config ``--hf-config`` builds, passed first (``trace`` and ``check``)."""
-    fn = resolve_target(args.target)
+    fn = resolve_target(args.target, args.app_dir)
     call_args = list(_json(args.args, list, "--args"))
     call_kwargs = _json(args.kwargs, dict, "--kwargs")
     if args.hf_config is not None:
@@ -225,6 +234,8 @@ def _add_call_arguments(p: argparse.ArgumentParser, seed_help: str) -> None:
     p.add_argument("--kwargs", help="JSON object of keyword arguments")
     p.add_argument("--hf-config", help='JSON of a transformers config, passed first: {"model_type": "llama", ...}')
     p.add_argument("--seed", type=int, default=0, help=seed_help)
+    p.add_argument("--app-dir", default=".", metavar="DIR",
+                   help="directory searched first for TARGET's module (default: the working directory)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,11 +20,6 @@ from fxinit.capture.dtensor import is_deferred_dtensor
 from fxinit.capture.layout import Runs, local_runs
 from fxinit.spec import dtype_after_to
 
-try:
-    from torch.distributed.tensor import DTensor
-except ImportError:  # torch built without distributed
-    DTensor = None  # type: ignore[assignment,misc]
-
 DTensorPlace = tuple[torch.nn.Module, str, str]  # (module, "_parameters" | "_buffers", name)
 
 
@@ -92,6 +87,8 @@ def materialize_dtensors(entries: dict[int, tuple[Any, list[DTensorPlace]]], dev
             raise RuntimeError(f"fxinit: a checkpoint part of shape {tuple(value.shape)} for a local shard of "
                                f"{tuple(local.shape)}")
         done.append((dt, places, value.to(dtype_after_to(local.dtype, dtype)).contiguous()))
+    from torch.distributed.tensor import DTensor  # imported already: these are DTensors
+
     plan = [(dt, places, value.to(device if device is not None else _mesh_device(dt))) for dt, places, value in done]
     for dt, places, value in plan:
         new = dressed_as(dt, DTensor.from_local(value, dt.device_mesh, dt.placements, run_check=False,

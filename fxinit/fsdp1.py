@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from fxinit.capture.deferred import IS_META_ANSWERS, state_of
+from fxinit.capture.deferred import IS_META_ANSWERS, is_deferred_tensor, state_of
+from fxinit.capture.post_import import when_imported
 from fxinit.errors import DeferredInitError
 from fxinit.materialize import materialize
 
@@ -41,15 +42,20 @@ def _unit_to_materialize(frame: types.FrameType, t: torch.Tensor, need: Any, ini
                                                 "FSDP(model, auto_wrap_policy=...) materializes each unit exactly")
     if caller.f_locals.get("param_init_fn") is not None:
         return None  # FSDP calls the user's function on a meta-looking module
+    if torchdistx_branch(caller.f_globals) and any(is_deferred_tensor(p) for p in f.f_locals.get("managed_params", ())):
+        return False  # not meta: FSDP asks fake.is_fake and calls deferred_init.materialize_module (fxinit's)
     materialize(f.f_locals["module"])
     return False
 
 
-def _register() -> None:
-    try:
-        from torch.distributed.fsdp import _init_utils
-    except ImportError:  # torch built without distributed
-        return
+def torchdistx_branch(init_utils_globals: dict) -> bool:
+    """Whether FSDP1 found fxinit's torchdistX stand-in (``fxinit.torchdistx``): then its own
+    torchdistX branch materializes each unit through fxinit."""
+    found = init_utils_globals.get("deferred_init")
+    return bool(init_utils_globals.get("_TORCHDISTX_AVAIL")) and getattr(found, "fxinit_stand_in", False)
+
+
+def _register(_init_utils: types.ModuleType) -> None:
     need = _init_utils._need_to_materialize_module.__code__
     init = _init_utils._init_param_handle_from_module.__code__
     codes = [need, *(c for c in need.co_consts if isinstance(c, types.CodeType))]  # its generator expressions
@@ -60,4 +66,4 @@ def _register() -> None:
     IS_META_ANSWERS.update({code: answer for code in codes})
 
 
-_register()
+when_imported("torch.distributed.fsdp._init_utils", _register)

@@ -29,11 +29,11 @@ from fxinit.checkpoint import CheckpointSource, checkpoint_values
 from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materialize_dtensors
 from fxinit.errors import DeferredInitError
 from fxinit.execute import slicer
+from fxinit.module_to import Location, buffer_slots_apart, separate_buffer_slots, takes_dtype
 from fxinit.reachable import left_behind, module_slots
 from fxinit.spec import dtype_after_to
 
 _TRACED_SEED = -(1 << 70)  # marker: the portable stream uses the seed each trace saw
-Location = tuple[torch.nn.Module, str, str]  # (module, attribute name, "_parameters" | "_buffers" | "__dict__")
 
 
 def _module_tensors(mod: torch.nn.Module, buffers_only: bool = False) -> Iterable[tuple[str, str, torch.Tensor]]:
@@ -202,9 +202,9 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
                 ) from exc
             warnings.warn(f"fxinit: could not swap in place ({exc}); replaced the module attribute instead, "
                           "so other references to the old object stay deferred", stacklevel=3)
-            if any(kind == "container" for _, _, kind in places):
+            if any(kind in ("container", "hook") for _, _, kind in places):
                 raise DeferredInitError(
-                    f"fxinit could not swap the materialized value into a tensor kept in a container attribute "
+                    f"fxinit could not swap the materialized value into a tensor kept in a container or a hook "
                     f"({places[0][1]}): {exc}", hint="drop other references to the deferred tensor") from exc
             for mod, name, kind in places:
                 if kind == "__dict__":
@@ -241,11 +241,17 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
         direct = [t for t in ts if id(t) in loaded and sharing[rec.storage_id(t)] == 1 and t.grad_fn is None]
         direct_ids = {id(t) for t in direct}
         rest = [t for t in ts if id(t) not in direct_ids]
+        # Module.to(dtype) leaves plain attributes (and a buffer object a plain attribute holds) uncast
+        cast = [takes_dtype(t, where.get(id(t), []), dtype) for t in rest]
+        rest = [t for t, c in zip(rest, cast) if c] + [t for t, c in zip(rest, cast) if not c]
+        n_cast = sum(cast)
         if init:
             stream_seed = None if seed is None else (rec.seed if seed is _TRACED_SEED else seed)
-            values = _compute(rec, rest, target, stream_seed, dtype, compile=compile) if rest else []
+            values = _compute(rec, rest[:n_cast], target, stream_seed, dtype, compile=compile) if n_cast else []
+            if n_cast < len(rest):
+                values += _compute(rec, rest[n_cast:], target, stream_seed, None, compile=compile)
         else:
-            values = [_empty_like(t, target, dtype) for t in rest]
+            values = [_empty_like(t, target, dtype if i < n_cast else None) for i, t in enumerate(rest)]
         if target is not None:
             values = _move(values, target)
         with torch.no_grad():
@@ -255,6 +261,7 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
             values += [_empty_like(t, target, dtype).copy_(loaded[id(t)]()) for t in direct]
         plan.append((rest + direct, values))
     links = plan_links(tensors)
+    apart = buffer_slots_apart(tensors, where, dtype)
     holders = _weakref_holders(where, tensors)
     for mod in holders:
         mod._flat_weight_refs = []
@@ -265,6 +272,8 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
         for mod in holders:
             mod._init_flat_weights()
     relink(links)
+    if dtype is not None:
+        separate_buffer_slots(apart, dtype)
 
 
 def _refuse_meta_values(tensors: list[torch.Tensor], loaded: Mapping[int, Any], target: torch.device | None) -> None:

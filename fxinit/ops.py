@@ -25,6 +25,8 @@ OPAQUE_INIT_FUNCTIONS: tuple[str, ...] = (
     "torch.nn.init.dirac_",
     "torch.nn.init.sparse_",
 )
+#: the opaque init functions that draw no random numbers (no generator to follow)
+DRAW_NOTHING = frozenset({"torch.nn.init.dirac_"})
 
 
 def resolve_init_function(qualname: str) -> Callable[..., Any]:

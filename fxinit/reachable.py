@@ -5,6 +5,8 @@ refuses a model that holds the latter."""
 
 from __future__ import annotations
 
+import functools
+import types
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -13,6 +15,7 @@ from fxinit.capture.deferred import MATERIALIZED, is_deferred_tensor
 
 CONTAINERS = (list, tuple, dict)
 MODULE_DICTS = {"_parameters", "_buffers", "_modules"}
+TENSOR_HOOKS = ("_backward_hooks", "_post_accumulate_grad_hooks")
 
 
 def contained(x: Any, key: str = "", depth: int = 0) -> Iterable[tuple[str, Any]]:
@@ -26,21 +29,81 @@ def contained(x: Any, key: str = "", depth: int = 0) -> Iterable[tuple[str, Any]
             yield path, v
 
 
+def captured(fn: Any, key: str, depth: int = 0) -> Iterable[tuple[str, torch.Tensor]]:
+    """``(path, tensor)`` for the tensors a callable holds: its closure's cells, its default
+    arguments, a ``functools.partial``'s arguments, a bound method's function (a few levels:
+    a gradient mask in a hook's closure, ``partial(f, table)`` kept as an attribute)."""
+    if depth > 3:
+        return
+    if isinstance(fn, torch.Tensor):
+        yield key, fn
+    elif type(fn) in CONTAINERS:
+        for path, x in contained(fn, key):
+            yield from captured(x, path, depth + 1)
+    elif isinstance(fn, types.FunctionType):
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            yield from captured(value, f"{key}.<{name}>", depth + 1)
+        for i, value in enumerate(fn.__defaults__ or ()):
+            yield from captured(value, f"{key}.<default {i}>", depth + 1)
+        for name, value in (fn.__kwdefaults__ or {}).items():
+            yield from captured(value, f"{key}.<{name}>", depth + 1)
+    elif isinstance(fn, functools.partial):
+        yield from captured(fn.func, key, depth + 1)
+        for i, value in enumerate(fn.args):
+            yield from captured(value, f"{key}.<arg {i}>", depth + 1)
+        for name, value in fn.keywords.items():
+            yield from captured(value, f"{key}.<{name}>", depth + 1)
+    elif isinstance(fn, types.MethodType) and not isinstance(fn.__self__, torch.nn.Module):
+        yield from captured(fn.__func__, key, depth + 1)
+
+
+def _tensor_hooks(t: torch.Tensor, key: str) -> Iterable[tuple[str, torch.Tensor]]:
+    """Tensors held by the gradient hooks registered on ``t`` (``register_hook``)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        found = [(name, hooks) for name in TENSOR_HOOKS if (hooks := getattr(t, name, None))]
+    for name, hooks in found:
+        for i, fn in enumerate(hooks.values()):
+            yield from captured(fn, f"{key}.{name}[{i}]")
+
+
 def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
     """``(kind, name, value)`` for what one module holds: its parameters and buffers
-    (``"_parameters"``, ``"_buffers"``), its other attributes (``"__dict__"``) and the leaves of
-    its list, tuple and dict attributes (``"container"``, named like ``anchors[0]``)."""
+    (``"_parameters"``, ``"_buffers"``), its other attributes (``"__dict__"``), the leaves of
+    its list, tuple and dict attributes (``"container"``, named like ``anchors[0]``), and the
+    tensors held by callables: its own and its tensors' hooks, and functions kept as
+    attributes (``"hook"``, named like ``weight._backward_hooks[0].<mask>``)."""
     for kind in ("_parameters", "_buffers"):
         for name, t in getattr(mod, kind).items():
             yield kind, name, t
+            if t is not None:
+                for path, x in _tensor_hooks(t, name):
+                    yield "hook", path, x
     for name, v in vars(mod).items():
         if name in MODULE_DICTS:
             continue
-        if type(v) in CONTAINERS:
+        tv = type(v)
+        if tv in CONTAINERS:
             for key, x in contained(v):
                 yield "container", name + key, x
+        elif tv in _CALLABLES:
+            for path, x in captured(v, name):
+                yield "hook", path, x
+        elif name.endswith("_hooks") and isinstance(v, dict) and v:  # register_forward_hook & co.
+            for i, fn in enumerate(v.values()):
+                for path, x in captured(fn, f"{name}[{i}]"):
+                    yield "hook", path, x
         else:
             yield "__dict__", name, v
+            if isinstance(v, torch.Tensor):
+                for path, x in _tensor_hooks(v, name):
+                    yield "hook", path, x
+
+
+_CALLABLES = (types.FunctionType, types.MethodType, functools.partial)
 
 
 def left_behind(module: torch.nn.Module) -> list[str]:

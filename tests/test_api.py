@@ -71,7 +71,8 @@ def test_deferred_tensors_look_like_the_eager_ones() -> None:
         # documented: the intended device, as eager (torch.distributed alone sees meta), and
         # the repr says what it is
         assert t.device == r.device and not t.is_meta and t.is_cpu, n
-        assert "device='meta'" in repr(t), n
+        assert f"device='{r.device}'" in repr(t) and "meta" not in repr(t), n  # what t.device says
+        assert repr(t).startswith("DeferredParameter(" if isinstance(r, nn.Parameter) else "DeferredTensor("), n
         assert isinstance(t, nn.Parameter) == isinstance(r, nn.Parameter), n
         repr(t)  # never touches data
     assert tie_partition(named_tensors(m)) == tie_partition(named_tensors(ref))

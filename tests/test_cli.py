@@ -210,3 +210,25 @@ def test_help_shows_pt_examples() -> None:
     top = build_parser().format_help()
     assert "trace my_pkg.models:build -o init.pt" in top and "materialize init.pt -o weights.safetensors" in top
     assert ".fxg" not in top
+
+
+def test_target_module_in_the_working_directory(tmp_path, monkeypatch, capsys) -> None:
+    """``fxinit check mymodels:Net`` in the directory that holds mymodels.py, as a console
+    script runs it (the working directory is not on sys.path by itself); --app-dir elsewhere."""
+    (tmp_path / "fxinit_cwd_models.py").write_text(
+        "import torch.nn as nn\n\ndef Net():\n    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))\n")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "fxinit_cwd_models", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "fxinit_cwd_models:Net"]) == EXIT_OK
+    assert "EQUAL" in capsys.readouterr().out
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    monkeypatch.delitem(sys.modules, "fxinit_cwd_models", raising=False)
+    monkeypatch.chdir(elsewhere)
+    assert main(["check", "fxinit_cwd_models:Net"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert str(elsewhere) in err and "--app-dir" in err
+    assert main(["check", "fxinit_cwd_models:Net", "--app-dir", str(tmp_path)]) == EXIT_OK

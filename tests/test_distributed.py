@@ -44,3 +44,12 @@ def test_portable_values_do_not_depend_on_world_size(two_ranks: dict[int, dict])
                 got = res["fsdp2_portable"][model]
                 for name, value in got.items():
                     assert torch.equal(value, alone[name]), (model, rank, name)
+
+
+def test_fsdp1_torchdistx_branch_through_fxinit_torchdistx() -> None:
+    """FSDP1's own torchdistX branch, reached through ``fxinit.torchdistx.install()``: the
+    scenarios of PyTorch's test_fsdp_meta.py torchdistX tests, on 2 gloo ranks, bit for bit."""
+    from tests import torchdistx_worker
+
+    for rank, res in launch(torchdistx_worker.run, 2, ["torchdistx"]).items():
+        assert res["torchdistx"] == [], f"rank {rank}: {res['torchdistx'][:5]}"

@@ -41,7 +41,29 @@ def test_tensors_are_classified_by_the_random_ops_that_run_for_them() -> None:
 
 
 def test_whole_run_on_cpu(capsys) -> None:
-    assert gpu_check.main(["--device", "cpu", "--small", "--dtypes", "bfloat16"]) == 0
+    assert gpu_check.main(["--device", "cpu", "--small", "--dtypes", "bfloat16", "--corpus-every", "0",
+                           "--sizes", "1,1000"]) == 0
     out = capsys.readouterr().out
     assert "bitwise equal to eager" in out and "all within bounds" in out
+    assert "device contexts on cpu: 9 constructors" in out and "all equal to eager, bit for bit" in out
     assert "llama" in out and "uniform" in out and "normal" in out
+
+
+def test_the_no_gpu_trace_of_the_contexts_section_records_every_constructor(tmp_path) -> None:
+    """On CUDA, gpu_check traces its constructors in a process that sees no GPU and
+    materializes the saved graphs on the GPU: here, that tracing half."""
+    import subprocess
+
+    import gpu_contexts
+
+    if torch.cuda.is_available():
+        return  # gpu_check runs it whole there
+    code = gpu_contexts._TRACE_ELSEWHERE.format(tools=str(Path(gpu_contexts.__file__).parent), out=str(tmp_path))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and not run.stdout.strip(), run.stdout + run.stderr[-2000:]
+    names = list(gpu_contexts.constructors(opaque=False))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{i}.pt" for i in range(len(names)))
+    graph = fxinit.load_graph(tmp_path / "0.pt")  # "inits": LSTM, GRU, Embedding, eye(out=), legacy Tensor
+    devices = {name: str(spec.device) for name, spec in graph.specs().items()} if hasattr(graph, "specs") else {}
+    assert all(s.device in ("cuda:0", "cpu") for s in graph.snapshots.values())
+    assert any(s.device == "cuda:0" for s in graph.snapshots.values()), devices

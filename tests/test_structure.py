@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import networkx as nx
@@ -73,3 +75,40 @@ def test_no_import_cycles() -> None:
 def test_no_long_modules() -> None:
     long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_importing_fxinit_imports_no_torch_distributed_module() -> None:
+    """FSDP1's ``_init_utils`` imports ``torchdistx`` while it is imported; with fxinit's
+    stand-in installed that imports fxinit, which must not import ``_init_utils`` back."""
+    code = """
+import sys, torch
+before = {m for m in sys.modules if m.startswith("torch.distributed")}
+import fxinit
+added = sorted(m for m in sys.modules if m.startswith("torch.distributed") and m not in before)
+assert not added, added
+import fxinit.torchdistx
+fxinit.torchdistx.install()
+import torch.distributed.fsdp
+from torch.distributed.fsdp import _init_utils
+assert _init_utils._TORCHDISTX_AVAIL and _init_utils.deferred_init is fxinit.torchdistx.deferred_init
+from torch.distributed.tensor import DTensor
+from fxinit.capture import dtensor
+assert dtensor.DTensor is DTensor and getattr(DTensor.__init__, "_fxinit", False)
+import doctest
+failed, attempted = doctest.testmod(fxinit.torchdistx)
+assert attempted and not failed
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_doctests_of_new_modules() -> None:
+    import doctest
+
+    from fxinit import module_to
+    from fxinit.capture import post_import
+
+    for module in (module_to, post_import):
+        failed, attempted = doctest.testmod(module)
+        assert attempted and not failed, module.__name__

@@ -1,11 +1,21 @@
-"""The checks and figures of the compiled-backends issue that need a GPU.
+"""The checks and figures of the GPU issues (32, 33): one command, exit status 1 on any difference.
 
 Run them on a machine with one (through ``device``, from the work tree):
 
-    PYTHONPATH=. python tools/gpu_check.py                    # portable across devices, then the bench
+    PYTHONPATH=. python tools/gpu_check.py                    # contexts, corpus sample, portable, bench
     PYTHONPATH=. python tools/gpu_check.py --only portable
     PYTHONPATH=. python tools/corpus.py --device cuda --jobs 1  # exact mode on the GPU, every architecture
-    python tools/gpu_check.py --device cpu --small            # the same code on CPU (the tests run this)
+    python tools/gpu_check.py --device cpu --small --corpus-every 0   # the same code on CPU (the tests run parts)
+
+contexts
+    ``tools/gpu_contexts.py``: every random op and init function alone (4 dtypes, sizes
+    around the kernels' thresholds), ``nn.init`` on matrices, LSTM/GRU, dropout, factories a
+    device context does and does not place, built under ``with torch.device(DEVICE)`` eagerly
+    and with fxinit, bit for bit, whole and leaf by leaf in reverse; on CUDA also traced in a
+    process that sees no GPU and materialized here from the saved init graphs.
+
+corpus
+    ``tools/corpus.py --device DEVICE`` on every ``--corpus-every``-th architecture.
 
 portable
     Tiny transformers models and torch.nn modules, traced for DEVICE and for the CPU and
@@ -40,6 +50,7 @@ import argparse
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,6 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import fxinit  # noqa: E402
+from gpu_contexts import SIZES, check_device_contexts, report  # noqa: E402
 
 BENCH_CONFIGS = {
     "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -323,10 +335,24 @@ def bench(device: torch.device, size: str) -> tuple[list[dict], bool]:
     return rows, not any(r.get("mismatched") for r in rows)
 
 
+def exact_corpus(device: torch.device, every: int) -> int:
+    """``tools/corpus.py`` built under ``with torch.device(DEVICE)``: eager and fxinit, whole
+    and leaf by leaf in reverse, float32 and bfloat16; its exit code."""
+    print(f"\nexact corpus on {device} (every {every}th architecture, float32 and bfloat16, whole and reverse)",
+          flush=True)
+    cmd = [sys.executable, str(Path(__file__).resolve().parent / "corpus.py"), "--device", str(device),
+           "--dtypes", "float32,bfloat16", "--pair", "--every", str(every), "--jobs", "1"]
+    return subprocess.run(cmd).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--only", choices=["portable", "bench"])
+    ap.add_argument("--only", choices=["contexts", "corpus", "portable", "bench"])
+    ap.add_argument("--sizes", help="comma-separated tensor sizes of the contexts section (default: "
+                                    "those around the CUDA kernels' thresholds)")
+    ap.add_argument("--corpus-every", type=int, default=4,
+                    help="the exact corpus on DEVICE: every K-th architecture, float32 and bfloat16 (0: skip)")
     ap.add_argument("--small", action="store_true", help="bench a ~25M-parameter Llama instead of the 8B one")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="default dtypes of the portable check")
     ap.add_argument("--json", help="write the rows here")
@@ -338,6 +364,13 @@ def main(argv: list[str] | None = None) -> int:
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""))
     out: dict[str, Any] = {}
     ok = True
+    if args.only in (None, "contexts"):
+        sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else SIZES
+        problems, count = check_device_contexts(device, sizes)
+        out["contexts"], ok = problems, report(problems, count, device) and ok
+    if args.only in (None, "corpus") and args.corpus_every:
+        out["corpus"] = code = exact_corpus(device, args.corpus_every)
+        ok = ok and code == 0
     if args.only in (None, "portable"):
         rows, good = check_portable(device, [getattr(torch, d) for d in args.dtypes.split(",")])
         print_portable(rows, device)

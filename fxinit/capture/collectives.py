@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 
 from fxinit.capture.deferred import IS_META_ANSWERS, state_of
+from fxinit.capture.post_import import when_imported
 from fxinit.errors import DeferredInitError
 
 
@@ -65,11 +66,7 @@ def _check_same_on_every_rank(t: torch.Tensor, tensors: list[torch.Tensor], mesh
                  "before distributing")
 
 
-def _register() -> None:
-    try:
-        from torch.distributed.tensor import _collective_utils as cu
-    except ImportError:  # torch built without distributed
-        return
+def _register(cu: types.ModuleType) -> None:
     answers: dict[Any, Callable[[types.FrameType, torch.Tensor], bool | None]] = {
         cu.mesh_scatter.__code__: _scatter,
         cu.mesh_broadcast.__code__: _broadcast,
@@ -77,4 +74,4 @@ def _register() -> None:
     IS_META_ANSWERS.update(answers)
 
 
-_register()
+when_imported("torch.distributed.tensor._collective_utils", _register)

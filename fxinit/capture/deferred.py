@@ -75,6 +75,10 @@ _PYTHON_ELEMENTWISE = {TensorBase.apply_, TensorBase.map_, TensorBase.map2_}
 #: deferred tensor ``is_meta`` to decide whether to communicate (``capture.collectives``);
 #: None lets the usual answer through.
 IS_META_ANSWERS: dict[Any, Any] = {}
+#: ``{code object: value}``: what ``data_ptr()`` of a deferred tensor answers to library code
+#: that reads it to decide, not to touch memory (``capture.branches``); others are refused.
+RAW_ACCESS_ANSWERS: dict[Any, Any] = {}
+_OBJECT_CLASS = object.__dict__["__class__"]
 
 
 class DeferredState:
@@ -139,9 +143,24 @@ class DeferredTensor(torch.Tensor):
         dev = st.device if st is not None else "?"
         kind = "Parameter" if getattr(self, "_is_param", False) else "tensor"
         rg = ", requires_grad=True" if self.requires_grad else ""
-        return f"Deferred{kind.capitalize() if kind == 'tensor' else kind}(size={tuple(self.shape)}, dtype={self.dtype}, device='meta', intended_device='{dev}'{rg})"
+        # what ``t.device`` and ``t.is_meta`` say to the caller; "Deferred" and ``fxinit.is_deferred``
+        # tell it from a real tensor (it is meta underneath, which only torch.distributed is told)
+        return (f"Deferred{kind.capitalize() if kind == 'tensor' else kind}(size={tuple(self.shape)}, "
+                f"dtype={self.dtype}, device='{dev}'{rg})")
 
     __str__ = __repr__
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # noqa: D105
+        # ``isinstance(p, MyParameter)`` of a deferred ``MyParameter(...)`` is True, as in
+        # eager: isinstance falls back to ``__class__`` when the type itself does not match.
+        # ``type(p)`` stays DeferredTensor, which is what torch's dispatch reads.
+        cls = self.__dict__.get(PARAMETER_CLASS)
+        return cls if cls is not None else type(self)
+
+    @__class__.setter
+    def __class__(self, cls: type) -> None:
+        _OBJECT_CLASS.__set__(self, cls)
 
     def __deepcopy__(self, memo: dict) -> torch.Tensor:
         if id(self) in memo:
@@ -178,6 +197,14 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
             if handled is not _NOT_HANDLED:
                 return handled
     elif func in _RAW_ACCESS:
+        if func is TensorBase.data_ptr and RAW_ACCESS_ANSWERS:
+            f = sys._getframe(1)
+            for _ in range(4):  # past the modes' and the subclass's __torch_function__
+                if f is None or f.f_code in RAW_ACCESS_ANSWERS:
+                    break
+                f = f.f_back
+            if f is not None and f.f_code in RAW_ACCESS_ANSWERS:
+                return RAW_ACCESS_ANSWERS[f.f_code]
         _recorder_of(args, kwargs).fail_raw_access(func)
     elif func in _VALUE_READS:
         return _recorder_of(args, kwargs).read_only_values(func, args[0], args[1:], kwargs)

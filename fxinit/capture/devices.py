@@ -10,21 +10,40 @@ import torch.fx as fx
 
 from fxinit.capture.deferred import state_of
 from fxinit.capture.schema import SCALAR_FACTORIES
-from fxinit.errors import DeferredInitError
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._device import DeviceContext, _device_constructors
 
 CPU = torch.device("cpu")
 META = torch.device("meta")
+_CONSTRUCTORS = frozenset(_device_constructors())
 
 
 def default_device() -> torch.device:
-    """Where factories without ``device=`` build (``torch.set_default_device``, ``with torch.device``)."""
-    try:
-        return torch.get_default_device()
-    except (AssertionError, RuntimeError) as exc:  # e.g. torch.device("cuda") on a CPU-only build
-        raise DeferredInitError(
-            f"the default device is not usable here: {exc}",
-            hint="trace on a machine with that device, or construct for the CPU and materialize with device=...",
-        ) from exc
+    """Where torch's factories without ``device=`` build (``torch.set_default_device``, ``with
+    torch.device``), read without touching that device: a CUDA context on a machine without
+    CUDA is a target to record for, not an error. The index is the current device's where the
+    device exists (as ``torch.get_default_device`` gives it), else 0."""
+    device = None
+    for mode in reversed(_get_current_function_mode_stack()):
+        if isinstance(mode, DeviceContext):
+            device = mode.device
+            break
+    if device is None:
+        context = getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
+        device = context.device if context is not None else CPU
+    if device.index is not None or device.type in ("cpu", "meta"):
+        return device
+    if device_available(device):
+        return torch.device(device.type, getattr(torch, device.type).current_device())
+    return torch.device(device.type, 0)
+
+
+def context_constructors() -> frozenset[Any]:
+    """The torch functions a device context gives its device to when they are called
+    without ``device=`` (torch's own list; ``torch.normal``, ``*_like``, ``from_numpy``, the
+    legacy ``torch.Tensor`` are not among them: eager builds those where their inputs are,
+    or on the CPU)."""
+    return _CONSTRUCTORS
 
 
 def output_device(func: Any, inputs: list[torch.Tensor], kwargs: dict, intended: torch.device | None

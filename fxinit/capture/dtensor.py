@@ -19,6 +19,7 @@ Every DTensor whose local tensor is deferred becomes a DeferredDTensor when it i
 from __future__ import annotations
 
 import sys
+import types
 import weakref
 from typing import Any, Callable
 
@@ -29,13 +30,13 @@ from fxinit.capture.deferred import PROPERTY_CALL, is_deferred_tensor, reported_
 from fxinit.capture.layout import local_runs, local_shape, take
 from fxinit.capture.names import tensor_slots
 from fxinit.capture.opaque import find_opaque_call
+from fxinit.capture.post_import import when_imported
 from fxinit.errors import DeferredInitError
 from fxinit.ops import resolve_init_function
 
-try:
-    from torch.distributed.tensor import DTensor
-except ImportError:  # torch built without distributed
-    DTensor = None  # type: ignore[assignment,misc]
+# Set when torch.distributed.tensor is imported (``install``): fxinit imports it never itself.
+DTensor: Any = None
+DeferredDTensor: Any = None
 
 aten = torch.ops.aten
 
@@ -51,8 +52,8 @@ def is_deferred_dtensor(t: Any) -> bool:
     return DTensor is not None and isinstance(t, DTensor) and is_deferred_tensor(t._local_tensor)
 
 
-if DTensor is not None:
-    class DeferredDTensor(DTensor):
+def _deferred_dtensor_class(dtensor: type) -> type:
+    class DeferredDTensor(dtensor):  # type: ignore[misc,valid-type]
         """A DTensor whose local tensor is deferred (see the module docstring)."""
 
         __slots__ = ()
@@ -60,8 +61,8 @@ if DTensor is not None:
         @classmethod
         def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
             return _on_call(func, args, kwargs or {}, sys._getframe(1))
-else:  # pragma: no cover
-    DeferredDTensor = None  # type: ignore[assignment,misc]
+
+    return DeferredDTensor
 
 
 _DEVICE_QUESTIONS = {TensorBase.device: None, TensorBase.is_meta: "meta", TensorBase.is_cpu: "cpu",
@@ -69,9 +70,17 @@ _DEVICE_QUESTIONS = {TensorBase.device: None, TensorBase.is_meta: "meta", Tensor
 
 
 def install() -> None:
-    """Make every DTensor created with a deferred local tensor a DeferredDTensor (idempotent)."""
-    if DTensor is None or getattr(DTensor.__init__, "_fxinit", False):
+    """Make every DTensor created with a deferred local tensor a DeferredDTensor, from the
+    moment torch.distributed.tensor is imported (by the user, or torch.distributed's code)."""
+    when_imported("torch.distributed.tensor", _wrap_constructor)
+
+
+def _wrap_constructor(module: types.ModuleType) -> None:
+    global DTensor, DeferredDTensor
+    if getattr(module.DTensor.__init__, "_fxinit", False):
         return
+    DTensor = module.DTensor
+    DeferredDTensor = _deferred_dtensor_class(DTensor)
     original = DTensor.__init__
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:

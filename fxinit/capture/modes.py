@@ -16,17 +16,15 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxinit.capture.deferred import PROPERTY_CALL, DeferredTensor, deferred_torch_function, state_of
-from fxinit.capture.devices import default_device
+from fxinit.capture.deferred import PROPERTY_CALL, DeferredTensor, deferred_torch_function, is_deferred_tensor, state_of
+from fxinit.capture.branches import dropout_call
+from fxinit.capture.devices import context_constructors, default_device
 from fxinit.capture.recorder import Recorder
 
 _CONSTANT_FACTORIES = {torch.tensor, torch.as_tensor, torch.asarray, torch.from_numpy, torch.frombuffer}
-_FACTORIES = {
-    torch.empty, torch.zeros, torch.ones, torch.full, torch.arange, torch.range, torch.linspace, torch.logspace,
-    torch.eye, torch.rand, torch.randn, torch.randint, torch.randperm, torch.empty_strided, torch.tril_indices,
-    torch.triu_indices, torch.scalar_tensor, torch.normal, torch.bartlett_window, torch.hann_window,
-    torch.hamming_window, torch.blackman_window, torch.kaiser_window,
-}
+# The factories a device context (``with torch.device``, ``set_default_device``) gives its
+# device to, as torch's DeviceContext does; the data constants are the recorder's.
+_FACTORIES = context_constructors() - _CONSTANT_FACTORIES
 
 
 _SET_GRAD_ENABLED = torch._C._set_grad_enabled
@@ -95,11 +93,18 @@ class CaptureFunctionMode(TorchFunctionMode):
         try:
             if func in _CONSTANT_FACTORIES:
                 return recorder.constant_from(func, args, kwargs)
+            branch = dropout_call(func, args, kwargs)
+            if branch is not None:  # the kernel eager's C++ picks on the target device
+                return branch()
             device = kwargs.get("device")
             if device is None and func in _FACTORIES:
                 if self._default is None:
                     self._default = default_device()
                 device = self._default
+            out = kwargs.get("out")
+            if device is not None and is_deferred_tensor(out) and torch.device(device).type == state_of(out).device.type:
+                # ``torch.eye(n, out=w)`` under a device context: w decides, as in eager (w is meta underneath)
+                return _call(func, types, args, {**kwargs, "device": "meta"})
             if device is not None and torch.device(device).type not in ("cpu", "meta"):
                 # Building on that device first would touch (or need) it; build on meta and
                 # let the recorder note the intended device for the factory ops inside.

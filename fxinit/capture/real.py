@@ -32,6 +32,7 @@ from typing import Any, Iterator
 
 import torch
 
+from fxinit.capture.devices import default_device
 from fxinit.capture.deferred import MATERIALIZED, dressed_as, is_deferred_tensor, state_of
 from fxinit.capture.schema import mutated_arg_indices, schema_value
 from fxinit.capture.trees import leaves, tensors_in
@@ -175,7 +176,7 @@ def shares_memory(func: Any, data: Any, device: Any) -> bool:
         return True
     if func is torch.tensor:
         return False
-    if (torch.device(device) if device is not None else torch.get_default_device()).type != "cpu":
+    if (torch.device(device) if device is not None else default_device()).type != "cpu":
         return False
     if isinstance(data, torch.Tensor):
         return not is_deferred_tensor(data) and data.device.type == "cpu"

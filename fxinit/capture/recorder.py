@@ -48,7 +48,7 @@ from fxinit.capture.stepping import GeneratorStepper
 from fxinit.capture.storages import Storages, storage_key
 from fxinit.capture.trees import leaves, map_tree, tensors_in
 from fxinit.errors import DeferredInitError
-from fxinit.ops import ALLOCATIONS, call_init_function, changes_view, draws_random, resolve_init_function
+from fxinit.ops import ALLOCATIONS, DRAW_NOTHING, call_init_function, changes_view, draws_random, resolve_init_function
 from fxinit.passes.fingerprint import fingerprint
 from fxinit.rng import default_generator_for
 from fxinit.spec import TensorSpec
@@ -325,8 +325,13 @@ class Recorder(Shadows, Doors):
         gen = kwargs.get("generator")
         node_kwargs = {k: (None if k == "generator" else v) for k, v in kwargs.items()}
         keys: dict[str, str] = {}
+        absent = st.device.type not in ("meta", "cpu") and not device_available(st.device)
+        if absent and call.qualname not in DRAW_NOTHING:
+            raise self.fail(f"fxinit cannot record {call.qualname} for {st.device} without that device: how far it moves "
+                            "the generator depends on the values it draws", op=call.qualname, hint=_ABSENT_HINT)
         if st.device.type != "meta":
             keys[f"default:{CPU}"] = self.generators.snapshot(torch.default_generator)
+        if st.device.type != "meta" and not absent:  # (an absent device's dirac_ draws nothing: nothing to run)
             if st.device.type != "cpu":
                 keys[f"default:{st.device}"] = self.generators.snapshot(default_generator_for(st.device))
             if gen is not None:
@@ -524,16 +529,15 @@ class Recorder(Shadows, Doors):
                          "global tensor), or materialize before calling this")
             gen = kwargs.get("generator")
             if gen is None and device.type != "cpu" and not device_available(device):
-                raise self.fail(
-                    f"fxinit cannot record a random op for {device}: that device is not available here, "
-                    "so its generator state is unknown",
-                    op=str(func),
-                    hint=f"trace on a machine with {device.type}, or construct for the CPU and "
-                         f"materialize with device='{device}'",
-                )
-            used = gen if gen is not None else default_generator_for(device)
-            key = self.generators.step(func, args, kwargs, device, used, mutated_objs or [mout],
-                                       lambda: self._draw_for_real(func, args, kwargs, device))
+                try:  # CUDA's generator is followed by reservations (rng.philox)
+                    key = self.generators.step_absent(func, args, kwargs, device, mutated_objs or [mout])
+                except LookupError as exc:
+                    raise self.fail(f"fxinit cannot record a random op for {device}: that device is not available "
+                                    f"here, and {exc}", op=str(func), hint=_ABSENT_HINT) from None
+            else:
+                used = gen if gen is not None else default_generator_for(device)
+                key = self.generators.step(func, args, kwargs, device, used, mutated_objs or [mout],
+                                           lambda: self._draw_for_real(func, args, kwargs, device))
         node = self._node(func, gargs, gkwargs)
         node.meta.update(reads=reads, mutates=mutates, overwrites=self._overwrites(func, inputs, mutated_objs))
         if random:
@@ -579,6 +583,7 @@ class Recorder(Shadows, Doors):
         return map_tree(lambda o: next(replacements) if isinstance(o, torch.Tensor) else o, mout)
 
 _NAMES: dict[Any, str] = {}
+_ABSENT_HINT = "trace on a machine with that device, or for the CPU and materialize with device=..."
 
 
 def _node_name(graph: fx.Graph, target: Any) -> str | None:

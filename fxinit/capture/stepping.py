@@ -15,6 +15,7 @@ import torch
 from fxinit.capture.skips import LazyCpuGenerator
 from fxinit.rng import Snapshot, mt19937
 from fxinit.rng.draws import cpu_draws
+from fxinit.rng.philox import PendingPhilox, Reservation, queued_seed, reservation
 
 
 class GeneratorStepper:
@@ -24,6 +25,8 @@ class GeneratorStepper:
         self.snapshots: dict[str, Snapshot] = {}
         self.lazy_cpu = LazyCpuGenerator()  # the default CPU generator, skipped lazily inside capture
         self.random_ops = {"skipped": 0, "drawn": 0}  # how capture kept generators in step
+        # CUDA generators of a device this machine lacks: {device: (seeding call, last snapshot, its reservation)}
+        self._absent: dict[str, tuple[Any, PendingPhilox, Reservation]] = {}
 
     def snapshot(self, gen: torch.Generator) -> str:
         """Snapshot ``gen`` as it is now; its key in ``snapshots``."""
@@ -32,6 +35,30 @@ class GeneratorStepper:
             self.snapshots[key] = self.lazy_cpu.position()
         else:
             self.snapshots[key] = self.lazy_cpu.true_snapshot(gen)
+        return key
+
+    def step_absent(self, func: Any, args: tuple, kwargs: dict, device: torch.device, filled: list[Any]) -> str:
+        """Snapshot the default CUDA generator of ``device``, which this machine lacks, for
+        random op ``func`` (``rng.philox``): the state is computed on the device later.
+        Raises ``LookupError`` (with the reason) when that cannot be exact."""
+        if device.type != "cuda":
+            raise LookupError(f"fxinit follows the generators of absent devices only for CUDA, not {device.type}")
+        out = next((t for f in filled for t in ((f,) if isinstance(f, torch.Tensor) else f)
+                    if isinstance(t, torch.Tensor)), None)
+        reserved = reservation(func, args, kwargs, out) if out is not None else None
+        if reserved is None:
+            raise LookupError(f"fxinit does not know how far {func} moves the CUDA generator")
+        call, seed = queued_seed(device)
+        dev = str(device)
+        chain = self._absent.get(dev)
+        if chain is not None and chain[0] is call and chain[1].seed == seed:
+            snap = PendingPhilox(dev, seed, chain[1], chain[2])
+        else:  # seeded since (or the first op): offset 0
+            snap = PendingPhilox(dev, seed, None, None)
+        self._absent[dev] = (call, snap, reserved)
+        key = f"rng{len(self.snapshots)}"
+        self.snapshots[key] = snap
+        self.random_ops["skipped"] += 1
         return key
 
     def _lazy(self, gen: torch.Generator) -> bool:

@@ -1,0 +1,93 @@
+"""What ``Module.to(dtype)`` does to each tensor a model holds, for ``materialize(dtype=...)``.
+
+``materialize(m, dtype=d)`` promises eager construction followed by ``m.to(d)``, and
+``Module.to`` does not cast every tensor the model reaches:
+
+- a parameter is cast in place (``param.data = param.to(d)``): the same object, everywhere
+  it is held;
+- a buffer slot is *replaced* by ``buf.to(d)``: one buffer object registered under two names
+  (or two modules) becomes two tensors, and a plain attribute that held the buffer object
+  (transformers' ``self.original_inv_freq = self.inv_freq``) keeps the old, uncast tensor;
+- plain attributes and tensors in lists and dicts are left as they are.
+
+Tensors whose dtype ``d`` does not change (integer buffers) are returned as they are by
+``.to``, so they keep every tie. fxinit swaps values into the deferred objects in place;
+these rules decide which value each object gets (:func:`takes_dtype`) and which slots get a
+tensor of their own afterwards (:func:`separate_buffer_slots`).
+
+>>> import torch, fxinit
+>>> class M(torch.nn.Module):
+...     def __init__(self):
+...         super().__init__()
+...         f = torch.arange(4.)
+...         self.register_buffer("a", f)
+...         self.register_buffer("b", f)
+...         self.kept = f
+>>> m = fxinit.trace_init(M)
+>>> _ = fxinit.materialize(m, dtype=torch.bfloat16)
+>>> m.a.dtype, m.b.dtype, m.kept.dtype, m.a is m.b
+(torch.bfloat16, torch.bfloat16, torch.float32, False)
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from fxinit.spec import dtype_after_to
+
+Location = tuple[torch.nn.Module, str, str]  # (module, name, a kind of reachable.module_slots)
+
+_PLAIN = ("__dict__", "container", "hook")
+
+
+def _kinds(places: Iterable[Location]) -> set[str]:
+    return {kind for _, _, kind in places}
+
+
+def takes_dtype(t: torch.Tensor, places: list[Location], dtype: torch.dtype | None) -> bool:
+    """Whether the deferred object ``t`` held at ``places`` is swapped with its value cast to
+    ``dtype``: a parameter, a buffer no plain attribute holds, or a tensor materialized on its
+    own (no places). A buffer also held as a plain attribute keeps its own dtype there, and
+    its buffer slots get cast copies (:func:`separate_buffer_slots`)."""
+    if dtype is None or dtype_after_to(t.dtype, dtype) == t.dtype or not places:
+        return True
+    kinds = _kinds(places)
+    if "_parameters" in kinds:
+        return True
+    return "_buffers" in kinds and not kinds & set(_PLAIN)
+
+
+def buffer_slots_apart(tensors: Iterable[torch.Tensor], where: dict[int, list[Location]],
+                      dtype: torch.dtype | None) -> list[tuple[torch.Tensor, list[tuple[torch.nn.Module, str]], bool]]:
+    """Decided before the swap, while ``tensors`` are deferred: the buffer slots that
+    ``Module.to(dtype)`` gives tensors of their own, as ``(tensor, slots, cast)``. A buffer
+    object in several slots keeps the first (it is swapped cast) and the others get copies
+    (``cast`` False); one that a plain attribute also holds is swapped uncast, and every
+    buffer slot gets a cast copy (``cast`` True)."""
+    out = []
+    if dtype is None:
+        return out
+    for t in tensors:
+        places = where.get(id(t), [])
+        kinds = _kinds(places)
+        if "_parameters" in kinds or dtype_after_to(t.dtype, dtype) == t.dtype:
+            continue
+        slots = [(mod, name) for mod, name, kind in places if kind == "_buffers"]
+        cast = not takes_dtype(t, places, dtype)
+        if slots and (cast or len(slots) > 1):
+            out.append((t, slots if cast else slots[1:], cast))
+    return out
+
+
+def separate_buffer_slots(apart: list[tuple[torch.Tensor, list[tuple[torch.nn.Module, str]], bool]],
+                          dtype: torch.dtype) -> None:
+    """After the swap (``tensors`` are real now): put in the slots of :func:`buffer_slots_apart`
+    the tensors ``Module.to`` would have put there."""
+    with torch.no_grad():
+        for t, slots, cast in apart:
+            for mod, name in slots:
+                if mod._buffers.get(name) is t:
+                    mod._buffers[name] = t.to(dtype_after_to(t.dtype, dtype)) if cast \
+                        else t.clone(memory_format=torch.preserve_format)

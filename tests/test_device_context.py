@@ -1,0 +1,196 @@
+"""Device contexts and the silent differences of issue 32 that a CPU shows: each test builds
+the same constructor eagerly and with fxinit, under the same context and seed, and compares
+values, dtypes, devices, storage sharing and behaviour."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fxinit
+
+ALL_INITS = ("trunc_normal_", "orthogonal_", "xavier_normal_", "kaiming_normal_", "sparse_", "eye_")
+
+
+class OutAndInits(nn.Module):
+    """``out=`` factories and every kind of init function: a device context gives ``device=``
+    to ``torch.eye(n, out=w)`` inside ``nn.init.eye_``, which crashed on a deferred ``w``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        w = torch.empty(3, 5)
+        nn.init.trunc_normal_(w, std=0.02)
+        nn.init.orthogonal_(w)
+        nn.init.xavier_normal_(w)
+        nn.init.kaiming_normal_(w)
+        nn.init.sparse_(w, 0.5)
+        self.w = nn.Parameter(w)
+        self.i = nn.Parameter(nn.init.eye_(torch.empty(3, 4)))
+        self.d = nn.Parameter(nn.init.dirac_(torch.empty(3, 3, 3)))
+        o = torch.empty(4)
+        torch.randn(4, out=o)
+        torch.add(o, 1, out=o)
+        self.register_buffer("o", o)
+        self.register_buffer("r", torch.arange(4, out=torch.empty(4, dtype=torch.long)))
+        self.register_buffer("n", torch.normal(0.0, 0.5, size=(5,)))
+        self.register_buffer("nt", torch.normal(torch.zeros(3), 2.0))
+        self.rnn = nn.LSTM(3, 3, 2)
+
+
+def _same(eager: nn.Module, traced: nn.Module) -> None:
+    want, got = eager.state_dict(), traced.state_dict()
+    assert want.keys() == got.keys()
+    for k in want:
+        assert got[k].device == want[k].device and got[k].dtype == want[k].dtype, k
+        assert torch.equal(got[k], want[k]), k
+
+
+@pytest.mark.parametrize("how", ["set_default_device", "with"])
+def test_cpu_device_context(how: str) -> None:
+    def build(fn):
+        torch.manual_seed(0)
+        if how == "with":
+            with torch.device("cpu"):
+                return fn(OutAndInits)
+        torch.set_default_device("cpu")
+        try:
+            return fn(OutAndInits)
+        finally:
+            torch.set_default_device(None)
+
+    eager = build(lambda cls: cls())
+    after_eager = torch.get_rng_state()
+    traced = build(fxinit.trace_init)
+    assert torch.equal(torch.get_rng_state(), after_eager)
+    fxinit.materialize(traced)
+    _same(eager, traced)
+
+
+class Placed(nn.Module):
+    """What torch's device context gives a device to, and what it leaves where it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("normal", torch.normal(0.0, 1.0, size=(3,)))  # no device argument: CPU
+        self.register_buffer("zeros", torch.zeros(2))
+        self.register_buffer("arange", torch.arange(3))
+        self.register_buffer("constant", torch.tensor([1.0, 2.0]))
+        self.register_buffer("eye", torch.eye(2, out=torch.empty(2, 2)))
+        self.register_buffer("like", torch.zeros_like(self.normal))  # where its input is
+        self.register_buffer("legacy", torch.Tensor(2).zero_())  # the legacy constructor: CPU
+
+
+def test_devices_under_a_context_for_a_device_this_machine_lacks() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("checks recording for a device that is absent; tools/gpu_check.py covers CUDA")
+    with torch.device("cuda"):
+        torch.manual_seed(0)
+        m = fxinit.trace_init(Placed)
+    devices = {k: str(v.device) for k, v in m.state_dict().items()}
+    assert devices == {"normal": "cpu", "zeros": "cuda:0", "arange": "cuda:0", "constant": "cuda:0",
+                       "eye": "cuda:0", "like": "cpu", "legacy": "cpu"}
+    torch.manual_seed(0)
+    eager = Placed()  # on the CPU: the values are the same, drawn from the CPU generator
+    fxinit.materialize(m, device="cpu")
+    _same(eager, m)
+
+
+def test_random_op_for_an_absent_device_is_refused_by_name() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("checks recording for a device that is absent")
+
+    class Permuted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("order", torch.randperm(6))  # CUDA's randperm: not followed without CUDA
+
+    with torch.device("cuda"), pytest.raises(fxinit.DeferredInitError, match="random op for cuda:0.*randperm"):
+        fxinit.trace_init(Permuted)
+
+
+class MyParameter(nn.Parameter):
+    pass
+
+
+class SubclassCheck(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = MyParameter(torch.randn(3))
+        self.checks = (isinstance(self.w, MyParameter), isinstance(self.w, nn.Parameter),
+                       isinstance(self.w, torch.Tensor), type(self.w).__name__ != "MyParameter")
+
+
+def test_isinstance_of_a_parameter_subclass_during_the_trace() -> None:
+    torch.manual_seed(0)
+    eager = SubclassCheck()
+    torch.manual_seed(0)
+    m = fxinit.trace_init(SubclassCheck)
+    assert m.checks[:3] == eager.checks[:3] == (True, True, True)
+    assert isinstance(m.w, MyParameter) and fxinit.is_deferred(m.w)
+    fxinit.materialize(m)
+    assert type(m.w) is MyParameter and torch.equal(m.w, eager.w)
+
+
+class MaskedGradient(nn.Module):
+    """A gradient mask the module never holds: only the hook's closure does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        mask = torch.ones(4, 4)
+        mask[0] = 0
+        noise = torch.randn(4)
+        self.lin.weight.register_hook(lambda g: g * mask)
+        self.lin.register_forward_hook(lambda mod, args, out: out + noise)
+
+
+def test_tensors_held_by_hooks_are_materialized_with_the_module() -> None:
+    x = torch.arange(8.0).reshape(2, 4)
+    results = []
+    for build in (lambda: MaskedGradient(), lambda: fxinit.materialize(fxinit.trace_init(MaskedGradient))):
+        torch.manual_seed(0)
+        m = build()
+        out = m.lin(x)
+        out.sum().backward()
+        results.append((out.detach(), m.lin.weight.grad))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1]) and not results[1][1][0].any()
+
+
+class Ties(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        f = torch.randn(4)
+        self.register_buffer("a", f)
+        self.register_buffer("b", f)  # one object, two buffer slots
+        self.register_buffer("view", f[:2])
+        self.sub = nn.Module()
+        self.sub.register_buffer("a", f)
+        self.p = nn.Parameter(torch.randn(6))
+        self.register_buffer("of_p", self.p.detach()[1:3])
+        self.plain = torch.randn(3)  # Module.to leaves plain attributes and containers alone
+        self.kept = [torch.randn(2)]
+        self.register_buffer("freq", torch.arange(3.0))
+        self.original_freq = self.freq  # a buffer object a plain attribute holds too
+        self.register_buffer("i", torch.arange(3))
+        self.register_buffer("i2", self.i)  # integer: .to(bfloat16) keeps it, and the tie
+
+
+def _layout(m: nn.Module) -> tuple[dict, list]:
+    named = {"a": m.a, "b": m.b, "view": m.view, "sub.a": m.sub.a, "p": m.p, "of_p": m.of_p, "plain": m.plain,
+             "kept": m.kept[0], "freq": m.freq, "original_freq": m.original_freq, "i": m.i, "i2": m.i2}
+    by_storage: dict[int, list[str]] = {}
+    for k, t in named.items():
+        by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(k)
+    return {k: (t.dtype, t.tolist()) for k, t in named.items()}, sorted(by_storage.values())
+
+
+def test_materialize_dtype_is_module_to() -> None:
+    torch.manual_seed(0)
+    eager = Ties().to(torch.bfloat16)
+    torch.manual_seed(0)
+    m = fxinit.materialize(fxinit.trace_init(Ties), dtype=torch.bfloat16)
+    assert _layout(m) == _layout(eager)
+    assert m.original_freq.dtype == torch.float32 and m.freq.dtype == torch.bfloat16

@@ -194,3 +194,21 @@ def test_materialize_dtype_is_module_to() -> None:
     m = fxinit.materialize(fxinit.trace_init(Ties), dtype=torch.bfloat16)
     assert _layout(m) == _layout(eager)
     assert m.original_freq.dtype == torch.float32 and m.freq.dtype == torch.bfloat16
+
+
+class Sparse(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.s = torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.tensor([3.0, 4.0]), (2, 2))
+        self.register_buffer("d", self.s.to_dense())
+
+
+def test_sparse_tensors_are_built_where_eager_builds_them() -> None:
+    with torch.device("cpu"):
+        m = fxinit.materialize(fxinit.trace_init(Sparse))
+        eager = Sparse()
+    assert m.s.device == eager.s.device and torch.equal(m.s.to_dense(), eager.s.to_dense())
+    _same(eager, m)
+    if not torch.cuda.is_available():  # kept real: it cannot be built for a device this machine lacks
+        with torch.device("cuda"), pytest.raises(fxinit.DeferredInitError, match="sparse.*cuda:0"):
+            fxinit.trace_init(Sparse)

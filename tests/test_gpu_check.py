@@ -61,7 +61,7 @@ def test_the_no_gpu_trace_of_the_contexts_section_records_every_constructor(tmp_
     code = gpu_contexts._TRACE_ELSEWHERE.format(tools=str(Path(gpu_contexts.__file__).parent), out=str(tmp_path))
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and not run.stdout.strip(), run.stdout + run.stderr[-2000:]
-    names = list(gpu_contexts.constructors(opaque=False))
+    names = list(gpu_contexts.constructors(device_here=False))
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{i}.pt" for i in range(len(names)))
     graph = fxinit.load_graph(tmp_path / "0.pt")  # "inits": LSTM, GRU, Embedding, eye(out=), legacy Tensor
     devices = {name: str(spec.device) for name, spec in graph.specs().items()} if hasattr(graph, "specs") else {}

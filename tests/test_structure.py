@@ -112,3 +112,40 @@ def test_doctests_of_new_modules() -> None:
     for module in (module_to, post_import):
         failed, attempted = doctest.testmod(module)
         assert attempted and not failed, module.__name__
+
+
+def test_a_torchdistx_of_ones_own_that_imports_fxinit(tmp_path) -> None:
+    """The issue's case: a ``torchdistx`` module of the user's handing on fxinit's functions,
+    imported by FSDP1's ``_init_utils`` while that is being imported (so fxinit is imported
+    then too); FSDP1 then builds a unit through it, equal to eager."""
+    (tmp_path / "torchdistx").mkdir()
+    (tmp_path / "torchdistx" / "__init__.py").write_text("from fxinit.torchdistx import deferred_init, fake\n")
+    code = f"""
+import os, sys
+sys.path.insert(0, {str(tmp_path)!r})
+import torch, torch.nn as nn, torch.distributed as dist
+import torch.distributed.fsdp
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, _init_utils
+import fxinit
+assert _init_utils._TORCHDISTX_AVAIL
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str({_free_port()}))
+dist.init_process_group("gloo", rank=0, world_size=1)
+torch.manual_seed(0)
+eager = FSDP(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)), device_id=torch.device("cpu"))
+torch.manual_seed(0)
+ours = FSDP(fxinit.deferred_init(lambda: nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))), device_id=torch.device("cpu"))
+with FSDP.summon_full_params(eager), FSDP.summon_full_params(ours):
+    assert all(torch.equal(a, b) for a, b in zip(eager.state_dict().values(), ours.state_dict().values()))
+dist.destroy_process_group()
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -41,13 +41,13 @@ OPAQUE = {"trunc_normal_": nn.init.trunc_normal_, "orthogonal_": nn.init.orthogo
 class Ops(nn.Module):
     """Every random op and ``nn.init`` function, on one size and dtype."""
 
-    def __init__(self, n: int, dtype: torch.dtype, opaque: bool = True) -> None:
+    def __init__(self, n: int, dtype: torch.dtype, device_here: bool = True) -> None:
         super().__init__()
         for i, fill in enumerate([
             lambda t: t.uniform_(-1, 2), lambda t: t.normal_(0.5, 2.0), lambda t: t.bernoulli_(0.3),
             lambda t: t.exponential_(), lambda t: t.cauchy_(), lambda t: t.log_normal_(), lambda t: t.geometric_(0.2),
             lambda t: t.random_(0, 100), nn.init.uniform_, nn.init.normal_,
-            OPAQUE["trunc_normal_"] if opaque else nn.init.zeros_, lambda t: nn.init.constant_(t, 0.5),
+            OPAQUE["trunc_normal_"] if device_here else nn.init.zeros_, lambda t: nn.init.constant_(t, 0.5),
         ]):
             self.register_buffer(f"fill{i}", fill(torch.empty(n, dtype=dtype)))
         self.register_buffer("rand", torch.rand(n, dtype=dtype))
@@ -64,11 +64,11 @@ class Ops(nn.Module):
 class Inits(nn.Module):
     """The ``nn.init`` functions on matrices, and the modules with device-dependent branches."""
 
-    def __init__(self, opaque: bool = True) -> None:
+    def __init__(self, device_here: bool = True) -> None:
         super().__init__()
         w = torch.empty(48, 40)
         for i, init in enumerate([nn.init.xavier_uniform_, nn.init.xavier_normal_, nn.init.kaiming_uniform_,
-                                  nn.init.kaiming_normal_, nn.init.eye_, *(OPAQUE.values() if opaque else ())]):
+                                  nn.init.kaiming_normal_, nn.init.eye_, *(OPAQUE.values() if device_here else ())]):
             self.register_parameter(f"w{i}", nn.Parameter(init(w.clone())))
         self.dirac = nn.Parameter(nn.init.dirac_(torch.empty(4, 4, 3)))
         self.lstm = nn.LSTM(8, 16, 2)
@@ -78,15 +78,18 @@ class Inits(nn.Module):
         self.register_buffer("eye_out", torch.eye(5, out=torch.empty(5, 5)))
         self.register_buffer("legacy", torch.Tensor(3).zero_())
         self.register_buffer("idx", torch.arange(10))
+        if device_here:  # a sparse tensor is kept real: built on the device, as eager's
+            self.sparse = torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.tensor([3.0, 4.0]), (2, 2))
+            self.register_buffer("sparse_dense", self.sparse.to_dense())
 
 
-def constructors(opaque: bool = True, sizes: tuple[int, ...] = SIZES) -> dict[str, Callable[[], nn.Module]]:
-    """The constructors by name; ``opaque=False`` leaves out the init functions whose draws
+def constructors(device_here: bool = True, sizes: tuple[int, ...] = SIZES) -> dict[str, Callable[[], nn.Module]]:
+    """The constructors by name; ``device_here=False`` leaves out the init functions whose draws
     depend on their values (refused when tracing for a device this machine lacks)."""
-    out: dict[str, Callable[[], nn.Module]] = {"inits": lambda: Inits(opaque)}
+    out: dict[str, Callable[[], nn.Module]] = {"inits": lambda: Inits(device_here)}
     for dtype in DTYPES:
         for n in sizes:
-            out[f"ops {str(dtype).split('.')[-1]} {n}"] = lambda n=n, dtype=dtype: Ops(n, dtype, opaque)
+            out[f"ops {str(dtype).split('.')[-1]} {n}"] = lambda n=n, dtype=dtype: Ops(n, dtype, device_here)
     return out
 
 
@@ -134,7 +137,7 @@ import sys, torch, fxinit
 sys.path.insert(0, {tools!r})
 import gpu_contexts
 assert not torch.cuda.is_available()
-for i, (name, factory) in enumerate(gpu_contexts.constructors(opaque=False).items()):
+for i, (name, factory) in enumerate(gpu_contexts.constructors(device_here=False).items()):
     torch.manual_seed(0)
     try:
         with torch.device("cuda"):
@@ -155,7 +158,7 @@ def check_traced_without_cuda(device: torch.device) -> list[str]:
         problems += [f"traced without CUDA: {line}" for line in run.stdout.splitlines() if line.strip()]
         if run.returncode:
             return problems + [f"tracing without CUDA failed: {run.stderr[-800:]}"]
-        for i, (name, factory) in enumerate(constructors(opaque=False).items()):
+        for i, (name, factory) in enumerate(constructors(device_here=False).items()):
             path = Path(out) / f"{i}.pt"
             if not path.exists():
                 continue

@@ -13,6 +13,7 @@ from fxinit.capture.deferred import is_deferred_tensor, state_of
 from fxinit.capture.doors import parameter_classes
 from fxinit.capture.lazy import lazy_module_support
 from fxinit.capture.modes import active_modes
+from fxinit.capture.post_import import run_pending
 from fxinit.capture.provenance import source_lines_scope
 from fxinit.capture.recorder import Recorder
 from fxinit.errors import DeferredInitError
@@ -31,6 +32,7 @@ def _depth() -> int:
 
 @contextlib.contextmanager
 def _capturing(recorder: Recorder) -> Iterator[None]:
+    run_pending()  # DTensor's constructor, if torch.distributed.tensor was imported while fxinit was
     fmode, dmode = active_modes(recorder)
     recorder.capturing = True
     _local.depth = _depth() + 1

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch._C import TensorBase
 
+from fxinit.capture.post_import import run_pending
 from fxinit.errors import DeferredInitError
 
 _META = torch.device("meta")
@@ -316,6 +317,7 @@ def _property(kind: str, owner: Any, args: tuple) -> Any:
                 return True
             if caller.f_code is _LOAD_FROM_STATE_DICT:
                 return False  # load_state_dict into a deferred model is recorded, not a no-op
+            run_pending()  # answers for torch.distributed modules imported while fxinit was
             answer = IS_META_ANSWERS.get(caller.f_code)
             if answer is not None:
                 answered = answer(caller, t)

@@ -47,6 +47,16 @@ def when_imported(name: str, callback: Callable[[types.ModuleType], None]) -> No
         callback(sys.modules[name])
 
 
+def run_pending() -> None:
+    """Run the callbacks of watched modules that finished importing without the finder
+    seeing them: fxinit itself imported while such a module was being imported (FSDP1's
+    ``_init_utils`` importing a ``torchdistx`` that imports fxinit). Cheap when none wait."""
+    if not _CALLBACKS:
+        return
+    for name in [n for n in list(_CALLBACKS) if _initialized(n)]:
+        _run(name, sys.modules[name])
+
+
 def _run(name: str, module: types.ModuleType) -> None:
     with _LOCK:
         callbacks = _CALLBACKS.pop(name, [])

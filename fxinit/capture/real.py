@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 import torch
 
-from fxinit.capture.devices import default_device
+from fxinit.capture.devices import default_device, device_available, output_device
 from fxinit.capture.deferred import MATERIALIZED, dressed_as, is_deferred_tensor, state_of
 from fxinit.capture.schema import mutated_arg_indices, schema_value
 from fxinit.capture.trees import leaves, tensors_in
@@ -158,9 +158,16 @@ def is_strided_result(mout: Any) -> bool:
 
 
 def non_strided_result(recorder: Any, func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor]) -> Any:
-    """A sparse (or other non-strided) result: real, from exact values, or refused."""
+    """A sparse (or other non-strided) result: real, from exact values, on the device eager
+    builds it on (``torch.sparse_coo_tensor`` under ``with torch.device("cuda")``), or refused."""
+    device = output_device(func, inputs, kwargs, recorder._intended)
     if not draws_random(func) and all(recorder.value_of(t) is not None for t in inputs):
-        return recorder.compute_real(func, args, kwargs)
+        if device.type not in ("cpu", "meta") and not device_available(device):
+            raise recorder.fail(f"fxinit cannot build {func}'s non-strided (sparse) result for {device} on a machine "
+                                "without it: it is kept as a real tensor", op=str(func),
+                                hint="trace on a machine with that device, or build it after fxinit.materialize")
+        real = recorder.compute_real(func, args, kwargs)
+        return real.to(device) if device.type not in ("cpu", "meta") else real
     raise recorder.fail(
         f"fxinit cannot defer {func}: its result is not a strided tensor (sparse, ...), which an init graph cannot "
         "hold, and its inputs are too costly to compute while recording",

@@ -212,3 +212,23 @@ def test_sparse_tensors_are_built_where_eager_builds_them() -> None:
     if not torch.cuda.is_available():  # kept real: it cannot be built for a device this machine lacks
         with torch.device("cuda"), pytest.raises(fxinit.DeferredInitError, match="sparse.*cuda:0"):
             fxinit.trace_init(Sparse)
+
+
+class NestedContexts(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("outer", torch.zeros(2))
+        with torch.device("meta"):
+            self.lin = nn.Linear(2, 2)
+        with torch.device("cpu"):
+            self.register_buffer("on_cpu", torch.ones(2))
+        self.register_buffer("after", torch.ones(2))
+
+
+def test_device_contexts_entered_inside_the_constructor() -> None:
+    outer = "cpu" if torch.cuda.is_available() else "cuda"  # a device this machine lacks, where it can
+    with torch.device(outer):
+        m = fxinit.trace_init(NestedContexts)
+    want = "cpu" if outer == "cpu" else "cuda:0"
+    assert (str(m.outer.device), str(m.lin.weight.device), str(m.on_cpu.device), str(m.after.device)) == \
+        (want, "meta", "cpu", want)

@@ -7,6 +7,7 @@ writing it once, which any materialization into fresh memory does), both measure
 
     python tools/bench.py                  # the ~0.5B Llama of the passes issue, CPU
     python tools/bench.py --model tiny     # a quick look
+    python tools/bench.py --model launch --rows "fxinit exact"   # per-node overhead (launch-bound)
     python tools/bench.py --trace-405b     # also: tracing a 405B Llama vs meta construction
     python tools/bench.py --samplers       # only the portable samplers' ns per element vs torch's
     python tools/bench.py --kernels        # compiled portable fills of the 0.5B and 405B configs:
@@ -47,6 +48,10 @@ MODELS = {
                  num_key_value_heads=4, vocab_size=32000),
     "tiny": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
                  num_key_value_heads=2, vocab_size=8000),
+    # launch-bound: ~820 init nodes of a few KiB each, so time goes to per-node work (issue 32's
+    # CPU proxy for an 8B model on a GPU, where kernels take microseconds)
+    "launch": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=32, num_attention_heads=4,
+                   num_key_value_heads=2, vocab_size=1000),
     "405b": dict(hidden_size=16384, intermediate_size=53248, num_hidden_layers=126, num_attention_heads=128,
                  num_key_value_heads=8, vocab_size=128256),
 }
@@ -263,7 +268,7 @@ def table(results: dict[str, list[dict]], references: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", choices=["0.5b", "tiny"], default="0.5b")
+    ap.add_argument("--model", choices=["0.5b", "tiny", "launch"], default="0.5b")
     ap.add_argument("--repeat", type=int, default=3, help="fresh processes per row (median reported)")
     ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated subset of rows")
     ap.add_argument("--trace-405b", action="store_true", help="also time tracing the 405B config")

@@ -8,10 +8,11 @@ from typing import Any, Iterable
 import torch
 import torch.fx as fx
 
-from fxinit.capture.deferred import state_of
-from fxinit.capture.schema import SCALAR_FACTORIES
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._device import DeviceContext, _device_constructors
+
+from fxinit.capture.deferred import state_of
+from fxinit.capture.schema import SCALAR_FACTORIES
 
 CPU = torch.device("cpu")
 META = torch.device("meta")

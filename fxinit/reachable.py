@@ -41,6 +41,8 @@ def captured(fn: Any, key: str, depth: int = 0) -> Iterable[tuple[str, torch.Ten
         for path, x in contained(fn, key):
             yield from captured(x, path, depth + 1)
     elif isinstance(fn, types.FunctionType):
+        if getattr(fn, "fxinit_own", False):  # fxinit's guard against calling a deferred model
+            return
         for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
             try:
                 value = cell.cell_contents
@@ -72,7 +74,7 @@ def _tensor_hooks(t: torch.Tensor, key: str) -> Iterable[tuple[str, torch.Tensor
 
 def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
     """``(kind, name, value)`` for what one module holds: its parameters and buffers
-    (``"_parameters"``, ``"_buffers"``), its other attributes (``"__dict__"``), the leaves of
+    (``"_parameters"``, ``"_buffers"``), its other tensor attributes (``"__dict__"``), the leaves of
     its list, tuple and dict attributes (``"container"``, named like ``anchors[0]``), and the
     tensors held by callables: its own and its tensors' hooks, and functions kept as
     attributes (``"hook"``, named like ``weight._backward_hooks[0].<mask>``)."""
@@ -92,14 +94,13 @@ def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
         elif tv in _CALLABLES:
             for path, x in captured(v, name):
                 yield "hook", path, x
+        elif isinstance(v, torch.Tensor):
+            yield "__dict__", name, v
+            for path, x in _tensor_hooks(v, name):
+                yield "hook", path, x
         elif name.endswith("_hooks") and isinstance(v, dict) and v:  # register_forward_hook & co.
             for i, fn in enumerate(v.values()):
                 for path, x in captured(fn, f"{name}[{i}]"):
-                    yield "hook", path, x
-        else:
-            yield "__dict__", name, v
-            if isinstance(v, torch.Tensor):
-                for path, x in _tensor_hooks(v, name):
                     yield "hook", path, x
 
 

@@ -54,9 +54,13 @@ class HeapWatch:
         self.base = resident_bytes() if self.enabled else 0
         self.held = 0  # bytes of the values the run keeps (CPU storages)
         self.seen: set[int] = set()
+        # bytes the run may still allocate before free memory could pass ``slack``: reading
+        # the resident size (a file read) after every small group cost more than the group
+        self.budget = 0
         self._lock = threading.Lock()
 
-    def kept(self, values: Iterable[Any]) -> None:
+    def kept(self, values: Iterable[Any], allocated: int | None = None) -> None:
+        """A group ended keeping ``values``, having allocated ``allocated`` bytes (None: unknown)."""
         if not self.enabled:
             return
         with self._lock:
@@ -66,8 +70,15 @@ class HeapWatch:
                     if storage.data_ptr() not in self.seen:
                         self.seen.add(storage.data_ptr())
                         self.held += storage.nbytes()
-            if resident_bytes() - self.base - self.held > self.slack:
+            if allocated is not None:
+                self.budget -= allocated
+                if self.budget > 0:
+                    return
+            unused = resident_bytes() - self.base - self.held
+            if unused > self.slack:
                 _malloc_trim()(0)  # type: ignore[misc]
                 # what trimming could not give back is the new base: trim again only after
                 # another ``slack`` bytes
                 self.base = resident_bytes() - self.held
+                unused = 0
+            self.budget = self.slack - unused

@@ -94,6 +94,7 @@ def guard_calls(module: torch.nn.Module, recorder: Recorder) -> None:
                 hint="call fxinit.materialize(model) (or materialize the part you run) first; to record the dry run "
                      "that lazy modules need, use fxinit.dry_run(model, ...)")
 
+        refuse.fxinit_own = True  # type: ignore[attr-defined]  # holds no tensor of the model (reachable.captured)
         holder.append(mod.register_forward_pre_hook(refuse))
 
 

@@ -23,7 +23,8 @@ import torch.fx as fx
 
 from fxinit.passes import intervals
 from fxinit.passes.demand import Demand, read_demand
-from fxinit.passes.origins import Origins, Runs, copy_origins
+from fxinit.passes.origins import Origins, Runs, copied_views, copy_origins
+from fxinit.passes.roots import filled, storage_root
 from fxinit.passes.ranges import Extent
 
 #: Rounds of ``forwarded_demand`` giving copies back to copying: each moves up one copy of a chain.
@@ -51,6 +52,8 @@ def forwarded_demand(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node], expos
     copies that draw what they write, and what they draw. ``sources(fill)``: whether a fill
     can draw any piece alone; ``excluded``: copies that must run as they are (CSE values,
     fused or compiled members, in-place chains); ``entangled``: ``roots.shared_roots``."""
+    if not _copies_read_fills(nodes):  # no copy can draw: the demand alone (most unsharded models)
+        return read_demand(nodes, keep, exposed, None, entangled), {}
     read = read_demand(nodes, keep, exposed, None, entangled).copies  # what copies must write at most
     origins = copy_origins(nodes, sources, entangled, read)
     origins.at = {n: r for n, r in origins.at.items() if n not in excluded}
@@ -62,6 +65,15 @@ def forwarded_demand(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node], expos
         origins.at = {n: r for n, r in origins.at.items() if n not in copied}
         demand = read_demand(nodes, keep, exposed, origins, entangled)
     return demand, {n: _by_fill(runs, origins.fills) for n, runs in demand.forwards.items()}
+
+
+def _copies_read_fills(nodes: Sequence[fx.Node]) -> bool:
+    """Whether a copy of the slice reads a storage a random fill writes in place: origins
+    start only there (``origins.copy_origins``), so without one no copy draws anything."""
+    filled_roots = {storage_root(t) for n in nodes if n.op == "call_function" and n.meta.get("generators")
+                    and (t := filled(n)) is not None}
+    return bool(filled_roots) and any(storage_root(c.src) in filled_roots for n in nodes if n.op == "call_function"
+                                      and (c := copied_views(n)) is not None)
 
 
 def copied_anyway(demand: Demand, origins: Origins) -> set[fx.Node]:

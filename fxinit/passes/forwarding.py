@@ -24,8 +24,8 @@ import torch.fx as fx
 from fxinit.passes import intervals
 from fxinit.passes.demand import Demand, read_demand
 from fxinit.passes.origins import Origins, Runs, copied_views, copy_origins
-from fxinit.passes.roots import filled, storage_root
 from fxinit.passes.ranges import Extent
+from fxinit.passes.roots import filled, storage_root
 
 #: Rounds of ``forwarded_demand`` giving copies back to copying: each moves up one copy of a chain.
 ROUNDS = 8

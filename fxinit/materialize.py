@@ -258,7 +258,8 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
             for t, v in zip(rest, values):
                 if id(t) in loaded:
                     v.copy_(loaded[id(t)]())
-            values += [_empty_like(t, target, dtype).copy_(loaded[id(t)]()) for t in direct]
+            values += [_empty_like(t, target, dtype if takes_dtype(t, where.get(id(t), []), dtype) else None)
+                       .copy_(loaded[id(t)]()) for t in direct]
         plan.append((rest + direct, values))
     links = plan_links(tensors)
     apart = buffer_slots_apart(tensors, where, dtype)

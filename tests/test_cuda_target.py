@@ -174,3 +174,24 @@ def test_rnns_built_for_cuda_trace(monkeypatch) -> None:
     assert calls, "flatten_parameters did not reach its data_ptr() check"
     ops = [t for t, *_ in _random_nodes(fxinit.init_graph(m))]
     assert ops == ["aten.uniform_.default"] * (8 + 4)  # reset_parameters: LSTM 2 layers x 4, GRU 4
+
+
+def test_a_second_trace_continues_the_generator() -> None:
+    """Eager construction of two models after one seed continues CUDA's offset: so does fxinit."""
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        a = fxinit.trace_init(nn.Linear, 1000, 1000)
+        b = fxinit.trace_init(nn.Linear, 1000, 1000)
+    weight = increment(Reservation(10**6, 4), **H100)
+    bias = increment(Reservation(1000, 4), **H100)
+    assert [o for *_, o in _random_nodes(fxinit.init_graph(a))] == [0, weight]
+    assert [o for *_, o in _random_nodes(fxinit.init_graph(b))] == [weight + bias, 2 * weight + bias]
+    torch.manual_seed(0)  # a new seeding restarts it
+    with torch.device("cuda"):
+        c = fxinit.trace_init(nn.Linear, 1000, 1000)
+    assert [o for *_, o in _random_nodes(fxinit.init_graph(c))] == [0, weight]
+
+
+def test_native_dropout_reserves_unroll_4_in_every_dtype() -> None:
+    out = torch.empty(1000, dtype=torch.float64, device="meta")
+    assert reservation(aten.native_dropout.default, (out, 0.5, True), {}, out) == Reservation(1000, 4)

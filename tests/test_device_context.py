@@ -232,3 +232,29 @@ def test_device_contexts_entered_inside_the_constructor() -> None:
     want = "cpu" if outer == "cpu" else "cuda:0"
     assert (str(m.outer.device), str(m.lin.weight.device), str(m.on_cpu.device), str(m.after.device)) == \
         (want, "meta", "cpu", want)
+
+
+def test_swap_tensors_keeps_what_is_deferred() -> None:
+    m = fxinit.trace_init(SubclassCheck)
+    real = torch.randn(3)
+    torch.utils.swap_tensors(m.w, real)  # as Module._apply does with swap_module_params_on_conversion
+    assert type(real) is fxinit.DeferredTensor and fxinit.is_deferred(real)
+    assert type(m.w) is torch.Tensor and not fxinit.is_deferred(m.w)
+
+
+class BufferAlsoAttribute(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        f = torch.randn(4)
+        self.register_buffer("a", f)
+        self.kept = f
+
+
+def test_state_dict_and_dtype_follow_module_to() -> None:
+    sd = {"a": torch.arange(4.0)}
+    eager = BufferAlsoAttribute()
+    eager.load_state_dict(sd)
+    eager.to(torch.bfloat16)
+    m = fxinit.materialize(fxinit.trace_init(BufferAlsoAttribute), dtype=torch.bfloat16, state_dict=sd)
+    assert (m.a.dtype, m.kept.dtype, m.a is m.kept) == (eager.a.dtype, eager.kept.dtype, eager.a is eager.kept)
+    assert torch.equal(m.a, eager.a) and torch.equal(m.kept, eager.kept)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 from typing import Any
 
 import torch
@@ -80,6 +81,8 @@ IS_META_ANSWERS: dict[Any, Any] = {}
 #: that reads it to decide, not to touch memory (``capture.branches``); others are refused.
 RAW_ACCESS_ANSWERS: dict[Any, Any] = {}
 _OBJECT_CLASS = object.__dict__["__class__"]
+_SWAP_TENSORS = frozenset([torch.utils.swap_tensors.__code__, *(  # and its swap_attr
+    c for c in torch.utils.swap_tensors.__code__.co_consts if isinstance(c, types.CodeType))])
 
 
 class DeferredState:
@@ -157,7 +160,9 @@ class DeferredTensor(torch.Tensor):
         # eager: isinstance falls back to ``__class__`` when the type itself does not match.
         # ``type(p)`` stays DeferredTensor, which is what torch's dispatch reads.
         cls = self.__dict__.get(PARAMETER_CLASS)
-        return cls if cls is not None else type(self)
+        if cls is None or sys._getframe(1).f_code in _SWAP_TENSORS:
+            return type(self)  # swap_tensors swaps the real types, or the other tensor would lose DeferredTensor
+        return cls
 
     @__class__.setter
     def __class__(self, cls: type) -> None:

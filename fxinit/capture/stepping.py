@@ -15,7 +15,7 @@ import torch
 from fxinit.capture.skips import LazyCpuGenerator
 from fxinit.rng import Snapshot, mt19937
 from fxinit.rng.draws import cpu_draws
-from fxinit.rng.philox import PendingPhilox, Reservation, queued_seed, reservation
+from fxinit.rng.philox import CHAINS, PendingPhilox, queued_seed, reservation
 
 
 class GeneratorStepper:
@@ -25,8 +25,6 @@ class GeneratorStepper:
         self.snapshots: dict[str, Snapshot] = {}
         self.lazy_cpu = LazyCpuGenerator()  # the default CPU generator, skipped lazily inside capture
         self.random_ops = {"skipped": 0, "drawn": 0}  # how capture kept generators in step
-        # CUDA generators of a device this machine lacks: {device: (seeding call, last snapshot, its reservation)}
-        self._absent: dict[str, tuple[Any, PendingPhilox, Reservation]] = {}
 
     def snapshot(self, gen: torch.Generator) -> str:
         """Snapshot ``gen`` as it is now; its key in ``snapshots``."""
@@ -50,12 +48,12 @@ class GeneratorStepper:
             raise LookupError(f"fxinit does not know how far {func} moves the CUDA generator")
         call, seed = queued_seed(device)
         dev = str(device)
-        chain = self._absent.get(dev)
+        chain = CHAINS.get(dev)  # the process's generator: a later trace continues the chain
         if chain is not None and chain[0] is call and chain[1].seed == seed:
             snap = PendingPhilox(dev, seed, chain[1], chain[2])
         else:  # seeded since (or the first op): offset 0
             snap = PendingPhilox(dev, seed, None, None)
-        self._absent[dev] = (call, snap, reserved)
+        CHAINS[dev] = (call, snap, reserved)
         key = f"rng{len(self.snapshots)}"
         self.snapshots[key] = snap
         self.random_ops["skipped"] += 1

@@ -16,8 +16,12 @@ threads and ``G = min(ceil(N / 256), SMs * (maxThreadsPerSM // 256))`` blocks,
 ``geometric_`` and ``random_(from, to)`` of a range under 2**32, and 2 for float64 and for
 ``random_`` of int64/float32/float64/bfloat16 over a range of 2**32 or more. A kernel of no
 elements reserves nothing. ``native_dropout`` (``aten/src/ATen/native/cuda/Dropout.cu``)
-reserves as a float ``bernoulli_`` does. Tensors beyond 32-bit indexing are split into
-sub-kernels that reserve each: those, and every other random op, are refused here by name.
+reserves as a float32 ``bernoulli_`` does, whatever its dtype (its ``UNROLL`` is 4).
+Tensors beyond 32-bit indexing are split into sub-kernels that reserve each: those, and
+every other random op, are refused here by name.
+
+The chain of a device lives for the process (:data:`CHAINS`), as the generator does: a
+second model traced after the same seed continues where the first left off.
 
 >>> from fxinit.rng.philox import Reservation, increment
 >>> h100 = dict(sms=132, threads_per_sm=2048)
@@ -60,7 +64,7 @@ def increment(r: Reservation, sms: int, threads_per_sm: int) -> int:
 
 _ATEN = torch.ops.aten
 _FILLS = {_ATEN.uniform_.default, _ATEN.normal_.default, _ATEN.exponential_.default, _ATEN.cauchy_.default,
-          _ATEN.log_normal_.default, _ATEN.geometric_.default, _ATEN.bernoulli_.float, _ATEN.native_dropout.default,
+          _ATEN.log_normal_.default, _ATEN.geometric_.default, _ATEN.bernoulli_.float,
           _ATEN.normal.Tensor_float, _ATEN.normal.float_Tensor, _ATEN.normal.Tensor_Tensor,
           _ATEN.normal.float_float, _ATEN.rand.default, _ATEN.randn.default, _ATEN.rand_like.default,
           _ATEN.randn_like.default, _ATEN.bernoulli.p}
@@ -76,6 +80,8 @@ def reservation(func: Any, args: tuple, kwargs: dict, out: torch.Tensor) -> Rese
     numel = out.numel()
     if numel > _MAX_32BIT:
         return None
+    if func is _ATEN.native_dropout.default:  # Dropout.cu: UNROLL is 4 for every dtype
+        return Reservation(numel, 4)
     if func in _FILLS:
         return Reservation(numel, 2 if out.dtype == torch.float64 else 4)
     if func in _RANDOM_FROM_TO:
@@ -116,15 +122,21 @@ class PendingPhilox:
         self.prev = prev  # None: the first op after the seed (offset 0)
         self.reserved = reserved  # what ``prev`` reserved
         self._state: torch.Tensor | None = None
-        self._offset: int | None = None
+        self._offset: tuple[tuple[int, int], int] | None = None
 
     def offset(self, sms: int, threads_per_sm: int) -> int:
-        """The Philox offset on a device of ``sms`` multiprocessors (no device needed)."""
+        """The Philox offset on a device of ``sms`` multiprocessors (no device needed); each
+        link remembers its last answer, so reading a chain in order costs one step each."""
+        key = (sms, threads_per_sm)
         total, node = 0, self
         while node.prev is not None:
+            if node._offset is not None and node._offset[0] == key:
+                total += node._offset[1]
+                break
             assert node.reserved is not None
             total += increment(node.reserved, sms, threads_per_sm)
             node = node.prev
+        self._offset = (key, total)
         return total
 
     @property
@@ -146,6 +158,9 @@ class PendingPhilox:
 
 
 _LOCK = threading.Lock()
+#: ``{device: (seeding call, last snapshot, its reservation)}``: where each absent CUDA
+#: generator is, for every trace of the process (``capture.stepping``)
+CHAINS: dict[str, tuple[Any, "PendingPhilox", Reservation]] = {}
 
 
 def philox_state(seed: int, offset: int) -> torch.Tensor:

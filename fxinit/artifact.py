@@ -28,7 +28,7 @@ from fxinit.capture.provenance import Provenance
 from fxinit.errors import ArtifactError
 from fxinit.ops import OPAQUE_INIT_FUNCTIONS, call_init_function, draws_random, replay_args, resolve_init_function
 from fxinit.rng import RngSnapshot, Snapshot
-from fxinit.rng.philox import PENDING_FIELDS, decode_pending, encode_snapshots
+from fxinit.rng.philox import PENDING_FIELDS, PendingPhilox, decode_pending, encode_pending
 from fxinit.spec import OutputInfo, TensorSpec
 
 if TYPE_CHECKING:  # annotations only: graph.py imports this module
@@ -74,7 +74,8 @@ def save_graph(graph: InitGraph, path: str | os.PathLike) -> None:
         "ties": [list(g) for g in graph.ties],
         "constants": {k: v.detach().cpu().contiguous() if v.device.type != "cpu" else v.detach()
                       for k, v in graph.constants.items()},
-        "rng": encode_snapshots(graph.snapshots),
+        "rng": {**{k: {"device": s.device, "state": s.state.cpu()} for k, s in graph.snapshots.items()
+                    if not isinstance(s, PendingPhilox)}, **encode_pending(graph.snapshots)},
         "hf_config": _checked_config(graph.hf_config, "cannot save this graph"),
     }
     data = pack(payload)

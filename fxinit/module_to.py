@@ -39,7 +39,7 @@ from fxinit.spec import dtype_after_to
 
 Location = tuple[torch.nn.Module, str, str]  # (module, name, a kind of reachable.module_slots)
 
-_PLAIN = ("__dict__", "container", "hook")
+_PLAIN = frozenset({"__dict__", "container", "hook"})
 
 
 def _kinds(places: Iterable[Location]) -> set[str]:
@@ -56,7 +56,7 @@ def takes_dtype(t: torch.Tensor, places: list[Location], dtype: torch.dtype | No
     kinds = _kinds(places)
     if "_parameters" in kinds:
         return True
-    return "_buffers" in kinds and not kinds & set(_PLAIN)
+    return "_buffers" in kinds and not kinds & _PLAIN
 
 
 def buffer_slots_apart(tensors: Iterable[torch.Tensor], where: dict[int, list[Location]],

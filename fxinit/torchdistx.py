@@ -38,14 +38,14 @@ import torch
 
 from fxinit.capture import deferred_init as _trace
 from fxinit.capture import meta_init
-from fxinit.capture.deferred import is_deferred_tensor
 from fxinit.capture.post_import import when_imported
 from fxinit.materialize import is_deferred, materialize_module, materialize_tensor
 
 
 def is_fake(tensor: torch.Tensor) -> bool:
-    """torchdistX's ``fake.is_fake``: the tensor has no storage yet (a deferred tensor)."""
-    return is_deferred_tensor(tensor) or is_deferred_tensor(getattr(tensor, "_local_tensor", None))
+    """torchdistX's ``fake.is_fake``: the tensor has no storage yet (a deferred tensor, or a
+    DTensor whose local tensor is one)."""
+    return is_deferred(tensor)
 
 
 @contextlib.contextmanager

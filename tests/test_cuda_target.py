@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fxinit
-from fxinit.rng.philox import (DEFAULT_SEED, PendingPhilox, Reservation, decode_pending, encode_snapshots, increment,
+from fxinit.rng.philox import (DEFAULT_SEED, PendingPhilox, Reservation, decode_pending, encode_pending, increment,
                                reservation)
 
 if torch.cuda.is_available():
@@ -144,7 +144,7 @@ def test_artifact_keeps_the_chain(tmp_path) -> None:
     # a table whose kept snapshots skip links of their chain keeps those links
     snaps = graph.snapshots
     last = [k for k, s in snaps.items() if isinstance(s, PendingPhilox) and s.seed == 7][-1]
-    table = encode_snapshots({last: snaps[last]})
+    table = encode_pending({last: snaps[last]})
     assert len(table) == 4 and table[last]["after"] is not None
     decoded: dict = {}
     assert decode_pending(table, decoded) == []

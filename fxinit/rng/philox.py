@@ -200,18 +200,15 @@ def queued_seed(device: torch.device) -> tuple[Any, int]:
 PENDING_FIELDS = ("device", "seed", "after", "reserved")
 
 
-def encode_snapshots(snapshots: dict[str, Any]) -> dict[str, dict]:
-    """An artifact's ``rng`` table: ``{"device", "state"}`` per snapshot, or the chain fields
-    of a PendingPhilox. A chain's earlier links that no kept node uses are kept too (keyed
-    ``<key>~<n>``): the offset of a snapshot is the sum of every reservation before it."""
+def encode_pending(snapshots: dict[str, Any]) -> dict[str, dict]:
+    """The artifact ``rng`` entries of the PendingPhilox among ``snapshots``: their chain
+    fields. A chain's earlier links that no kept node uses are kept too (keyed ``<key>~<n>``):
+    the offset of a snapshot is the sum of every reservation before it."""
     keys = {id(s): k for k, s in snapshots.items()}
     out: dict[str, dict] = {}
-    todo = list(snapshots.items())
+    todo = [(k, s) for k, s in snapshots.items() if isinstance(s, PendingPhilox)]
     while todo:
         k, s = todo.pop(0)
-        if not isinstance(s, PendingPhilox):
-            out[k] = {"device": s.device, "state": s.state.cpu()}
-            continue
         after = None
         if s.prev is not None:
             after = keys.get(id(s.prev))

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 import torch
 import torch.fx as fx
 
-from fxinit.backends.compiled import CompiledSampler, compile_available, refuse
+from fxinit.backends.compiled import CompiledSampler, compile_available, refuse, triton_available
 from fxinit.backends.exact import ExactSampler
 from fxinit.backends.interpreter import Sampler
 from fxinit.backends.parallel import run_plan
@@ -78,14 +78,13 @@ def slicer(program: Program, eliminate_dead: bool = True) -> Slicer:
 def plan(program: Program, targets: Iterable[Target], *, rng: str = "exact", seed: int | None = None,
          dtype: torch.dtype | None = None, exposed: Mapping[fx.Node, Extent] | None = None,
          devices: Callable[[list[fx.Node]], DeviceMap] | None = None, eliminate_dead: bool = True,
-         compile: bool | None = False, labels: Mapping[fx.Node, str] | None = None) -> Plan:
+         compile: bool | str | None = False, labels: Mapping[fx.Node, str] | None = None) -> Plan:
     """The plan computing ``targets`` (``(value node, storage id)``) of ``program``: exact
     (eager's values) or portable (the streams of ``seed``), cast to ``dtype`` by
     ``Module.to``'s rule; ``exposed`` as for ``plan.make_plan``; ``devices(slice)``: the
     plan's ``device_map`` (unavailable devices the slice asks for, and what runs instead).
-    ``compile`` (portable mode): fills run as kernels torch.compile generates; None: where
-    that is the fastest way (``compiles``). ``labels``: names of the targets, for printing
-    (default: the names of their storages)."""
+    ``compile`` (portable mode): which compiled kernels run the fills (``compiles``).
+    ``labels``: names of the targets, for printing (default: the names of their storages)."""
     targets = list(targets)
     nodes, dead = slicer(program, eliminate_dead).required(targets, to_run=True)
     if labels is None:
@@ -97,25 +96,35 @@ def plan(program: Program, targets: Iterable[Target], *, rng: str = "exact", see
                      compiles=compiles(compile) if rng == "portable" else None, labels=labels)
 
 
-def compiles(compile: bool | None) -> Callable[[torch.device], bool] | None:
-    """Whether portable fills on a device run as compiled kernels. ``True``: yes (refused
-    with ``DeferredInitError`` where torch.compile cannot generate code for the device);
-    ``None``: where measured or known to be fastest: CUDA, with Triton (its eager torch ops
-    make ~40 passes over memory per fill), and the CPU only without fxinit's C kernel (which
-    beats Inductor's code there: a float32 normal in 1.4 ns against 7.8 ns on one AVX2 core), when a
-    C++ compiler still lets Inductor run; ``False``: never (None)."""
-    if compile not in (None, True, False):
-        raise ValueError(f"compile={compile!r}: choose True, False or None")
+def compiles(compile: bool | str | None) -> Callable[[torch.device], str | None] | None:
+    """Which backend runs portable fills on a device as compiled kernels (``"triton"``,
+    ``"inductor"``) or None. ``None`` (fxinit picks, measured or known fastest): on CUDA
+    fxinit's own Triton kernel (torch ops make ~40 passes over memory per fill; the kernel
+    makes one and never enters Dynamo), on the CPU fxinit's C kernel (which beats Inductor's
+    code there: a float32 normal in 1.4 ns against 7.8 ns on one AVX2 core), and Inductor
+    only where neither exists but a C++ compiler does. ``True``: kernels torch.compile
+    (Inductor) generates; ``"triton"``: fxinit's Triton kernel (on a CPU tensor only under
+    Triton's interpreter, ``TRITON_INTERPRET=1``, to check bits); both refused with
+    ``DeferredInitError`` where they cannot run. ``False``: never (None)."""
+    if compile not in (None, True, False, "triton"):
+        raise ValueError(f"compile={compile!r}: choose True, False, None or 'triton'")
     if compile is False:
         return None
 
-    def on(device: torch.device) -> bool:
+    def on(device: torch.device) -> str | None:
+        if compile == "triton":
+            why = triton_available(device)
+            if why is not None:
+                raise refuse(device, why, "compile='triton'")
+            return "triton"
         why = compile_available(device)
         if compile is True:
             if why is not None:
                 raise refuse(device, why)
-            return True
-        return why is None and (device.type == "cuda" or portable_library() is None)
+            return "inductor"
+        if device.type == "cuda":
+            return "triton" if triton_available(device) is None else None
+        return "inductor" if why is None and portable_library() is None else None
 
     return on
 

@@ -121,7 +121,7 @@ class InitGraph:
 
     def plan(self, names: Iterable[str] | None = None, rng: str = "exact", seed: int | None = None,
              dtype: torch.dtype | None = None, rows: Mapping[str, tuple[int, int]] | None = None,
-             compile: bool | None = None) -> Plan:
+             compile: bool | str | None = None) -> Plan:
         """What materializing ``names`` (all if None) runs and how: the slice and every
         decision of the passes (``fxinit.plan``; ``print`` it). Arguments as for ``materialize``."""
         wanted = self._wanted(names)
@@ -141,7 +141,7 @@ class InitGraph:
         self, names: Iterable[str] | None = None, device: torch.device | str | None = None,
         rng: str = "exact", max_bytes: int | None = None, seed: int | None = None,
         dtype: torch.dtype | None = None, rows: Mapping[str, tuple[int, int]] | None = None,
-        compile: bool | None = None,
+        compile: bool | str | None = None,
     ) -> dict[str, torch.Tensor]:
         """Values of the named outputs (all if None).
 

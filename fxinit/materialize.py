@@ -119,7 +119,7 @@ def _device_map(nodes: list[fx.Node], target: torch.device | None) -> dict[torch
 
 def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.device | None = None,
              seed: int | None = None, dtype: torch.dtype | None = None,
-             describe: Callable[[int], str] | None = None, compile: bool | None = None) -> list[torch.Tensor]:
+             describe: Callable[[int], str] | None = None, compile: bool | str | None = None) -> list[torch.Tensor]:
     """Values of ``tensors``: exact replay, or the portable stream when ``seed`` is given;
     cast to ``dtype`` by ``Module.to``'s rule if given. ``describe(i)`` names the i-th
     tensor in errors."""
@@ -216,7 +216,7 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
 def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Location]],
                          device: torch.device | str | None, init: bool,
                          loaded: Mapping[int, Callable[[], torch.Tensor]] | None = None,
-                         seed: int | None = None, dtype: torch.dtype | None = None, compile: bool | None = None) -> None:
+                         seed: int | None = None, dtype: torch.dtype | None = None, compile: bool | str | None = None) -> None:
     """Compute (or, with ``loaded``, read from a checkpoint) and swap in; ``loaded`` maps
     ``id(tensor)`` to a reader of its checkpoint value (called once, just before the copy,
     so that only one checkpoint tensor is held at a time)."""
@@ -334,7 +334,7 @@ M = TypeVar("M", torch.nn.Module, torch.Tensor)
 def materialize(obj: M, *, device: torch.device | str | None = None, init: bool = True,
                 keep_cache: bool = False, state_dict: CheckpointSource | None = None,
                 prefix: str = "", strict: bool = True, rng: str = "exact", seed: int | None = None,
-                dtype: torch.dtype | None = None, compile: bool | None = None) -> M:
+                dtype: torch.dtype | None = None, compile: bool | str | None = None) -> M:
     """Fill the deferred tensors of ``obj`` in place and return ``obj``.
 
     ``obj`` is a module (all its parameters and buffers, recursively; any submodule,

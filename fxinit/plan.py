@@ -23,7 +23,7 @@ from fxinit.passes.cast_fusion import FusedCast, cast_points, fused_casts
 from fxinit.passes.cse import common_subexpressions
 from fxinit.passes.fills import Ranges, draws_alone, exact_chunks, exact_pieces, is_in_place_sampler, portable_pieces
 from fxinit.passes.inplace import in_place_chains
-from fxinit.passes.kernels import Kernel, compiled_fills
+from fxinit.passes.kernels import Kernel, compiled_fills, with_backend
 from fxinit.passes.partition import independent_groups
 from fxinit.passes.demand import partial_constants, partial_copies, partial_fills
 from fxinit.passes.forwarding import Forward, forwarded_demand
@@ -111,14 +111,15 @@ class Plan:
 def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "exact", seed: int | None = None,
               streams: Mapping[fx.Node, str] | None = None, output_dtype: torch.dtype | None = None,
               exposed: Mapping[fx.Node, Extent] | None = None, device_map: DeviceMap | None = None,
-              dead: Sequence[fx.Node] = (), compiles: Callable[[torch.device], bool] | None = None,
+              dead: Sequence[fx.Node] = (), compiles: Callable[[torch.device], str | None] | None = None,
               labels: Mapping[fx.Node, str] | None = None) -> Plan:
     """The plan for the slice ``nodes`` (program order, from ``passes.slicing``) whose
     values ``keep`` the caller gets. ``exposed``: kept nodes of which the caller reads only
     this storage extent (their random fills fill what it needs, and they are not cast to
     ``output_dtype``: the caller casts the part it reads). ``streams``: portable mode's key
-    of every random node (``passes.stream_keys``). ``compiles(device)``: whether portable
-    fills on ``device`` run as kernels torch.compile generates (``passes.kernels``)."""
+    of every random node (``passes.stream_keys``). ``compiles(device)``: the backend that
+    runs portable fills on ``device`` as compiled kernels, ``"triton"`` or ``"inductor"``, or
+    None (``passes.kernels``)."""
     keep = frozenset(keep)
     members = set(nodes)
     exposed = dict(exposed or {})
@@ -134,7 +135,7 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
     if rng == "portable" and compiles is not None:
         candidates = compiled_fills(nodes, in_place, fused, device_map)
         on = {d: compiles(d) for d in {k.device for k in candidates.values()}}
-        kernels = {n: k for n, k in candidates.items() if on[k.device]}
+        kernels = {n: with_backend(k, on[k.device]) for n, k in candidates.items() if on[k.device]}
     unsplit = {*shared, *in_place, *kernels, *(m for f in fused.values() for m in f.members),
                *(m for k in kernels.values() for m in k.chain)}  # nodes that run otherwise or for others too
     demand, forwards = forwarded_demand(nodes, keep, exposed,
@@ -234,7 +235,7 @@ def _decisions(plan: Plan, n: fx.Node, fused_by_member: Mapping[fx.Node, FusedCa
         steps = [k.kind, _dtype(k.dtype), *(op_name(m) for m in k.chain)]
         if k.cast is not None:
             steps.append(_dtype(k.cast))
-        out.append(f"compiled kernel on {k.device.type}: {' -> '.join(steps)}")
+        out.append(f"compiled kernel ({k.backend}) on {k.device.type}: {' -> '.join(steps)}")
     if n in plan.pieces:
         out.append(f"fills only {_ranges(plan.pieces[n])}")
     if n in plan.copies:

@@ -54,7 +54,7 @@ def test_compiled_fills_are_the_c_kernels_bits(graph: fxinit.InitGraph) -> None:
     chains = {tuple(str(n.target) for n in k.chain) for k in plan.kernels.values()}
     assert chains == {(), ("aten.mul.Tensor", "aten.add.Tensor"), ("aten.mul.Tensor", "aten.sub.Tensor")}
     assert {(k.kind, k.dtype) for k in plan.kernels.values()} == {("normal", F32), ("uniform", F32), ("uniform", BF16)}
-    assert "compiled kernel on cpu: normal -> float32 -> mul -> add" in str(plan)
+    assert "compiled kernel (inductor) on cpu: normal -> float32 -> mul -> add" in str(plan)
     before = compiled.STATS.calls
     _same(graph.materialize(rng="portable", compile=True), graph.materialize(rng="portable", compile=False))
     assert compiled.STATS.calls - before >= len(plan.kernels)  # the kernels ran

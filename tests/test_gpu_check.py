@@ -42,9 +42,11 @@ def test_tensors_are_classified_by_the_random_ops_that_run_for_them() -> None:
 
 def test_whole_run_on_cpu(capsys) -> None:
     assert gpu_check.main(["--device", "cpu", "--small", "--dtypes", "bfloat16", "--corpus-every", "0",
-                           "--sizes", "1,1000"]) == 0
+                           "--sizes", "1,1000", "--no-compile-times"]) == 0
     out = capsys.readouterr().out
     assert "bitwise equal to eager" in out and "all within bounds" in out
+    assert "first rows bitwise equal to the CPU's" in out and "portable inductor" in out
+    assert all(f"{path:<11}" in out for path in ("torch ops", "triton", "inductor"))
     assert "device contexts on cpu: 9 constructors" in out and "all equal to eager, bit for bit" in out
     assert "llama" in out and "uniform" in out and "normal" in out
 
@@ -67,3 +69,11 @@ def test_the_no_gpu_trace_of_the_contexts_section_records_every_constructor(tmp_
     devices = {name: str(spec.device) for name, spec in graph.specs().items()} if hasattr(graph, "specs") else {}
     assert all(s.device in ("cuda:0", "cpu") for s in graph.snapshots.values())
     assert any(s.device == "cuda:0" for s in graph.snapshots.values()), devices
+
+
+def test_compile_times_run_in_fresh_processes() -> None:
+    """The bench's cold and warm compile times: two child processes sharing fresh caches."""
+    import gpu_portable
+
+    (row,) = gpu_portable.compile_times(torch.device("cpu"), ("None",))  # the C kernel: nothing to compile
+    assert row == {"compile": "None", "cold_s": 0.0, "warm_s": 0.0, "kernels": 0}

@@ -278,6 +278,38 @@ def test_kaiming_trunc_normal_orthogonal_sparse() -> None:
     assert abs(s[s != 0].std() / 0.01 - 1) < 0.05
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_trunc_normal_is_made_of_operations_every_device_rounds_alike(dtype: torch.dtype,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """By rejection on the float32 normal stream (``normal24``, the ops CUDA runs): the C
+    kernel and the torch-op twin give the same bits, each element depends on its index only
+    (a chunk boundary cannot move a value), and the law is torch's truncated normal."""
+    from fxinit.backends import streams
+
+    def fill(shape: tuple[int, ...], *args: float, twin: bool = False, chunk: int = portable.CHUNK) -> torch.Tensor:
+        with monkeypatch.context() as patch:
+            patch.setattr(portable, "CHUNK", chunk)
+            if twin:
+                patch.setattr(portable, "portable_library", lambda: None)
+            t = torch.empty(shape, dtype=dtype)
+            streams._trunc_normal(t, portable.stream_key(5, "vit.pos_embed/0"), *args)
+            return t
+
+    args = (0.0, 0.02, -0.03, 0.03)  # 1.5 sigma: about one draw in seven redrawn, some twice or more
+    whole = fill((700, 301), *args)
+    assert torch.equal(whole, fill((700, 301), *args, twin=True))
+    assert torch.equal(whole, fill((700, 301), *args, chunk=4096 + 3))
+    strided = torch.empty(301, 700, dtype=dtype).T  # a non-contiguous tensor: values in logical order
+    streams._trunc_normal(strided, portable.stream_key(5, "vit.pos_embed/0"), *args)
+    assert torch.equal(strided, whole)
+    assert whole.min() >= -0.03 and whole.max() <= 0.03 + 2**-10
+    eager = torch.empty(whole.shape, dtype=torch.float64)
+    torch.nn.init.trunc_normal_(eager, *args)
+    assert abs(whole.double().std() / eager.std() - 1) < 0.02 and abs(whole.double().mean()) < 3e-4
+    far = fill((1000,), 0.0, 1.0, 3.0, 4.0)  # far in a tail: inverse CDF (float64 ndtri), inside too
+    assert far.min() >= 3.0 and far.max() <= 4.0
+
+
 def test_other_samplers() -> None:
     b = _fill(lambda w: w.data.bernoulli_(0.3))
     assert set(b.unique().tolist()) == {0.0, 1.0} and abs(b.mean() - 0.3) < 0.003

@@ -19,29 +19,30 @@ corpus
 
 portable
     Tiny transformers models and torch.nn modules, traced for DEVICE and for the CPU and
-    materialized with ``rng="portable"``: each tensor's values on DEVICE against the CPU's,
-    as distances in units in the last place, grouped by the random ops that wrote the tensor.
-    Two paths on DEVICE: the torch-op samplers run as torch ops (``compile=False``), and the
-    same ops compiled by torch.compile (``compile=True``: Triton on CUDA, Inductor's C++ on
-    CPU). Tensors written only by uniform-family ops must be bitwise equal, float32 and
-    bfloat16 tensors written by normal-family ops within 2 ulp as torch ops and bitwise
-    equal compiled (no FMA contraction, correctly rounded square roots and divisions), those
-    of ``trunc_normal_`` (portable's inverse-CDF sampler, torch ops either way) within 2 ulp;
-    anything else is reported, not judged (float64 normals and the rarer samplers use
-    torch's ``log1p``/``exp``, whose last bit may differ between devices; non-random buffers
-    are eager's own arithmetic on each device). With ``--device cpu`` the torch-op path runs
-    with ``FXINIT_NO_NATIVE=1``, the code CUDA runs, against fxinit's C kernels.
+    materialized with ``rng="portable"``: each tensor's values on DEVICE against the CPU's
+    (fxinit's C kernel), as distances in units in the last place, grouped by the random ops
+    that wrote the tensor. Three paths on DEVICE: torch ops (``compile=False``), the default
+    (``compile=None``: fxinit's Triton kernel on CUDA) and Inductor's kernels
+    (``compile=True``); on the CPU, torch ops with ``FXINIT_NO_NATIVE=1`` (the code CUDA runs
+    without a compiler), ``compile='triton'`` under Triton's interpreter, and Inductor's C++.
+    float32 and bfloat16 tensors written by uniform-family, normal-family and
+    ``trunc_normal_`` ops must be bitwise equal; anything else is reported, not judged
+    (float64 normals and the rarer samplers use torch's ``log1p``/``exp``, whose last bit may
+    differ between devices; non-random buffers are eager's own arithmetic on each device).
 
 bench
     An 8B Llama (hidden 4096, intermediate 14336, 32 layers, 32 heads, 8 kv heads, vocab
     128256) built in bfloat16 on DEVICE: eager under ``with torch.device(DEVICE)``, then
     fxinit traced for DEVICE and materialized there, exact (checked bit for bit against the
-    eager model), portable as torch ops and portable compiled (its kernels compiled first:
-    their compile time is reported apart). Each row reports its time and the achieved
-    bandwidth (output bytes / materialize time) against DEVICE's copy bandwidth (bytes read +
+    eager model), then portable (``tools/gpu_portable.py``): the default path first in the
+    process with no warm-up (worker threads; compile time reported apart), warm, Inductor's
+    kernels, torch ops; every tensor's first row against the CPU's, bit for bit; compile time
+    cold and warm, each in a fresh process. Each row reports its time, its ratio to eager and
+    the achieved bandwidth (output bytes / time) against DEVICE's copy bandwidth (bytes read +
     written per second by one large copy). ``--small`` uses a ~25M-parameter Llama instead.
 
-Exit status 1 when a portable tensor breaks its bound or the exact bench model differs from eager.
+Exit status 1 when a portable tensor breaks its bound, a portable row differs from the CPU's, or the exact
+bench model differs from eager.
 """
 
 from __future__ import annotations
@@ -76,8 +77,7 @@ PORTABLE_MODELS = ("llama", "bert", "gpt2", "t5", "vit", "mixtral")
 UNIFORM_FAMILY = {"uniform_", "rand", "rand_like", "random_", "randint", "randint_like", "randperm", "bernoulli_",
                   "bernoulli"}
 NORMAL_FAMILY = {"normal_", "normal", "randn", "randn_like"}
-TRUNC_NORMAL = {"torch.nn.init.trunc_normal_"}  # portable's own inverse-CDF sampler: torch ops, not compiled
-MAX_NORMAL_ULP = 2
+TRUNC_NORMAL = {"torch.nn.init.trunc_normal_"}  # portable's rejection sampler on the normal stream
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -102,6 +102,34 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(saved)
+
+
+#: The portable paths checked on each device: torch ops, fxinit's Triton kernel (CUDA's default;
+#: on the CPU under Triton's interpreter), Inductor's kernels.
+PATHS = {"cuda": (False, None, True), "cpu": (False, "triton", True)}
+PATH_NAMES = {False: "torch ops", None: "default", True: "inductor", "triton": "triton"}
+
+
+@contextlib.contextmanager
+def _path(device: torch.device, compile: bool | str | None) -> Iterator[None]:
+    """On the CPU: torch ops instead of fxinit's C kernel (``compile=False``), and Triton's
+    interpreter for ``compile='triton'``."""
+    if device.type != "cpu" or compile not in (False, "triton"):
+        yield
+        return
+    if compile is False:
+        with _torch_op_samplers():
+            yield
+        return
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
 
 
 @contextlib.contextmanager
@@ -219,10 +247,11 @@ def check_portable(device: torch.device, dtypes: list[torch.dtype], seed: int = 
     cpu = torch.device("cpu")
     models = {**_nn_models(), **_transformers_models(PORTABLE_MODELS)}
     rows, ok = [], True
-    for dtype, (label, factory), compile in ((d, m, c) for d in dtypes for m in models.items() for c in (False, True)):
+    paths = PATHS[device.type]
+    for dtype, (label, factory), compile in ((d, m, c) for d in dtypes for m in models.items() for c in paths):
         with _default_dtype(dtype):
             graph, ref = portable_values(factory, cpu, seed)
-            with _torch_op_samplers() if device.type == "cpu" and not compile else contextlib.nullcontext():
+            with _path(device, compile):
                 _, got = portable_values(factory, device, seed, compile=compile)
         worst: dict[str, tuple[int, str]] = {}
         for name, value in ref.items():
@@ -235,13 +264,12 @@ def check_portable(device: torch.device, dtypes: list[torch.dtype], seed: int = 
                 worst[family] = (dist, name)
         for family, (dist, name) in sorted(worst.items()):
             low_precision = dtype in (torch.float32, torch.bfloat16)
-            bound = {"uniform": 0, "normal": 0 if compile else MAX_NORMAL_ULP if low_precision else None,
-                     "trunc_normal": MAX_NORMAL_ULP if low_precision else None}.get(family)
+            bound = {"uniform": 0, "normal": 0 if low_precision else None,
+                     "trunc_normal": 0 if low_precision else None}.get(family)
             good = dist >= 0 and (bound is None or dist <= bound)
             ok &= good
             rows.append({"model": label, "dtype": str(dtype).removeprefix("torch."), "family": family,
-                         "path": "compiled" if compile else "torch ops", "max_ulp": dist, "bound": bound,
-                         "worst": name, "ok": good})
+                         "path": PATH_NAMES[compile], "max_ulp": dist, "bound": bound, "worst": name, "ok": good})
     return rows, ok
 
 
@@ -285,54 +313,60 @@ def _fxinit_row(label: str, cls: Any, cfg: Any, device: torch.device, **options:
     return {"row": label, "seconds": seconds, "trace_s": trace_s, "bytes": _nbytes(m)}, m
 
 
-def bench(device: torch.device, size: str) -> tuple[list[dict], bool]:
+def bench(device: torch.device, size: str, exact: bool = True, timing_compiles: bool = True) -> tuple[list[dict], bool]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(**BENCH_CONFIGS[size])
+    from gpu_portable import compile_times, portable_rows, print_compile_times
+
+    cfg, small = LlamaConfig(**BENCH_CONFIGS[size]), LlamaConfig(**BENCH_CONFIGS["small"])
     rows: list[dict] = []
     with _default_dtype(torch.bfloat16):
-        with device:  # warm up kernels and allocator on a small model first
-            fxinit.materialize(fxinit.trace_init(LlamaForCausalLM, LlamaConfig(**BENCH_CONFIGS["small"])))
-
-        torch.manual_seed(0)
-        with device:
+        with device:  # the allocator and torch's own kernels warm: eager first, on the small model
+            LlamaForCausalLM(small)
+            torch.manual_seed(0)
             seconds, eager = _timed(lambda: LlamaForCausalLM(cfg), device)
         nbytes = _nbytes(eager)
         rows.append({"row": "eager", "seconds": seconds, "trace_s": None, "bytes": nbytes})
-
-        row, m = _fxinit_row("fxinit exact", LlamaForCausalLM, cfg, device)
-        ref = dict(eager.named_parameters()) | dict(eager.named_buffers())
-        row["mismatched"] = [k for k, v in [*m.named_parameters(), *m.named_buffers()]
-                             if v.device != ref[k].device or v.dtype != ref[k].dtype or not torch.equal(
-                                 v.detach().reshape(-1).view(torch.uint8), ref[k].detach().reshape(-1).view(torch.uint8))]
-        rows.append(row)
-        del eager, ref, m
+        if exact:
+            with device:
+                fxinit.materialize(fxinit.trace_init(LlamaForCausalLM, small))
+            row, m = _fxinit_row("fxinit exact", LlamaForCausalLM, cfg, device)
+            ref = dict(eager.named_parameters()) | dict(eager.named_buffers())
+            row["mismatched"] = [k for k, v in [*m.named_parameters(), *m.named_buffers()]
+                                 if v.device != ref[k].device or v.dtype != ref[k].dtype or not torch.equal(
+                                     v.detach().reshape(-1).view(torch.uint8),
+                                     ref[k].detach().reshape(-1).view(torch.uint8))]
+            rows.append(row)
+            del ref, m
+        del eager
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        rows.append(_fxinit_row("fxinit portable", LlamaForCausalLM, cfg, device, rng="portable", compile=False)[0])
-        from fxinit.backends.compiled import STATS
-
-        with device:  # compile the kernels on the small model: the row below times running them
-            before = STATS.seconds
-            fxinit.materialize(fxinit.trace_init(LlamaForCausalLM, LlamaConfig(**BENCH_CONFIGS["small"])),
-                               rng="portable", compile=True)
-        row = _fxinit_row("portable compiled", LlamaForCausalLM, cfg, device, rng="portable", compile=True)[0]
-        row["compile_s"] = STATS.seconds - before
-        rows.append(row)
+        portable, same = portable_rows(cfg, small, device)
+    for r in portable:
+        r["bytes"] = nbytes
+    rows += portable
     copy = copy_bandwidth(device, min(1 << 30, nbytes))
     for r in rows:
         r["gb_s"] = r["bytes"] / r["seconds"] / 1e9
         r["of_copy"] = r["bytes"] / r["seconds"] / copy
+        r["of_eager"] = r["seconds"] / rows[0]["seconds"]
     print(f"\n{size} Llama in bfloat16 on {device}: {nbytes / 1e9:.2f} GB of parameters and buffers; "
           f"copy bandwidth {copy / 1e9:.0f} GB/s (read + write)")
-    print(f"{'row':<18}{'build s':>14}{'trace s':>9}{'GB/s':>8}{'of copy':>9}  note  (build: eager construction, or materialize)")
+    print(f"{'row':<26}{'build s':>9}{'x eager':>8}{'trace s':>9}{'GB/s':>8}{'of copy':>9}{'compile s':>10}  note"
+          "  (build: eager construction, or materialize)")
     for r in rows:
         trace = "-" if r["trace_s"] is None else f"{r['trace_s']:.3f}"
-        note = f"kernels compiled first in {r['compile_s']:.1f} s" if "compile_s" in r else ""
+        compiled = f"{r['compile_s']:.2f}" if "compile_s" in r else "-"
+        note = r.get("note", "")
         if "mismatched" in r:
             note = "bitwise equal to eager" if not r["mismatched"] else f"DIFFERS from eager: {r['mismatched'][:3]}"
-        print(f"{r['row']:<18}{r['seconds']:>14.3f}{trace:>9}{r['gb_s']:>8.1f}{r['of_copy']:>8.0%}  {note}")
-    return rows, not any(r.get("mismatched") for r in rows)
+        print(f"{r['row']:<26}{r['seconds']:>9.3f}{r['of_eager']:>8.2f}{trace:>9}{r['gb_s']:>8.1f}"
+              f"{r['of_copy']:>8.0%}{compiled:>10}  {note}", flush=True)
+    if timing_compiles:
+        times = compile_times(device, ("None", "True") if device.type == "cuda" else ("True",))
+        print_compile_times(times, device)
+        rows += [{"row": f"compile={t['compile']} in a fresh process", **t} for t in times]
+    return rows, same and not any(r.get("mismatched") for r in rows)
 
 
 def exact_corpus(device: torch.device, every: int) -> int:
@@ -355,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the exact corpus on DEVICE: every K-th architecture, float32 and bfloat16 (0: skip)")
     ap.add_argument("--small", action="store_true", help="bench a ~25M-parameter Llama instead of the 8B one")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="default dtypes of the portable check")
+    ap.add_argument("--compile-times", action=argparse.BooleanOptionalAction, default=True,
+                    help="bench: time compiling portable kernels in fresh processes, cold and warm caches")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -376,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         print_portable(rows, device)
         out["portable"], ok = rows, ok and good
     if args.only in (None, "bench"):
-        rows, good = bench(device, "small" if args.small else "8b")
+        rows, good = bench(device, "small" if args.small else "8b", timing_compiles=args.compile_times)
         out["bench"], ok = rows, ok and good
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str))

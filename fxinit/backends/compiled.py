@@ -1,24 +1,32 @@
-"""Compiled portable fills: kernels torch.compile (Inductor) generates for the target device,
-C++/OpenMP on CPU, Triton on CUDA, from the torch ops that define the stream.
+"""Compiled portable fills: fxinit's own Triton kernel (``rng.portable_triton``: CUDA, the
+default there), or kernels torch.compile (Inductor) generates for the target device (C++/OpenMP
+on CPU, Triton on CUDA: ``compile=True``), from the torch ops that define the stream.
 
 A kernel computes ``rng.portable.sample24`` of element indices ``start ..``, times a scale
 plus a shift, rounds to the tensor's dtype, applies the element-wise chain the plan put in it
-(``passes.kernels``) and a fused cast, and writes the result straight into the output
-tensor. Sizes (dynamic shapes), element offsets, stream constants and every number are
-runtime arguments, so a model compiles one kernel per distinct ``Kernel.signature`` (a
-handful), whatever its number of layers; Inductor's caches keep them across processes.
+(``passes.kernels``; Inductor's kernels only) and a fused cast, and writes the result straight
+into the output tensor. Sizes, element offsets, stream constants and every number are runtime
+arguments, so a model compiles one kernel per distinct ``Kernel.signature`` (a handful),
+whatever its number of layers; Triton's and Inductor's caches keep them across processes.
 
 Bits: each operation must stay rounded on its own, as the C kernel and eager torch ops
-compute it. Inductor's C++ backend compiles with ``-ffp-contract=off`` (no fused
-multiply-add) and vectorizes with correctly rounded ``sqrt``; Triton contracts ``a * b + c``
-unless told not to, so kernels are compiled with ``emulate_precision_casts`` (which turns
-``enable_fp_fusion`` off and keeps every rounding to bfloat16/float16) and with
+compute it. fxinit's Triton kernel is launched with ``enable_fp_fusion=False``. Inductor's C++
+backend compiles with ``-ffp-contract=off`` (no fused multiply-add) and vectorizes with
+correctly rounded ``sqrt``; its Triton kernels are compiled with ``emulate_precision_casts``
+(which turns ``enable_fp_fusion`` off and keeps every rounding to bfloat16/float16) and with
 ``eager_numerics.division_rounding`` (IEEE division). Square roots are ``sqrt_rn``.
+
+Threads: Dynamo refuses to run a compiled function while any thread is inside an FX trace,
+which its own compilation is; and a worker thread's grad mode differs from the caller's, which
+made Dynamo recompile there. So every call of an Inductor kernel runs under ``torch.no_grad``
+and holds one lock (its work is parallel inside: OpenMP on CPU, the GPU on CUDA).
+fxinit's Triton kernel is a plain launch.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 import types
@@ -32,6 +40,7 @@ from fxinit.errors import DeferredInitError
 from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes.fills import Ranges
 from fxinit.passes.kernels import Kernel, number_rounding, round_number
+from fxinit.rng import portable_triton
 from fxinit.rng.portable import sample24
 from fxinit.backends.streams import PortableSampler, sampler_params
 
@@ -158,7 +167,7 @@ class CompiledSampler(PortableSampler):
 
     def _fill(self, kernel: Kernel, flat: torch.Tensor, stream: int, first: int, params: dict[str, Any]) -> None:
         """Elements ``first ..`` of ``kernel``'s fill, into contiguous ``flat``."""
-        if flat.numel() < MIN_ELEMENTS:  # the same bits, eagerly
+        if flat.numel() < MIN_ELEMENTS and kernel.backend == "inductor":  # the same bits, eagerly
             _kernel_function(kernel)(flat, torch.tensor(first, device=flat.device), stream,
                                      float(params["scale"]), float(params["shift"]), *_numbers(kernel))
             return
@@ -168,9 +177,14 @@ class CompiledSampler(PortableSampler):
     def _run(kernel: Kernel, flat: torch.Tensor, stream: int, first: int, params: dict[str, Any]) -> None:
         device = flat.device
         STATS.calls += 1
-        compiled(kernel)(flat, torch.tensor(first, dtype=torch.int64, device=device),
-                         torch.tensor(stream, dtype=torch.int64, device=device),
-                         float(params["scale"]), float(params["shift"]), *_numbers(kernel))
+        if kernel.backend == "triton":
+            portable_triton.fill(flat, kernel.kind, first, stream, float(params["scale"]), float(params["shift"]),
+                                 dtype=kernel.dtype, interpret=device.type == "cpu")
+            return
+        with _LOCK, torch.no_grad():
+            compiled(kernel)(flat, torch.tensor(first, dtype=torch.int64, device=device),
+                             torch.tensor(stream, dtype=torch.int64, device=device),
+                             float(params["scale"]), float(params["shift"]), *_numbers(kernel))
 
 
 _WARM: set[tuple] = set()  # signatures compiled in this process
@@ -210,6 +224,21 @@ def _why_not(device_type: str) -> str | None:
         return f"{type(exc).__name__}: {exc}"
 
 
-def refuse(device: torch.device, why: str) -> DeferredInitError:
-    return DeferredInitError(f"compile=True: torch.compile cannot generate kernels for {device} here ({why})",
+def triton_available(device: torch.device) -> str | None:
+    """Why fxinit's Triton kernel cannot fill tensors on ``device`` here, or None if it can:
+    CUDA with Triton installed, or a CPU under Triton's interpreter (``TRITON_INTERPRET=1``)."""
+    why = portable_triton.available()
+    if why is not None or device.type == "cuda":
+        return why
+    if device.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return None
+        return "on the CPU it runs only under Triton's interpreter, to check bits: set TRITON_INTERPRET=1"
+    return f"fxinit's Triton kernel fills cuda tensors, not {device.type}"
+
+
+def refuse(device: torch.device, why: str, asked: str = "compile=True") -> DeferredInitError:
+    what = (f"fxinit's Triton kernel cannot fill {device} tensors" if asked == "compile='triton'"
+            else f"torch.compile cannot generate kernels for {device}")
+    return DeferredInitError(f"{asked}: {what} here ({why})",
                              hint="materialize with compile=None (fxinit picks) or compile=False")

@@ -204,7 +204,54 @@ _FACTORIES: dict[Any, Callable[[tuple, dict], Fill]] = {
 # ---------------------------------------------------------------- opaque init functions
 def _trunc_normal(tensor: torch.Tensor, stream: int, mean: float = 0.0, std: float = 1.0,
                   a: float = -2.0, b: float = 2.0) -> None:
-    """Inverse-CDF sampling of N(mean, std) truncated to [a, b] (in float64)."""
+    """N(mean, std) truncated to [a, b]. For float32, bfloat16 and float16 tensors, by
+    rejection: element ``i`` takes the portable normal of its stream (float32, ``* std +
+    mean``), and while outside [a, b], that of a redraw stream at the same index. Each element
+    depends on its index alone, and every step is one rounded float32 operation, so every
+    device computes the same bits (as for ``normal_``). Where fewer than one draw in
+    ``_MIN_ACCEPTANCE`` would land inside (far tails) and for float64, by inverse CDF in
+    float64 through torch's ``ndtri``, whose last bit may differ between devices."""
+    if tensor.dtype in (torch.float32, torch.bfloat16, torch.float16) and _acceptance(mean, std, a, b) >= _MIN_ACCEPTANCE:
+        _trunc_normal_rejection(tensor, stream, mean, std, a, b)
+    else:
+        _trunc_normal_inverse(tensor, stream, mean, std, a, b)
+    tensor.clamp_(min=a, max=b)  # as torch's: a value rounded to a low precision stays inside
+
+
+_MIN_ACCEPTANCE = 1 / 8
+
+
+def _acceptance(mean: float, std: float, a: float, b: float) -> float:
+    """The probability that a draw of N(mean, std) lands in [a, b] (0 for a degenerate std)."""
+    if not (std > 0 and math.isfinite(std)):
+        return 0.0
+
+    def cdf(x: float) -> float:
+        return (1.0 + math.erf((x - mean) / (std * math.sqrt(2.0)))) / 2.0
+
+    return cdf(b) - cdf(a)
+
+
+def _trunc_normal_rejection(tensor: torch.Tensor, stream: int, mean: float, std: float, a: float, b: float) -> None:
+    n, contiguous = tensor.numel(), tensor.is_contiguous()
+    flat = tensor.view(-1) if contiguous else torch.empty(n, dtype=tensor.dtype, device=tensor.device)
+    for start in range(0, n, portable.CHUNK):  # elements are independent: chunks cannot change a value
+        size = min(portable.CHUNK, n - start)
+        values = sample("normal", stream, start, size, torch.float32, tensor.device, mean=mean, std=std)
+        outside = ((values < a) | (values > b)).nonzero().view(-1)
+        redraw = 0
+        while outside.numel():
+            redraw += 1
+            again = portable.normal24(outside + start, stream_key(stream, f"trunc_normal_ redraw {redraw}"))
+            values[outside] = again.mul_(std).add_(mean)
+            still = values[outside]
+            outside = outside[(still < a) | (still > b)]
+        flat[start:start + size] = values
+    if not contiguous:
+        tensor.copy_(flat.view(tensor.shape))
+
+
+def _trunc_normal_inverse(tensor: torch.Tensor, stream: int, mean: float, std: float, a: float, b: float) -> None:
     def cdf(x: float) -> float:
         return (1.0 + math.erf(x / math.sqrt(2.0))) / 2.0
 

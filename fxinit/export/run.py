@@ -55,7 +55,7 @@ class Export:
     memory: int = 1 << 30
     workers: int = 1
     quiet: bool = False
-    compile: bool | None = None  # portable mode: compiled fills (the same values: not in the plan's fingerprint)
+    compile: bool | str | None = None  # portable mode: compiled fills (the same values: not in the plan's fingerprint)
     device: torch.device | None = None  # where values are computed (the same values: not in the fingerprint)
     _record: Record | None = field(default=None, repr=False)
 

@@ -23,7 +23,7 @@ def save(obj: "torch.nn.Module | InitGraph | str | os.PathLike", directory: "str
          format: str = "hf", rng: str = "exact", seed: int | None = None, dtype: torch.dtype | None = None,
          only: str | None = None, part: "str | tuple[int, int] | None" = None,
          max_shard_size: int | str = "5GB", resume: bool = False, memory: int | str = "1GiB",
-         workers: int | None = None, quiet: bool = True, compile: bool | None = None,
+         workers: int | None = None, quiet: bool = True, compile: bool | str | None = None,
          device: torch.device | str | None = None) -> Exported:
     """Write what ``obj.state_dict()`` holds (its keys, after its state-dict hooks; no
     non-persistent buffers) — ``obj`` a model traced with ``trace_init`` (tensors already

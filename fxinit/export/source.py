@@ -102,7 +102,7 @@ class Source:
         return written <= _PIECE_OVERHEAD * rows * (spec.numel // spec.shape[0])
 
     def compute(self, pieces: Sequence[Piece], rng: str, seed: int | None, dtype: torch.dtype | None,
-                compact: bool = False, compile: bool | None = None,
+                compact: bool = False, compile: bool | str | None = None,
                 device: torch.device | None = None) -> list[torch.Tensor]:
         """The values of ``pieces`` (contiguous CPU tensors in the written dtype), computed
         together (on ``device`` if given, else where each was meant to be); with ``compact``,

@@ -1,5 +1,6 @@
-"""Compiled fills: which portable fills run as kernels that torch.compile generates, and which
-element-wise ops after them run inside the same kernel.
+"""Compiled fills: which portable fills run as compiled kernels (fxinit's own Triton kernel,
+or kernels torch.compile generates), and which element-wise ops after them run inside the
+same kernel (Inductor's only).
 
 A uniform or normal fill of a contiguous float32, bfloat16 or float16 tensor is
 ``rng.portable.sample24`` (element-wise torch ops of the element index and the stream),
@@ -14,7 +15,7 @@ torch's kernels and generated code.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -52,12 +53,25 @@ class Kernel:
     device: torch.device
     chain: tuple[fx.Node, ...] = ()
     cast: torch.dtype | None = None
+    backend: str = "inductor"  # or "triton": fxinit's own kernel (``rng.portable_triton``), no chain
 
     @property
     def signature(self) -> tuple:
         """What the generated code depends on (sizes, offsets, streams and numbers are
         runtime arguments): one compiled kernel per distinct signature."""
-        return (self.kind, self.dtype, self.device.type, self.cast, tuple(_chain_signature(n) for n in self.chain))
+        return (self.backend, self.kind, self.dtype, self.device.type, self.cast,
+                tuple(_chain_signature(n) for n in self.chain))
+
+
+BACKENDS = ("triton", "inductor")
+
+
+def with_backend(kernel: Kernel, backend: str) -> Kernel:
+    """``kernel`` run by ``backend``: fxinit's Triton kernel computes a fill, its scale and
+    shift and its cast, not a chain (the chain's ops then run on their own, as nodes)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"no compiled-fill backend {backend!r}")
+    return replace(kernel, backend=backend, chain=() if backend == "triton" else kernel.chain)
 
 
 def _chain_signature(n: fx.Node) -> tuple:

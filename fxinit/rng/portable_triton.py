@@ -1,0 +1,104 @@
+"""The portable stream's uniform and normal fills as a hand-written Triton kernel.
+
+The kernel computes what ``portable.c`` computes, operation for operation: each program
+takes ``BLOCK`` Box-Muller pairs (one splitmix64 word each), makes the pair's two samples
+with fxinit's own log, cos and sin polynomials (single IEEE-754 operations on float32, no
+division, a correctly rounded square root: ``sqrt_rn``), applies ``* scale + shift`` and
+rounds to the fill's dtype, then to the output's dtype (a fused cast), both to nearest even.
+It is launched with ``enable_fp_fusion=False``, so no ``a * b + c`` is contracted into a
+fused multiply-add: the bits are the C kernel's and the torch-op twin's.
+
+Why a kernel of its own rather than Inductor's: it is one launch with no guards to check,
+compiles in about a second once per (kind, dtype, cast) and is cached by Triton across
+processes, and calling it never enters Dynamo (whose compilation from one thread breaks its
+calls from others).
+
+On a machine without a GPU the same kernel runs under Triton's interpreter (numpy) on CPU
+tensors: that is how CI checks its bits against the C kernel (``tests/test_portable_triton.py``).
+
+>>> import torch
+>>> from fxinit.rng import portable_triton
+>>> out = torch.empty(10)
+>>> portable_triton.fill(out, "normal", start=0, stream=42, scale=1.0, shift=0.0, interpret=True)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import threading
+from typing import Any
+
+import torch
+
+#: Box-Muller pairs per program (two output elements each).
+BLOCK = 1024
+KINDS = ("uniform", "normal")
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def available() -> str | None:
+    """Why fxinit's Triton kernel cannot run here, or None if it can (Triton importable)."""
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed"
+    return None
+
+
+@functools.lru_cache(maxsize=2)
+def _kernel(interpret: bool) -> Any:
+    """The jitted kernel (Triton's interpreter when ``interpret``), defined on first use so
+    that importing fxinit never imports Triton."""
+    import triton
+
+    from fxinit.rng.portable_triton_kernel import fill
+
+    options = dict(do_not_specialize=["n", "start", "stream", "scale", "shift"])
+    if interpret:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return InterpretedFunction(fill, **options)
+    return triton.jit(fill, **options)
+
+
+_TL_DTYPES: dict[torch.dtype, str] = {torch.float32: "float32", torch.bfloat16: "bfloat16",
+                                      torch.float16: "float16"}
+_LOCK = threading.Lock()
+
+
+def fill(out: torch.Tensor, kind: str, start: int, stream: int, scale: float, shift: float,
+         dtype: torch.dtype | None = None, interpret: bool = False) -> None:
+    """Elements ``start .. start + out.numel()`` of a portable ``kind`` fill (``uniform`` or
+    ``normal``), each ``sample * scale + shift`` in float32 rounded to ``dtype`` (default:
+    ``out``'s), written into contiguous ``out`` (of ``out``'s dtype: a fused cast when they
+    differ). ``interpret``: Triton's interpreter (CPU tensors), for checking bits."""
+    import triton.language as tl
+
+    n = out.numel()
+    if n == 0:
+        return
+    if not out.is_contiguous() or out.dtype not in DTYPES or (dtype or out.dtype) not in DTYPES:
+        raise ValueError(f"the Triton fill writes contiguous {', '.join(map(str, DTYPES))} tensors, not {out.dtype}")
+    pairs = ((start + n - 1) >> 1) - (start >> 1) + 1
+    kernel = _kernel(interpret)
+    grid = ((pairs + BLOCK - 1) // BLOCK,)
+    with _LOCK if interpret else _NO_LOCK:  # the interpreter patches triton.language while it runs
+        kernel[grid](out, n, start, _signed64(stream), float(scale), float(shift), KIND=KINDS.index(kind),
+                     DTYPE=getattr(tl, _TL_DTYPES[dtype or out.dtype]),
+                     OUT=getattr(tl, _TL_DTYPES[out.dtype]), BLOCK=BLOCK, enable_fp_fusion=False)
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
+
+
+def _signed64(value: int) -> int:
+    """``value`` as a signed 64-bit integer (the kernel reads its bits)."""
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value >= 1 << 63 else value

@@ -1,0 +1,161 @@
+"""fxinit's Triton kernel of the portable stream, run under Triton's interpreter on the CPU:
+the C kernel's bits for every kind, dtype, fused cast, offset and stream; the pipeline's
+``compile='triton'``; and compile=None choosing it for CUDA. Plus the threaded compiled
+paths, which must never crash or recompile on the materializer's worker threads."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fxinit
+from fxinit import execute
+from fxinit.backends import compiled, parallel
+from fxinit.errors import DeferredInitError
+from fxinit.rng import portable, portable_triton
+
+pytest.importorskip("triton")
+
+KINDS = {"uniform": {"low": -0.25, "high": 0.75}, "normal": {"mean": 0.1, "std": 0.02}}
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def _triton(kind: str, start: int, n: int, stream: int, dtype: torch.dtype, out_dtype: torch.dtype) -> torch.Tensor:
+    scale, shift = portable.affine(kind, KINDS[kind])
+    out = torch.full((n,), float("nan"), dtype=out_dtype)
+    portable_triton.fill(out, kind, start, stream, scale, shift, dtype=dtype, interpret=True)
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_kernel_computes_the_c_kernels_bits(kind: str, dtype: torch.dtype) -> None:
+    """Whole blocks, a partial last block, odd first and last elements, one element; starts
+    past 2**31 and 2**32 (a shard far into a large tensor); streams of every sign."""
+    block = 2 * portable_triton.BLOCK
+    cases = [(0, 3 * block + 5), (7, block), (1, 1), (2, 2), (2**31 - 1, 9), (2**31, 8), (2**32 + 3, 11)]
+    for stream in (portable.stream_key(0, "w/0"), -1, 0, 2**31 + 7, 2**63 - 1, -2**63):
+        for start, n in cases:
+            want = portable.sample(kind, stream, start, n, dtype, "cpu", **KINDS[kind])  # the C kernel where it runs
+            got = _triton(kind, start, n, stream, dtype, dtype)
+            assert torch.equal(_bits(got), _bits(want)), (kind, dtype, stream, start, n)
+
+
+@pytest.mark.parametrize("fill_dtype", DTYPES)
+@pytest.mark.parametrize("out_dtype", DTYPES)
+def test_a_fused_cast_rounds_to_the_fills_dtype_then_the_outputs(fill_dtype: torch.dtype,
+                                                                 out_dtype: torch.dtype) -> None:
+    stream = portable.stream_key(3, "emb.weight/0")
+    want = portable.sample("normal", stream, 5, 4099, fill_dtype, "cpu", **KINDS["normal"]).to(out_dtype)
+    assert torch.equal(_bits(_triton("normal", 5, 4099, stream, fill_dtype, out_dtype)), _bits(want))
+
+
+class Fills(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(256, 300)
+        nn.init.normal_(self.a.weight, std=0.02)
+        self.chain = nn.Parameter(torch.randn(1000, 7) * 0.02 + 1)  # the chain runs as its own nodes
+        self.low = nn.Parameter(torch.rand(333, dtype=torch.bfloat16) * 2 - 1)
+        self.big = nn.Parameter(torch.empty(300, 512))
+        nn.init.uniform_(self.big, -0.1, 0.1)
+        self.emb = nn.Embedding(50, 16, padding_idx=0)
+
+
+@pytest.fixture(scope="module")
+def graph() -> fxinit.InitGraph:
+    torch.manual_seed(0)
+    return fxinit.init_graph(fxinit.trace_init(Fills))
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(_bits(a[k]), _bits(b[k])), k
+
+
+def test_compile_triton_runs_the_pipeline_with_the_same_values(graph: fxinit.InitGraph,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    plan = graph.plan(rng="portable", compile="triton")
+    assert {k.backend for k in plan.kernels.values()} == {"triton"} and len(plan.kernels) == 6
+    assert all(not k.chain for k in plan.kernels.values())
+    assert "compiled kernel (triton) on cpu: normal -> float32" in str(plan)
+    before = compiled.STATS.calls
+    _same(graph.materialize(rng="portable", compile="triton"), graph.materialize(rng="portable", compile=False))
+    assert compiled.STATS.calls - before >= len(plan.kernels)
+    _same(graph.materialize(rng="portable", compile="triton", dtype=torch.bfloat16),
+          graph.materialize(rng="portable", compile=False, dtype=torch.bfloat16))
+    rows = {"big": (100, 137)}
+    _same(graph.materialize(["big"], rng="portable", compile="triton", rows=rows),
+          graph.materialize(["big"], rng="portable", compile=False, rows=rows))
+    torch.manual_seed(0)
+    m = fxinit.materialize(fxinit.trace_init(Fills), rng="portable", compile="triton")
+    _same(dict(m.state_dict()), graph.materialize(rng="portable", compile=False))
+
+
+def test_compile_triton_on_the_cpu_needs_the_interpreter(graph: fxinit.InitGraph,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(DeferredInitError, match="compile='triton'.*TRITON_INTERPRET=1"):
+        graph.materialize(rng="portable", compile="triton")
+    with pytest.raises(ValueError, match="compile='inductor'"):
+        graph.plan(rng="portable", compile="inductor")
+
+
+def test_compile_none_takes_fxinits_triton_kernel_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default on CUDA: no Dynamo, so nothing compiles on worker threads (issue 33's crash);
+    without Triton, torch ops; Inductor only when asked (compile=True)."""
+    cuda = torch.device("cuda")
+    assert execute.compiles(None)(cuda) == "triton"
+    monkeypatch.setattr(execute, "compile_available", lambda device: None)  # torch's has_triton wants a GPU
+    assert execute.compiles(True)(cuda) == "inductor"
+    assert execute.compiles(False) is None
+    monkeypatch.setattr(portable_triton, "available", lambda: "Triton is not installed")
+    assert execute.compiles(None)(cuda) is None
+    with pytest.raises(DeferredInitError, match="Triton is not installed"):
+        execute.compiles("triton")(cuda)
+
+
+def _unique_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def test_inductor_kernels_compile_once_and_never_on_worker_threads(graph: fxinit.InitGraph,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker threads start with grad mode on, the caller may have it off: Dynamo's guards saw
+    another global state and recompiled there, inside an FX trace that breaks every other
+    thread's compiled calls. Each signature compiles once, in ``prepare``, whatever the threads."""
+    monkeypatch.setattr(parallel, "SERIAL_BELOW_BYTES", 0)  # every plan on the worker threads
+    torch._dynamo.reset()
+    compiled._KERNELS.clear()
+    compiled._WARM.clear()
+    plan = graph.plan(rng="portable", compile=True)
+    signatures = {k.signature for k in plan.kernels.values()}
+    before = _unique_graphs()
+    want = graph.materialize(rng="portable", compile=False)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            assert torch.is_grad_enabled()  # the caller's grad mode: not the interpreter's
+            _same(graph.materialize(rng="portable", compile=True), want)
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]  # two callers at once, too
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert _unique_graphs() - before == len(signatures)

@@ -1,0 +1,177 @@
+"""Portable mode on a device (issue 33), the rows ``tools/gpu_check.py``'s bench section adds.
+
+For the bench model (an 8B Llama in bfloat16 on an H100), traced for DEVICE and materialized
+there with ``rng="portable"``:
+
+- ``compile=None`` (fxinit's Triton kernel on CUDA) first in the process, with no warm-up:
+  the default path, on the materializer's worker threads, compiling or loading its kernels
+  on the way (the crash of issue 33 was there); then again, warm;
+- ``compile=True`` (Inductor's kernels), compiled first on a small model, then timed;
+- ``compile=False`` (torch ops, no compiler);
+- every tensor of the default path's model, its first row against the CPU's (fxinit's C
+  kernel), bit for bit;
+- compile time of each compiled path in a fresh process with empty Triton and Inductor caches
+  (cold), and in a second fresh process with those caches (warm).
+
+``python tools/gpu_portable.py --device cpu --small`` runs it all on the CPU, where the
+default path is the C kernel and ``compile='triton'`` runs Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+import fxinit  # noqa: E402
+from fxinit.backends.compiled import STATS  # noqa: E402
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return time.perf_counter() - t0, out
+
+
+def _trace(cfg: Any, device: torch.device) -> torch.nn.Module:
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    with device:
+        return fxinit.trace_init(LlamaForCausalLM, cfg)
+
+
+def _row(label: str, cfg: Any, device: torch.device, compile: bool | str | None) -> tuple[dict, torch.nn.Module]:
+    m = _trace(cfg, device)
+    compiled_before = STATS.seconds
+    seconds, _ = _timed(lambda: fxinit.materialize(m, rng="portable", compile=compile), device)
+    row = {"row": label, "seconds": seconds, "trace_s": None, "compile": repr(compile),
+           "compile_s": STATS.seconds - compiled_before}
+    return row, m
+
+
+def first_rows_equal_cpu(m: torch.nn.Module, cfg: Any) -> list[str]:
+    """Names of ``m``'s tensors whose first row (dimension 0) differs, in bits, from the CPU's
+    portable values (the same trace for the CPU, only those rows materialized)."""
+    graph = fxinit.init_graph(_trace(cfg, torch.device("cpu")))
+    names = list(graph.outputs)
+    rows = {n: (0, 1) for n in names if len(graph.spec(n).shape) and graph.spec(n).shape[0] >= 1}
+    want = graph.materialize(names, rng="portable", rows=rows)
+    got = dict(m.named_parameters(remove_duplicate=False)) | dict(m.named_buffers(remove_duplicate=False))
+    differ = []
+    for name, value in want.items():
+        mine = got[name].detach()[:1] if name in rows else got[name].detach()
+        if mine.shape != value.shape or mine.dtype != value.dtype or not torch.equal(
+                mine.cpu().reshape(-1).view(torch.uint8), value.reshape(-1).view(torch.uint8)):
+            differ.append(name)
+    return differ
+
+
+def portable_rows(cfg: Any, small_cfg: Any, device: torch.device) -> tuple[list[dict], bool]:
+    """The portable rows of the bench (see the module's docstring) and whether every sampled
+    row was bit for bit the CPU's."""
+    rows = []
+    row, m = _row("portable default, cold", cfg, device, None)  # no warm-up: the default path first
+    rows.append(row)
+    del m
+    row, m = _row("portable default", cfg, device, None)
+    rows.append(row)
+    differ = first_rows_equal_cpu(m, cfg)
+    row["note"] = ("first rows bitwise equal to the CPU's" if not differ
+                   else f"first rows DIFFER from the CPU's: {len(differ)} tensors, {differ[:3]}")
+    del m
+    _empty_cache(device)
+    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") != "1":
+        warm, _ = _row("", small_cfg, device, True)  # Inductor compiles on the small model first
+        row, m = _row("portable inductor", cfg, device, True)
+        row["compile_s"] += warm["compile_s"]
+        rows.append(row)
+        del m
+        _empty_cache(device)
+    row, m = _row("portable torch ops", cfg, device, False)
+    rows.append(row)
+    del m
+    _empty_cache(device)
+    return rows, not differ
+
+
+def _empty_cache(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def compile_times(device: torch.device, compiles: tuple[str, ...] = ("None", "True")) -> list[dict]:
+    """Per compiled path: seconds compiling the small model's kernels in a fresh process with
+    empty caches (cold), then in another fresh process with the caches the first one left."""
+    out = []
+    for compile in compiles:
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, TRITON_CACHE_DIR=f"{cache}/triton", TORCHINDUCTOR_CACHE_DIR=f"{cache}/inductor")
+            times = []
+            for _ in ("cold", "warm"):
+                cmd = [sys.executable, __file__, "--child", "--device", str(device), "--compile", compile]
+                done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise RuntimeError(f"compile-time child failed:\n{done.stderr[-3000:]}")
+                times.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            out.append({"compile": compile, "cold_s": times[0]["compile_s"], "warm_s": times[1]["compile_s"],
+                        "kernels": times[0]["kernels"]})
+    return out
+
+
+def print_compile_times(rows: list[dict], device: torch.device) -> None:
+    print(f"\ncompiling portable kernels on {device} (small Llama, bfloat16), each in a fresh process")
+    print(f"{'compile=':<10}{'kernels':>8}{'cold s':>9}{'warm s':>9}")
+    for r in rows:
+        print(f"{r['compile']:<10}{r['kernels']:>8}{r['cold_s']:>9.2f}{r['warm_s']:>9.3f}")
+
+
+def _child(device: torch.device, compile: bool | None) -> None:
+    from transformers import LlamaConfig
+
+    from gpu_check import BENCH_CONFIGS
+
+    torch.set_default_dtype(torch.bfloat16)
+    m = _trace(LlamaConfig(**BENCH_CONFIGS["small"]), device)
+    fxinit.materialize(m, rng="portable", compile=compile)
+    print(json.dumps({"compile_s": STATS.seconds, "kernels": STATS.kernels}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--small", action="store_true", help="the small Llama as the bench model")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--compile", default="None", choices=["None", "True", "False", "triton"])
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    compile = {"None": None, "True": True, "False": False, "triton": "triton"}[args.compile]
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if args.child:
+        _child(device, compile)
+        return 0
+    from gpu_check import bench
+
+    _, ok = bench(device, "small" if args.small else "8b", exact=False)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

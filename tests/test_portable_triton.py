@@ -159,3 +159,41 @@ def test_inductor_kernels_compile_once_and_never_on_worker_threads(graph: fxinit
         t.join()
     assert not errors, errors
     assert _unique_graphs() - before == len(signatures)
+
+
+def test_runs_fill_in_one_launch_with_the_streams_elements() -> None:
+    """A rank's shard drawn from the runs it is cut from: odd bounds, empty runs, a run cut in
+    pieces longer than one launch's second axis holds."""
+    import numpy as np
+
+    stream = portable.stream_key(1, "w/0")
+    runs = np.array([[0, 5, 0], [7, 7, 5], [1001, 1800, 5], [3, 4, 804], [2**31 + 1, 2**31 + 900, 805]])
+    out = torch.full((1705,), float("nan"), dtype=torch.bfloat16)
+    portable_triton.fill_runs(out, "normal", runs, stream, 0.02, 0.0, interpret=True)
+    for lo, hi, at in runs.tolist():
+        want = portable.sample("normal", stream, lo, hi - lo, torch.bfloat16, "cpu", mean=0.0, std=0.02)
+        assert torch.equal(_bits(out[at:at + hi - lo]), _bits(want)), (lo, hi)
+    short = portable_triton.MAX_RUN
+    try:
+        portable_triton.MAX_RUN = 1000  # the cutting, on a size the interpreter runs quickly
+        cut = torch.empty(2501, dtype=torch.float32)
+        portable_triton.fill_runs(cut, "uniform", [[9, 2510, 0]], stream, 1.0, 0.0, interpret=True)
+    finally:
+        portable_triton.MAX_RUN = short
+    assert torch.equal(cut, portable.sample("uniform", stream, 9, 2501, torch.float32, "cpu", low=0.0, high=1.0))
+
+
+def test_shards_draw_straight_from_the_triton_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copies of pieces of a fill (tensor- and row-parallel chunks, FSDP's padded buffer) draw
+    their elements straight from the kernel (``plan.forwards``): no whole temporary."""
+    from test_forwarding import Layouts
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    torch.manual_seed(0)
+    g = fxinit.init_graph(fxinit.trace_init(Layouts, torch.bfloat16, "normal"))
+    plan = g.plan(rng="portable", seed=1, compile="triton")
+    drawn = {f.fill for fs in plan.forwards.values() for f in fs}
+    assert drawn and all(plan.kernels[f].backend == "triton" for f in drawn), str(plan)
+    before = compiled.STATS.calls
+    _same(g.materialize(rng="portable", seed=1, compile="triton"), g.materialize(rng="portable", seed=1))
+    assert compiled.STATS.calls - before >= len(drawn)

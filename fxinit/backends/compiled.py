@@ -156,6 +156,17 @@ class CompiledSampler(PortableSampler):
         for lo, hi in pieces:
             self._fill(kernel, flat[lo:hi], self.streams[node], lo, params)
 
+    def fill_runs(self, node: fx.Node, runs: Any, out: torch.Tensor) -> None:
+        """A copy's draws (``plan.forwards``): by fxinit's Triton kernel in one launch."""
+        kernel = self.kernels.get(node)
+        if kernel is None or kernel.backend != "triton":
+            return super().fill_runs(node, runs, out)
+        target = torch.empty(node.args[0].meta["spec"].shape, dtype=kernel.dtype, device="meta")
+        _, _, params = sampler_params(node, (target, *node.args[1:]), dict(node.kwargs))
+        STATS.calls += 1
+        portable_triton.fill_runs(out, kernel.kind, runs, self.streams[node], float(params["scale"]),
+                                  float(params["shift"]), dtype=kernel.dtype, interpret=out.device.type == "cpu")
+
     def fill_cast(self, fused: FusedCast, out: torch.Tensor) -> None:
         kernel = self.kernels.get(fused.fill)
         if kernel is None:

@@ -71,20 +71,53 @@ def fill(out: torch.Tensor, kind: str, start: int, stream: int, scale: float, sh
     ``normal``), each ``sample * scale + shift`` in float32 rounded to ``dtype`` (default:
     ``out``'s), written into contiguous ``out`` (of ``out``'s dtype: a fused cast when they
     differ). ``interpret``: Triton's interpreter (CPU tensors), for checking bits."""
-    import triton.language as tl
-
     n = out.numel()
     if n == 0:
         return
+    pairs = ((start + n - 1) >> 1) - (start >> 1) + 1
+    _launch(out, None, ((pairs + BLOCK - 1) // BLOCK,), n, start, kind, stream, scale, shift, dtype, interpret)
+
+
+#: Elements of one run per launch at most: its blocks go on the grid's second axis (65535 at most).
+MAX_RUN = 2 * BLOCK * 32768
+
+
+def fill_runs(out: torch.Tensor, kind: str, runs: Any, stream: int, scale: float, shift: float,
+              dtype: torch.dtype | None = None, interpret: bool = False) -> None:
+    """For each row ``(lo, hi, at)`` of ``runs`` (an int64 array): elements ``lo .. hi`` of the
+    fill into ``out[at ..]`` (``out`` flat and contiguous), in one launch: a rank's shard
+    drawn straight from the streams of the tensors it is cut from (``plan.forwards``)."""
+    import numpy as np
+
+    runs = np.asarray(runs, dtype=np.int64).reshape(-1, 3)
+    runs = runs[runs[:, 1] > runs[:, 0]]
+    if len(runs) == 0:
+        return
+    long = runs[:, 1] - runs[:, 0] > MAX_RUN
+    if long.any():  # cut into runs of MAX_RUN elements
+        pieces = []
+        for lo, hi, at in runs[long]:
+            starts = np.arange(lo, hi, MAX_RUN, dtype=np.int64)
+            pieces.append(np.stack([starts, np.minimum(starts + MAX_RUN, hi), at + starts - lo], axis=1))
+        runs = np.concatenate([runs[~long], *pieces])
+    longest = int(((runs[:, 1] - 1) // 2 - runs[:, 0] // 2 + 1).max())  # pairs
+    table = torch.from_numpy(runs).to(out.device)
+    _launch(out, table, (len(runs), (longest + BLOCK - 1) // BLOCK), 0, 0, kind, stream, scale, shift, dtype,
+            interpret)
+
+
+def _launch(out: torch.Tensor, runs: torch.Tensor | None, grid: tuple[int, ...], n: int, start: int, kind: str,
+            stream: int, scale: float, shift: float, dtype: torch.dtype | None, interpret: bool) -> None:
+    import triton.language as tl
+
     if not out.is_contiguous() or out.dtype not in DTYPES or (dtype or out.dtype) not in DTYPES:
         raise ValueError(f"the Triton fill writes contiguous {', '.join(map(str, DTYPES))} tensors, not {out.dtype}")
-    pairs = ((start + n - 1) >> 1) - (start >> 1) + 1
     kernel = _kernel(interpret)
-    grid = ((pairs + BLOCK - 1) // BLOCK,)
     with _LOCK if interpret else _NO_LOCK:  # the interpreter patches triton.language while it runs
-        kernel[grid](out, n, start, _signed64(stream), float(scale), float(shift), KIND=KINDS.index(kind),
-                     DTYPE=getattr(tl, _TL_DTYPES[dtype or out.dtype]),
-                     OUT=getattr(tl, _TL_DTYPES[out.dtype]), BLOCK=BLOCK, enable_fp_fusion=False)
+        kernel[grid](out, out if runs is None else runs, n, start, _signed64(stream), float(scale), float(shift),
+                     KIND=KINDS.index(kind), DTYPE=getattr(tl, _TL_DTYPES[dtype or out.dtype]),
+                     OUT=getattr(tl, _TL_DTYPES[out.dtype]), BLOCK=BLOCK, RUNS=runs is not None,
+                     enable_fp_fusion=False)
 
 
 class _NoLock:

@@ -18,13 +18,25 @@ S0, S1, S2, S3 = (tl.constexpr(_f(h)) for h in ("0x1.71de3ap-19", "-0x1.a01a02p-
                                                "-0x1.555556p-3"))
 TWO_PI_2_24, UNIT = tl.constexpr(_f("0x1.921fb6p-22")), tl.constexpr(_f("0x1p-24"))
 
-def fill(out_ptr, n: tl.int64, start: tl.int64, stream: tl.int64, scale: tl.float32, shift: tl.float32,
-         KIND: tl.constexpr, DTYPE: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr):
-    # through uint64: Triton's interpreter types a Python int in [2^31, 2^32) as uint32 and
-    # sign-extends it to int64 (on the GPU the annotations make these int64 already)
-    n = n.to(tl.uint64).to(tl.int64, bitcast=True)
-    start = start.to(tl.uint64).to(tl.int64, bitcast=True)
-    pair = (start >> 1) + tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+def fill(out_ptr, runs_ptr, n: tl.int64, start: tl.int64, stream: tl.int64, scale: tl.float32, shift: tl.float32,
+         KIND: tl.constexpr, DTYPE: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr, RUNS: tl.constexpr):
+    """Elements ``start .. start + n`` of the stream into ``out[0 ..]``, block ``program_id(0)``
+    of ``BLOCK`` pairs; with ``RUNS``, run ``program_id(0)`` of ``runs_ptr`` (int64 rows
+    ``lo, hi, at``: elements ``lo .. hi`` into ``out[at ..]``), block ``program_id(1)``."""
+    if RUNS:
+        row = runs_ptr + 3 * tl.program_id(0).to(tl.int64)
+        lo = tl.load(row)
+        hi = tl.load(row + 1)
+        at = tl.load(row + 2)
+        block = tl.program_id(1).to(tl.int64)
+    else:
+        block = tl.program_id(0).to(tl.int64)
+        # through uint64: Triton's interpreter types a Python int in [2^31, 2^32) as uint32 and
+        # sign-extends it to int64 (on the GPU the annotations make these int64 already)
+        lo = start.to(tl.uint64).to(tl.int64, bitcast=True)
+        hi = lo + n.to(tl.uint64).to(tl.int64, bitcast=True)
+        at = lo - lo
+    pair = (lo >> 1) + block * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     z = (pair + 1).to(tl.uint64, bitcast=True) * GOLDEN + stream.to(tl.uint64)
     z = (z ^ (z >> 30)) * M1
     z = (z ^ (z >> 27)) * M2
@@ -77,6 +89,6 @@ def fill(out_ptr, n: tl.int64, start: tl.int64, stream: tl.int64, scale: tl.floa
             value = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
         elif OUT == tl.float16:
             value = value.to(tl.float16, fp_downcast_rounding="rtne")
-    at = tl.reshape(tl.join(2 * pair, 2 * pair + 1), [2 * BLOCK]) - start  # interleaved
-    tl.store(out_ptr + at, value, mask=(at >= 0) & (at < n))
+    element = tl.reshape(tl.join(2 * pair, 2 * pair + 1), [2 * BLOCK])  # interleaved, as the values
+    tl.store(out_ptr + at + (element - lo), value, mask=(element >= lo) & (element < hi))
 

@@ -30,7 +30,7 @@ from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materiali
 from fxinit.errors import DeferredInitError
 from fxinit.execute import slicer
 from fxinit.module_to import Location, buffer_slots_apart, separate_buffer_slots, takes_dtype
-from fxinit.reachable import left_behind, module_slots
+from fxinit.reachable import Slot, left_behind, module_slots, module_walk
 from fxinit.spec import dtype_after_to
 
 _TRACED_SEED = -(1 << 70)  # marker: the portable stream uses the seed each trace saw
@@ -44,18 +44,21 @@ def _module_tensors(mod: torch.nn.Module, buffers_only: bool = False) -> Iterabl
     return [(kind, name, t) for kind, name, t in module_slots(mod) if is_deferred_tensor(t)]
 
 
-def _deferred_in_module(module: torch.nn.Module, buffers_only: bool = False
+def _deferred_in_module(module: torch.nn.Module, walk: list[Slot] | None = None
                         ) -> tuple[list[torch.Tensor], dict[int, list[Location]]]:
+    """The deferred tensors ``module`` holds (its ``module_walk`` is ``walk``, if known), and
+    where each is held."""
     tensors: dict[int, torch.Tensor] = {}
     where: dict[int, list[Location]] = defaultdict(list)
-    for mod in module.modules():
-        for kind, name, t in _module_tensors(mod, buffers_only):
+    for _, mod, kind, name, t in module_walk(module) if walk is None else walk:
+        if is_deferred_tensor(t):
             tensors.setdefault(id(t), t)
             where[id(t)].append((mod, name, kind))
     return list(tensors.values()), where
 
 
-def _with_companions(tensors: list[torch.Tensor], where: dict[int, list[Location]]) -> list[torch.Tensor]:
+def _with_companions(tensors: list[torch.Tensor], where: dict[int, list[Location]],
+                     walked: Mapping[int, list[Slot]] = {}) -> list[torch.Tensor]:
     """Add the traced model's other deferred tensors that must be materialized with ``tensors``.
 
     Tensors that alias one storage in eager construction (a parameter that is a view of
@@ -63,30 +66,34 @@ def _with_companions(tensors: list[torch.Tensor], where: dict[int, list[Location
     alias one real storage too, whichever of them was asked for. Tensors computed with
     autograd from parameters go with the parameters they came from (``autograd_links``).
     """
-    out = _companions(tensors, where)
+    out = _companions(tensors, where, walked)
     ids = {id(t) for t in out}
     leaves = [p for t in out if t.grad_fn is not None for p in autograd_leaves(t)
               if is_deferred_tensor(p) and id(p) not in ids]
-    return _companions(out + leaves, where) if leaves else out
+    return _companions(out + leaves, where, walked) if leaves else out
 
 
-def _companions(tensors: list[torch.Tensor], where: dict[int, list[Location]]) -> list[torch.Tensor]:
+def _companions(tensors: list[torch.Tensor], where: dict[int, list[Location]],
+                walked: Mapping[int, list[Slot]]) -> list[torch.Tensor]:
+    """``_with_companions``' tensors of one step (``walked``: ``module_walk`` of modules
+    already walked, by ``id``)."""
     out = {id(t): t for t in tensors}
     for rec in {id(state_of(t).recorder): state_of(t).recorder for t in tensors}.values():
         root = rec.root
         if root is None:
             continue
         wanted = {rec.storage_id(t) for t in tensors if state_of(t).recorder is rec}
-        for mod in root.modules():
-            for kind, name, t in _module_tensors(mod):
-                # Tensors computed with autograd (weight_norm's ``weight``) hold the parameters
-                # they came from: they go with them, or those could not be swapped.
-                derived = t.grad_fn is not None
-                if id(t) not in out and (derived or rec.storage_id(t) in wanted):
-                    out[id(t)] = t
-                places = where.setdefault(id(t), []) if id(t) in out else None
-                if places is not None and not any(p[0] is mod and p[1] == name for p in places):
-                    places.append((mod, name, kind))
+        for _, mod, kind, name, t in walked.get(id(root)) or module_walk(root):
+            if not is_deferred_tensor(t):
+                continue
+            # Tensors computed with autograd (weight_norm's ``weight``) hold the parameters
+            # they came from: they go with them, or those could not be swapped.
+            derived = t.grad_fn is not None
+            if id(t) not in out and (derived or rec.storage_id(t) in wanted):
+                out[id(t)] = t
+            places = where.setdefault(id(t), []) if id(t) in out else None
+            if places is not None and not any(p[0] is mod and p[1] == name for p in places):
+                places.append((mod, name, kind))
         for t in rec.adopted:  # `real.data = deferred`: the caller's tensor shares that storage
             if is_deferred_tensor(t) and rec.storage_id(t) in wanted:
                 out.setdefault(id(t), t)
@@ -216,11 +223,13 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
 def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Location]],
                          device: torch.device | str | None, init: bool,
                          loaded: Mapping[int, Callable[[], torch.Tensor]] | None = None,
-                         seed: int | None = None, dtype: torch.dtype | None = None, compile: bool | str | None = None) -> None:
+                         seed: int | None = None, dtype: torch.dtype | None = None, compile: bool | str | None = None,
+                         walked: Mapping[int, list[Slot]] = {}) -> None:
     """Compute (or, with ``loaded``, read from a checkpoint) and swap in; ``loaded`` maps
     ``id(tensor)`` to a reader of its checkpoint value (called once, just before the copy,
-    so that only one checkpoint tensor is held at a time)."""
-    tensors = _with_companions(tensors, where)
+    so that only one checkpoint tensor is held at a time); ``walked``: ``module_walk`` of
+    modules already walked, by ``id``."""
+    tensors = _with_companions(tensors, where, walked)
     loaded = loaded or {}
     by_recorder: dict[int, tuple[Recorder, list[torch.Tensor]]] = {}
     for t in tensors:
@@ -385,8 +394,10 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
         raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
     seed, dtype, device = checked_seed(seed), checked_dtype(dtype), checked_device(device)
     stream_seed = None if rng == "exact" else (_TRACED_SEED if seed is None else seed)
+    walked: dict[int, list[Slot]] = {}
     if isinstance(obj, torch.nn.Module):
-        tensors, where = _deferred_in_module(obj)
+        walked[id(obj)] = module_walk(obj)
+        tensors, where = _deferred_in_module(obj, walked[id(obj)])
         rec = recorder_of_root(obj)  # tensors the caller holds that share the model's storages
         tensors += [t for t in (rec.adopted if rec is not None else ()) if is_deferred_tensor(t)]
     elif is_deferred_tensor(obj):
@@ -397,7 +408,7 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
         raise TypeError(f"materialize expects an nn.Module or a tensor, got {type(obj).__name__}")
     sharded = deferred_dtensors(obj) if isinstance(obj, torch.nn.Module) else {}
     if isinstance(obj, torch.nn.Module) and init:
-        _refuse_left_behind(obj)
+        _refuse_left_behind(obj, walked[id(obj)])
     loaded = None
     incompatible: list[list[str]] = []
     if state_dict is not None:
@@ -412,7 +423,7 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
 
         materialize_dtensors(sharded, device, init, compute, dtype,
                              {k: v for k, v in (loaded or {}).items() if k in sharded})
-    _materialize_tensors(tensors, where, device, init, loaded, stream_seed, dtype, compile)
+    _materialize_tensors(tensors, where, device, init, loaded, stream_seed, dtype, compile, walked)
     if dtype is not None and isinstance(obj, torch.nn.Module):
         _cast_real(obj, dtype)
     if from_meta_init and not keep_cache:
@@ -443,8 +454,8 @@ def _cast_real(module: torch.nn.Module, dtype: torch.dtype) -> None:
                         slots[name] = t.to(dtype_after_to(t.dtype, dtype))
 
 
-def _refuse_left_behind(module: torch.nn.Module) -> None:
-    left = left_behind(module)
+def _refuse_left_behind(module: torch.nn.Module, walk: list[Slot] | None = None) -> None:
+    left = left_behind(module, walk)
     if left:
         raise DeferredInitError(
             f"{len(left)} tensor(s) of this model are plain meta tensors that fxinit did not record, so materialize "

@@ -137,7 +137,12 @@ def allocates(node: fx.Node) -> bool:
         return False
     if node.op == "get_attr":
         return True
-    schema = getattr(node.target, "_schema", None)
+    return _returns_new(node.target)
+
+
+@functools.lru_cache(maxsize=None)
+def _returns_new(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
     if schema is None or not schema.returns:
         return False
     return schema.returns[0].alias_info is None
@@ -159,7 +164,12 @@ def filled_argument(node: fx.Node) -> int | None:
     tensor)``), 0 for an aten op that writes its first argument, None for others."""
     if node.target is call_init_function:
         return 1
-    schema = getattr(node.target, "_schema", None)
+    return _writes_first(node.target)
+
+
+@functools.lru_cache(maxsize=None)
+def _writes_first(target: Any) -> int | None:
+    schema = getattr(target, "_schema", None)
     first = schema.arguments[0].alias_info if schema is not None and schema.arguments else None
     return 0 if first is not None and first.is_write else None
 

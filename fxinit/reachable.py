@@ -107,17 +107,27 @@ def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
 _CALLABLES = (types.FunctionType, types.MethodType, functools.partial)
 
 
-def left_behind(module: torch.nn.Module) -> list[str]:
+#: One slot of a module tree: ``(module path, module, kind, name, value)`` (``module_slots``).
+Slot = tuple[str, torch.nn.Module, str, str, Any]
+
+
+def module_walk(module: torch.nn.Module) -> list[Slot]:
+    """Every slot of every module of ``module``'s tree, in ``named_modules`` order (a module
+    reached twice counts once): one walk that materialize's questions share."""
+    return [(path, mod, kind, name, value) for path, mod in module.named_modules()
+            for kind, name, value in module_slots(mod)]
+
+
+def left_behind(module: torch.nn.Module, walk: list[Slot] | None = None) -> list[str]:
     """Plain meta tensors that fxinit did not record (built after the trace by torch's own
     code on a deferred tensor's ``device``, or by ``to_empty(device='meta')``) reachable from
-    ``module``: materialize cannot give them values, and eager construction would have made
-    them real. Tensors materialize made meta (model code built them there) do not count."""
+    ``module`` (whose ``module_walk`` is ``walk``, if known): materialize cannot give them
+    values, and eager construction would have made them real. Tensors materialize made meta
+    (model code built them there) do not count."""
     found = []
-    for path, mod in module.named_modules():
-        prefix = f"{path}." if path else ""
-        for _, name, t in module_slots(mod):
-            t = getattr(t, "_local_tensor", t)  # a DTensor's local part
-            if isinstance(t, torch.Tensor) and not is_deferred_tensor(t) and t.device.type == "meta" \
-                    and MATERIALIZED not in t.__dict__:
-                found.append(prefix + name)
+    for path, _, _, name, t in module_walk(module) if walk is None else walk:
+        t = getattr(t, "_local_tensor", t)  # a DTensor's local part
+        if isinstance(t, torch.Tensor) and not is_deferred_tensor(t) and t.device.type == "meta" \
+                and MATERIALIZED not in t.__dict__:
+            found.append(f"{path}.{name}" if path else name)
     return list(dict.fromkeys(found))

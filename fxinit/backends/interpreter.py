@@ -89,7 +89,7 @@ class Interpreter:
                     env[k] = _cast(env[k], plan.output_dtype)
                 for value_node in plan.frees.get(n, ()):
                     env.pop(value_node, None)
-        return {n: env[n] for n in plan.keep if n in env}
+        return {n: v for n, v in env.items() if n in plan.keep}
 
     def run_node(self, n: fx.Node) -> Any:
         """The value of ``n``: by the plan's decision about it, else by its kind."""
@@ -98,8 +98,11 @@ class Interpreter:
         if n in self.plan.reuse:
             return self.reuse(n, *self.plan.reuse[n])
         args, kwargs = self.fetch_args_kwargs(n)
+        dtype = n.meta.get("default_dtype", self.graph_dtype)
         try:
-            with default_dtype(n.meta.get("default_dtype", self.graph_dtype)):
+            if dtype is self.graph_dtype:  # ``run`` set it already
+                return getattr(self, n.op)(n, args, kwargs)
+            with default_dtype(dtype):
                 return getattr(self, n.op)(n, args, kwargs)
         except DeferredInitError:
             raise

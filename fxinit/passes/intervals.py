@@ -66,8 +66,19 @@ def of(ranges: list[tuple[int, int]] | np.ndarray) -> Set:
     return union(a)
 
 
+def _one(lo: int, hi: int) -> Set:
+    """The set of ``lo .. hi`` (empty when ``hi <= lo``)."""
+    return np.array([[lo, hi]], dtype=np.int64) if hi > lo else EMPTY
+
+
+# One range on each side is the common case (a whole tensor, a row block): plain ints then,
+# numpy's per-call cost is most of the work otherwise.
 def union(*sets: Set) -> Set:
     """Every element of any of ``sets``."""
+    if len(sets) == 2 and len(sets[0]) == 1 and len(sets[1]) == 1:
+        (a0, a1), (b0, b1) = sets[0][0].tolist(), sets[1][0].tolist()
+        if a1 > a0 and b1 > b0 and a0 <= b1 and b0 <= a1:
+            return _one(min(a0, b0), max(a1, b1))
     a = np.concatenate([s for s in sets if len(s)]) if any(len(s) for s in sets) else EMPTY
     a = a[a[:, 1] > a[:, 0]]
     if len(a) <= 1:
@@ -85,6 +96,9 @@ def intersect(a: Set, b: Set) -> Set:
     """The elements in both ``a`` and ``b``."""
     if not len(a) or not len(b):
         return EMPTY
+    if len(a) == 1 and len(b) == 1:
+        (a0, a1), (b0, b1) = a[0].tolist(), b[0].tolist()
+        return _one(max(a0, b0), min(a1, b1))
     # for each range of b, the ranges of a that overlap it
     lo_idx = np.searchsorted(a[:, 1], b[:, 0], side="right")
     hi_idx = np.searchsorted(a[:, 0], b[:, 1], side="left")
@@ -105,6 +119,13 @@ def subtract(a: Set, b: Set) -> Set:
     """The elements of ``a`` not in ``b``."""
     if not len(a) or not len(b):
         return a
+    if len(a) == 1 and len(b) == 1:
+        (a0, a1), (b0, b1) = a[0].tolist(), b[0].tolist()
+        if b1 <= a0 or a1 <= b0:
+            return a
+        left, right = (a0, min(a1, b0)), (max(a0, b1), a1)
+        kept = [r for r in (left, right) if r[1] > r[0]]
+        return np.array(kept, dtype=np.int64) if kept else EMPTY
     # the complement of b, clipped to a's span, intersected with a
     lo, hi = min(a[0, 0], b[0, 0]), max(a[-1, 1], b[-1, 1])
     gaps = np.stack([np.concatenate([[lo], b[:, 1]]), np.concatenate([b[:, 0], [hi]])], axis=1)

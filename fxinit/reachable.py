@@ -112,10 +112,11 @@ Slot = tuple[str, torch.nn.Module, str, str, Any]
 
 
 def module_walk(module: torch.nn.Module) -> list[Slot]:
-    """Every slot of every module of ``module``'s tree, in ``named_modules`` order (a module
-    reached twice counts once): one walk that materialize's questions share."""
+    """Every tensor slot of every module of ``module``'s tree, in ``named_modules`` order (a
+    module reached twice counts once): one walk that materialize's questions share. Only
+    tensors: holding anything else (an RNN's weak references to its weights) would keep it."""
     return [(path, mod, kind, name, value) for path, mod in module.named_modules()
-            for kind, name, value in module_slots(mod)]
+            for kind, name, value in module_slots(mod) if isinstance(value, torch.Tensor)]
 
 
 def left_behind(module: torch.nn.Module, walk: list[Slot] | None = None) -> list[str]:

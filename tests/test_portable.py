@@ -20,6 +20,10 @@ from fxinit.rng import portable
 N = 1 << 20  # elements per statistical check
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32)
+
+
 def _tensors(m: nn.Module) -> dict[str, torch.Tensor]:
     return dict(m.named_parameters(remove_duplicate=False)) | dict(m.named_buffers(remove_duplicate=False))
 
@@ -134,6 +138,17 @@ def test_c_kernel_and_torch_ops_give_the_same_bits(monkeypatch: pytest.MonkeyPat
             assert torch.equal(fast, slow), (dtype, kind, params)
     native.portable_library.cache_clear()
     assert native.portable_library() is not None
+
+
+def test_pairwise_torch_ops_compute_each_elements_definition() -> None:
+    """``range24`` (one word, radius, cos and sin per pair: what a GPU without a compiler runs)
+    gives ``sample24``'s bits (each element on its own), at any start and length."""
+    for kind in ("uniform", "normal"):
+        for stream in (portable.stream_key(2, "y"), -1, 0):
+            for start, n in ((0, 1), (1, 1), (1, 2), (2, 3), (7, 4099), (2**33 + 1, 1000)):
+                want = portable.sample24(kind, torch.arange(start, start + n), stream)
+                got = portable.range24(kind, stream, start, n, "cpu")
+                assert torch.equal(_bits(want), _bits(got)), (kind, stream, start, n)
 
 
 def _cpu_flags() -> set[str]:

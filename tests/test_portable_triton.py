@@ -197,3 +197,34 @@ def test_shards_draw_straight_from_the_triton_kernel(monkeypatch: pytest.MonkeyP
     before = compiled.STATS.calls
     _same(g.materialize(rng="portable", seed=1, compile="triton"), g.materialize(rng="portable", seed=1))
     assert compiled.STATS.calls - before >= len(drawn)
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_the_gpu_kernel_compiles_with_every_float_operation_rounded_on_its_own(arch: int) -> None:
+    """The jitted kernel (not the interpreter's Python) built for an A100 and an H100 by
+    Triton's own ptxas, on this CPU machine: every float32 multiply and add carries ``.rn``
+    (which ptxas never contracts into a fused multiply-add), no ``fma`` at all, square roots
+    correctly rounded (``sqrt.rn``, not ``sqrt.approx``)."""
+    import re
+    from collections import Counter
+
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = portable_triton._kernel(False)
+    for kind, dtype, out, runs in ((1, tl.bfloat16, tl.bfloat16, False), (1, tl.float32, tl.float16, True),
+                                   (0, tl.float16, tl.float32, False)):
+        signature = {"out_ptr": f"*{ {tl.bfloat16: 'bf16', tl.float16: 'fp16', tl.float32: 'fp32'}[out] }",
+                     "runs_ptr": "*i64", "n": "i64", "start": "i64", "stream": "i64", "scale": "fp32", "shift": "fp32",
+                     **{k: "constexpr" for k in ("KIND", "DTYPE", "OUT", "BLOCK", "RUNS")}}
+        source = ASTSource(fn=kernel, signature=signature,
+                           constexprs={"KIND": kind, "DTYPE": dtype, "OUT": out, "BLOCK": portable_triton.BLOCK,
+                                       "RUNS": runs})
+        ptx = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=portable_triton.OPTIONS).asm["ptx"]
+        ops = Counter(re.findall(r"^\s*((?:add|sub|mul|fma|sqrt|div|rcp)\.[a-z0-9.]+)", ptx, re.M))
+        floats = {op: k for op, k in ops.items() if ".f32" in op or ".f16" in op or ".bf16" in op}
+        assert floats and all(".rn." in op for op in floats), floats
+        assert not any(op.startswith(("fma", "div", "rcp")) for op in floats), floats
+        assert (ops["sqrt.rn.f32"] > 0) == (kind == 1), ops

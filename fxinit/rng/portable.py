@@ -49,6 +49,9 @@ GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed 64-bit integer
 _M1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
 _M2 = -7723592293110705685  # 0x94D049BB133111EB
 CHUNK = 1 << 20
+#: Elements per chunk of the torch-op twin on other devices (a GPU): each of its ~40 ops is a
+#: launch, which must be worth it.
+DEVICE_CHUNK = 1 << 24
 
 
 def stream_key(seed: int, key: str) -> int:
@@ -92,15 +95,29 @@ def units24(i: torch.Tensor, stream: Stream) -> torch.Tensor:
     return ((w >> (8 + 32 * odd)) & 0xFFFFFF).to(torch.int32)
 
 
+def range24(kind: str, stream: int, start: int, n: int, device: torch.device | str) -> torch.Tensor:
+    """Float32 standard samples (``uniform`` in [0, 1), or ``normal``) of elements ``start ..
+    start+n``, by torch ops: ``sample24``'s bits, computed once per Box-Muller pair (one word,
+    one radius, one cos and sin) rather than once per element."""
+    w = words(stream, start >> 1, ((start + n - 1) >> 1) - (start >> 1) + 1, device)
+    even, odd = ((w >> 8) & 0xFFFFFF).to(torch.int32), ((w >> 40) & 0xFFFFFF).to(torch.int32)
+    del w
+    if kind == "uniform":
+        a, b = even.to(torch.float32).mul_(1.0 / (1 << 24)), odd.to(torch.float32).mul_(1.0 / (1 << 24))
+    else:
+        radius = _neg2log24((1 << 24) - odd).double().sqrt_().float()  # as in ``normal24``
+        a, b = _cos_sin2pi24(even)
+        a.mul_(radius)
+        b.mul_(radius)
+    first = start & 1
+    return torch.stack((a, b), dim=1).view(-1)[first:first + n]
+
+
 def sample24(kind: str, i: torch.Tensor, stream: Stream) -> torch.Tensor:
     """Float32 standard samples of elements ``i``: ``uniform`` in [0, 1), or ``normal``."""
     if kind == "uniform":
         return units24(i, stream).to(torch.float32) * (1.0 / (1 << 24))
     return normal24(i, stream)
-
-
-def _elements(start: int, n: int, device: torch.device | str) -> torch.Tensor:
-    return torch.arange(start, start + n, dtype=torch.int64, device=device)
 
 
 class _Words:
@@ -126,7 +143,7 @@ class _Words:
             self.lib.fxinit_portable_fill(out.data_ptr(), _KINDS.index("uniform"), 0, self.n, self.start,
                                           self.stream & _U64, 1.0, 0.0)  # u * 1 + 0 is u
             return out
-        values = sample24("uniform", _elements(self.start, self.n, self.device), self.stream)
+        values = range24("uniform", self.stream, self.start, self.n, self.device)
         return values if out is None else out.copy_(values)
 
     def unit53(self) -> torch.Tensor:
@@ -141,7 +158,7 @@ class _Words:
 
     def normal24(self) -> torch.Tensor:
         """Float32 standard normals by the torch-op twin (on any device)."""
-        return normal24(_elements(self.start, self.n, self.device), self.stream)
+        return range24("normal", self.stream, self.start, self.n, self.device)
 
 
 _U64 = (1 << 64) - 1
@@ -237,6 +254,22 @@ def _cos2pi24(j: torch.Tensor, quarters_back: torch.Tensor | int = 0) -> torch.T
     return torch.where(((q + 1) & 2) != 0, -v, v)
 
 
+def _cos_sin2pi24(j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos`` and ``sin`` of ``2 pi j / 2^24`` for int32 ``j`` in [0, 2^24): both of
+    ``_cos2pi24``'s polynomials once, each answer picked by quadrant (portable.c's
+    ``cos_sin_2pi24``)."""
+    t = (j + (1 << 21)) & 0xFFFFFF
+    q = t >> 22
+    x = ((t & 0x3FFFFF) - (1 << 21)).to(torch.float32).mul_(_TWO_PI_2_24)
+    z = x * x
+    z2 = z * z
+    cos = _estrin4(z, z2, _COS).mul_(z).add_(1.0)
+    sin = _estrin4(z, z2, _SIN).mul_(z).mul_(x).add_(x)
+    odd = (q & 1) == 1
+    c, s = torch.where(odd, sin, cos), torch.where(odd, cos, sin)
+    return torch.where(((q + 1) & 2) != 0, c.neg(), c), torch.where((q & 2) != 0, s.neg(), s)
+
+
 def sample(kind: str, stream: int, start: int, n: int, dtype: torch.dtype, device: torch.device | str,
            out: torch.Tensor | None = None, **params: float) -> torch.Tensor:
     """``n`` values of distribution ``kind`` for elements ``start ..``, computed in float32
@@ -281,8 +314,10 @@ def fill_(target: torch.Tensor, kind: str, stream: int, first: int = 0, **params
     n = target.numel()
     flat = target.view(-1) if target.is_contiguous() else None
 
+    chunk = CHUNK if target.device.type == "cpu" else DEVICE_CHUNK
+
     def run(start: int) -> None:
-        size = min(CHUNK, n - start)
+        size = min(chunk, n - start)
         if flat is not None:
             piece = flat[start:start + size]
             values = sample(kind, stream, first + start, size, target.dtype, target.device, out=piece, **params)
@@ -292,7 +327,7 @@ def fill_(target: torch.Tensor, kind: str, stream: int, first: int = 0, **params
             _strided_chunk(target, start, size).copy_(
                 sample(kind, stream, first + start, size, target.dtype, target.device, **params))
 
-    starts = range(0, n, CHUNK)
+    starts = range(0, n, chunk)
     serial = flat is None or fills_are_serial()
     workers = 1 if serial else min(torch.get_num_threads(), len(starts))
     if workers <= 1:

@@ -33,6 +33,8 @@ import torch
 
 #: Box-Muller pairs per program (two output elements each).
 BLOCK = 1024
+#: Triton's compile options of every launch: no ``a * b + c`` contracted into a fused multiply-add.
+OPTIONS = {"enable_fp_fusion": False}
 KINDS = ("uniform", "normal")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -116,8 +118,7 @@ def _launch(out: torch.Tensor, runs: torch.Tensor | None, grid: tuple[int, ...],
     with _LOCK if interpret else _NO_LOCK:  # the interpreter patches triton.language while it runs
         kernel[grid](out, out if runs is None else runs, n, start, _signed64(stream), float(scale), float(shift),
                      KIND=KINDS.index(kind), DTYPE=getattr(tl, _TL_DTYPES[dtype or out.dtype]),
-                     OUT=getattr(tl, _TL_DTYPES[out.dtype]), BLOCK=BLOCK, RUNS=runs is not None,
-                     enable_fp_fusion=False)
+                     OUT=getattr(tl, _TL_DTYPES[out.dtype]), BLOCK=BLOCK, RUNS=runs is not None, **OPTIONS)
 
 
 class _NoLock:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from fxinit.capture.deferred import dressed_as, is_deferred_tensor, state_of
+from fxinit.capture.deferred import dressed_as, is_deferred_tensor, plain_attributes, state_of
 
 _MAX_OPS = 64  # a longer recipe is not the kind of tensor this is for
 
@@ -37,7 +37,8 @@ class Link:
 
 def plan_links(tensors: list[torch.Tensor]) -> list[Link]:
     """The links of the derived tensors among ``tensors`` that can be rebuilt (before the swap)."""
-    derived = [t for t in tensors if t.grad_fn is not None]
+    with plain_attributes():
+        derived = [t for t in tensors if t.grad_fn is not None]
     if not derived:
         return []
     links = []

@@ -22,7 +22,7 @@ from fxinit import execute
 from fxinit.autograd_links import autograd_leaves, plan_links, relink
 from fxinit.arguments import checked_device, checked_dtype, checked_seed
 from fxinit.capture.api import clear_meta_init_cache, recorder_of_root
-from fxinit.capture.deferred import MATERIALIZED, dressed_as, is_deferred_tensor, state_of
+from fxinit.capture.deferred import MATERIALIZED, dressed_as, is_deferred_tensor, plain_attributes, state_of
 from fxinit.capture.devices import device_available
 from fxinit.capture.recorder import Recorder
 from fxinit.checkpoint import CheckpointSource, checkpoint_values
@@ -68,8 +68,9 @@ def _with_companions(tensors: list[torch.Tensor], where: dict[int, list[Location
     """
     out = _companions(tensors, where, walked)
     ids = {id(t) for t in out}
-    leaves = [p for t in out if t.grad_fn is not None for p in autograd_leaves(t)
-              if is_deferred_tensor(p) and id(p) not in ids]
+    with plain_attributes():
+        derived = [t for t in out if t.grad_fn is not None]
+    leaves = [p for t in derived for p in autograd_leaves(t) if is_deferred_tensor(p) and id(p) not in ids]
     return _companions(out + leaves, where, walked) if leaves else out
 
 
@@ -88,7 +89,8 @@ def _companions(tensors: list[torch.Tensor], where: dict[int, list[Location]],
                 continue
             # Tensors computed with autograd (weight_norm's ``weight``) hold the parameters
             # they came from: they go with them, or those could not be swapped.
-            derived = t.grad_fn is not None
+            with plain_attributes():
+                derived = t.grad_fn is not None
             if id(t) not in out and (derived or rec.storage_id(t) in wanted):
                 out[id(t)] = t
             places = where.setdefault(id(t), []) if id(t) in out else None
@@ -143,7 +145,9 @@ def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.devi
     values = []
     for t, (node, _) in zip(tensors, targets):
         v = env[node]
-        if not isinstance(v, torch.Tensor) or v.shape != t.shape or v.dtype != dtype_after_to(t.dtype, dtype):
+        with plain_attributes():
+            shape, want = t.shape, dtype_after_to(t.dtype, dtype)
+        if not isinstance(v, torch.Tensor) or v.shape != shape or v.dtype != want:
             raise DeferredInitError(
                 f"fxinit internal error: replay produced {type(v).__name__} "
                 f"{getattr(v, 'shape', '')} {getattr(v, 'dtype', '')} for a tensor of {tuple(t.shape)} {t.dtype}",
@@ -195,7 +199,8 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
     # Tensors computed with autograd (a weight_norm'ed ``weight``) hold references to the
     # parameters they came from, and views (``x = w[1:3]``) to their base: swapping them
     # first releases those references.
-    order = sorted(range(len(tensors)), key=lambda i: (tensors[i].grad_fn is None, not tensors[i]._is_view()))
+    with plain_attributes():
+        order = sorted(range(len(tensors)), key=lambda i: (tensors[i].grad_fn is None, not tensors[i]._is_view()))
     for t, v in ((tensors[i], values[i]) for i in order):
         new = dressed_as(t, v)
         try:

@@ -125,7 +125,7 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
     exposed = dict(exposed or {})
     device_map = dict(device_map or {})
     reuse = common_subexpressions(nodes, keep)
-    fused = {fill: f for fill, f in fused_casts(nodes, keep, output_dtype).items()
+    fused = {fill: f for fill, f in fused_casts(nodes, keep, output_dtype, 2 * CHUNK).items()
              if _fusable(f, rng) and not exposed.keys() & {*f.members, *f.results}}
     pieces: dict[fx.Node, Ranges] = {}
     pieces_of = portable_pieces if rng == "portable" else exact_pieces

@@ -85,7 +85,11 @@ def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
                 for path, x in _tensor_hooks(t, name):
                     yield "hook", path, x
     for name, v in vars(mod).items():
-        if name in MODULE_DICTS:
+        if name in _MODULE_OWN:  # nn.Module's own bookkeeping: a hook dict is the only one that can hold a tensor
+            if v and name in _HOOK_DICTS:
+                for i, fn in enumerate(v.values()):
+                    for path, x in captured(fn, f"{name}[{i}]"):
+                        yield "hook", path, x
             continue
         tv = type(v)
         if tv in CONTAINERS:
@@ -105,6 +109,8 @@ def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
 
 
 _CALLABLES = (types.FunctionType, types.MethodType, functools.partial)
+_MODULE_OWN = frozenset(vars(torch.nn.Module())) | MODULE_DICTS  # what every module's __dict__ has
+_HOOK_DICTS = frozenset(name for name in _MODULE_OWN if name.endswith("_hooks"))
 
 
 #: One slot of a module tree: ``(module path, module, kind, name, value)`` (``module_slots``).

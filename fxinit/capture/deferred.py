@@ -100,6 +100,12 @@ def state_of(t: torch.Tensor) -> DeferredState:
     return t.__dict__[STATE_ATTR]
 
 
+#: ``with plain_attributes():`` fxinit's own reads of deferred tensors' plain attributes
+#: (``shape``, ``dtype``, ``grad_fn``, ``requires_grad``, ``_is_view()``) skip the subclass's
+#: ``__torch_function__``, which answers them as torch does but costs microseconds each.
+plain_attributes = torch._C.DisableTorchFunctionSubclass
+
+
 def is_deferred_tensor(t: object) -> bool:
     return isinstance(t, DeferredTensor) and STATE_ATTR in t.__dict__
 

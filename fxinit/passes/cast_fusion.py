@@ -48,12 +48,16 @@ class FusedCast:
 
 
 def fused_casts(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
-                output_dtype: torch.dtype | None = None) -> dict[fx.Node, FusedCast]:
+                output_dtype: torch.dtype | None = None, min_numel: int = 0) -> dict[fx.Node, FusedCast]:
     """``{fill node: FusedCast}`` for the slice ``nodes`` (program order).
 
     ``output_dtype``: the floating-point dtype the kept outputs are requested in
     (``materialize(dtype=...)``); a kept full-precision tensor is then a cast too.
+    ``min_numel``: only fills of at least this many elements (the others do not pay).
     """
+    if not any(n.meta.get("generators") and n.args and isinstance(n.args[0], fx.Node)
+               and (spec := n.args[0].meta.get("spec")) is not None and spec.numel >= min_numel for n in nodes):
+        return {}
     users = users_of(nodes)
     touching: dict[int, list[fx.Node]] = defaultdict(list)
     for n in nodes:

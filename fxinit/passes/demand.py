@@ -243,5 +243,9 @@ def partial_constants(demand: Demand) -> dict[fx.Node, Ranges]:
 
 def _strict_part(demanded: Set, spec) -> bool:  # noqa: ANN001
     """``demanded`` is some, but not all, of the elements ``spec`` covers, and those are known."""
+    if len(demanded) == 1 and spec.is_contiguous():  # the common case, a whole tensor, without sets
+        lo, hi = demanded[0].tolist()
+        if lo <= spec.storage_offset and spec.storage_offset + spec.numel <= hi:
+            return False
     covered, exact = intervals.elements(spec)
     return exact and intervals.size(demanded) > 0 and intervals.size(intervals.subtract(covered, demanded)) > 0

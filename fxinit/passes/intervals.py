@@ -75,10 +75,14 @@ def _one(lo: int, hi: int) -> Set:
 # numpy's per-call cost is most of the work otherwise.
 def union(*sets: Set) -> Set:
     """Every element of any of ``sets``."""
-    if len(sets) == 2 and len(sets[0]) == 1 and len(sets[1]) == 1:
-        (a0, a1), (b0, b1) = sets[0][0].tolist(), sets[1][0].tolist()
-        if a1 > a0 and b1 > b0 and a0 <= b1 and b0 <= a1:
-            return _one(min(a0, b0), max(a1, b1))
+    if len(sets) == 2:
+        a, b = sets
+        if not len(a) or not len(b):  # sets are never written: the other one serves as it is
+            return b if len(b) else a
+        if len(a) == 1 and len(b) == 1:
+            (a0, a1), (b0, b1) = a[0].tolist(), b[0].tolist()
+            if a1 > a0 and b1 > b0 and a0 <= b1 and b0 <= a1:
+                return _one(min(a0, b0), max(a1, b1))
     a = np.concatenate([s for s in sets if len(s)]) if any(len(s) for s in sets) else EMPTY
     a = a[a[:, 1] > a[:, 0]]
     if len(a) <= 1:

@@ -45,6 +45,14 @@ class CpuState:
         words = raw[_WORDS].view(np.uint64).astype(np.uint32)
         return CpuState(raw, words, N + 1 - left)
 
+    @staticmethod
+    def words_of(state: torch.Tensor) -> tuple[np.ndarray, int]:
+        """``(words, consumed)`` of a CPU generator state, without the copy ``of`` keeps."""
+        raw = state.numpy() if state.device.type == "cpu" else state.cpu().numpy()
+        if raw.size != _STATE_BYTES:
+            raise ValueError(f"not a CPU generator state: {raw.size} bytes")
+        return raw[_WORDS].view(np.uint64).astype(np.uint32), N + 1 - int(raw[_LEFT].view(np.int32)[0])
+
     def to_tensor(self) -> torch.Tensor:
         raw = self.raw.copy()
         raw[_WORDS] = self.words.astype(np.uint64).view(np.uint8)
@@ -113,6 +121,12 @@ def advance(state: torch.Tensor, draws: int) -> torch.Tensor:
     """The CPU generator state after ``draws`` more 32-bit words, caches untouched."""
     if draws < 0:
         raise ValueError("cannot advance a generator backwards")
+    lib = library()
+    if lib is not None and draws <= JUMP_MIN_TWISTS * N and state.device.type == "cpu" and state.is_contiguous() \
+            and state.numel() == _STATE_BYTES:  # in C on a copy: no unpacking
+        out = state.clone()
+        lib.fxinit_mt_state_advance(ctypes.c_void_p(out.data_ptr()), ctypes.c_uint64(draws))
+        return out
     s = CpuState.of(state)
     total = s.consumed + draws
     if total <= N:

@@ -12,6 +12,7 @@ plan without deciding anything; ``InitGraph.stats`` reads one; ``print(plan)`` s
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Callable, Mapping, Sequence
 
@@ -63,16 +64,17 @@ class Plan:
     labels: dict[fx.Node, str] = field(default_factory=dict)  # kept node -> the name it is asked for by (printing)
     device_map: dict[torch.device, torch.device] = field(default_factory=dict)  # unavailable -> used device
 
-    @property
-    def fused_away(self) -> set[fx.Node]:
+    @functools.cached_property
+    def fused_away(self) -> frozenset[fx.Node]:
         """Nodes that do not run: members of fused casts (their fill runs the fused cast) and
         the element-wise chains inside compiled kernels (their fill's kernel runs them)."""
         away = {m for f in self.fused_casts.values() for m in f.members} - set(self.fused_casts)
-        return away | {m for k in self.kernels.values() for m in k.chain}
+        return frozenset(away | {m for k in self.kernels.values() for m in k.chain})
 
     @property
     def random_nodes(self) -> list[fx.Node]:
-        return [n for n in self.nodes if is_random(n) and n not in self.fused_away]
+        away = self.fused_away
+        return [n for n in self.nodes if is_random(n) and n not in away]
 
     def elements_drawn(self) -> int:
         """Elements the random nodes generate (their pieces, or all of the tensor they fill)

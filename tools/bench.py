@@ -7,7 +7,7 @@ writing it once, which any materialization into fresh memory does), both measure
 
     python tools/bench.py                  # the ~0.5B Llama of the passes issue, CPU
     python tools/bench.py --model tiny     # a quick look
-    python tools/bench.py --model launch --rows "fxinit exact"   # per-node overhead (launch-bound)
+    python tools/bench.py --model launch --rows "fxinit materialize,fxinit materialize warm"  # per-node overhead
     python tools/bench.py --trace-405b     # also: tracing a 405B Llama vs meta construction
     python tools/bench.py --samplers       # only the portable samplers' ns per element vs torch's
     python tools/bench.py --kernels        # compiled portable fills of the 0.5B and 405B configs:
@@ -19,6 +19,9 @@ Rows:
                         allocating and writing every byte once
   meta+to_empty+init    meta construction, to_empty(cpu), model.init_weights() (not exact)
   fxinit exact          trace_init + materialize (bitwise equal to eager)
+  fxinit materialize    the materialize of "fxinit exact" alone (timed after the trace)
+  fxinit materialize warm   the same, after one materialize of another trace in the process (one-time
+                        checks and caches done): the per-node cost alone
   fxinit exact 1 thread   the same without concurrent tensor generation
   fxinit portable       trace_init + materialize(rng="portable"): counter-based stream, not eager's
                         values (compiled kernels cached by an earlier process)
@@ -96,6 +99,13 @@ ROWS = {
     "fxinit exact": (
         "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nt_trace = time.perf_counter() - t0\n"
         "fxinit.materialize(m)\nextra = {'trace_s': t_trace}"
+    ),
+    "fxinit materialize": (  # the materialize alone, after the trace (first use: self-checks, caches)
+        "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nt0 = time.perf_counter()\nfxinit.materialize(m)\nextra = None"
+    ),
+    "fxinit materialize warm": (  # the same after one materialize of another trace: per-node cost alone
+        "fxinit.materialize(fxinit.trace_init(LlamaForCausalLM, cfg))\ntorch.manual_seed(0)\n"
+        "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nt0 = time.perf_counter()\nfxinit.materialize(m)\nextra = None"
     ),
     "fxinit exact 1 thread": (
         "torch.set_num_threads(1)\nm = fxinit.trace_init(LlamaForCausalLM, cfg)\nfxinit.materialize(m)\nextra = None"

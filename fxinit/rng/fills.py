@@ -9,12 +9,16 @@ so a fill splits over threads, and a shard can fill only its own slice.
 Nothing is trusted blindly: the first use of each (kind, dtype, path) compares the kernel
 with torch on sizes that cross every threshold of torch's samplers (and each new pair of
 parameters on a few sizes); on any difference, or where the kernel cannot be built, that
-kind is refused (``native_fill`` returns False) and the caller uses torch.
+kind is refused (``native_fill`` returns False) and the caller uses torch. What a check found
+is remembered in the kernel cache for later processes running the same kernel build, torch
+build and CPU (a fresh process would otherwise spend ~12 ms checking again).
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
 import logging
 import os
 import random
@@ -28,7 +32,7 @@ import numpy as np
 import torch
 
 from fxinit.rng.mt19937 import JUMP_MIN_TWISTS, CpuState, advance
-from fxinit.rng.native import _load
+from fxinit.rng.native import _load, cache_dir
 
 _SOURCE = Path(__file__).with_name("fills.c")
 _OPS = {"uniform": 0, "normal": 1}
@@ -220,30 +224,79 @@ def _passes(kind: str, dtype: torch.dtype, path: int, params: tuple[float, float
 
 def _trusted(kind: str, dtype: torch.dtype, path: int, params: tuple[float, float]) -> bool:
     """Whether the kernel passed its checks for this kind/dtype/path and these parameters
-    (checking now if not done yet). A difference distrusts the kind for good."""
+    (checking now if not done yet, or reading what an earlier process found with the same
+    kernel, torch and CPU: ``_remembered``). A difference distrusts the kind for good."""
     key = (kind, dtype, path)
     pkey = (*key, params)
     if _params_checked.get(pkey) and _checked.get(key):  # checked already (no lock: a model asks thousands of times)
         return True
     with _CHECK_LOCK:
+        earlier = _remembered()
         first = key not in _checked
         if first:
             base = (0.0, 1.0) if kind == "normal" else (-0.37, 0.91)
-            _checked[key] = _passes(kind, dtype, path, base, _CHECK_SIZES) is True
+            _checked[key] = _remember(earlier, (*key, base), lambda: _passes(kind, dtype, path, base, _CHECK_SIZES))
         if not _checked[key]:
             return False
         if pkey not in _params_checked:
             if len(_params_checked) > 4096:
                 _params_checked.clear()
-            same = _passes(kind, dtype, path, params, _CHECK_SIZES if first else _QUICK_SIZES)
+            sizes = _CHECK_SIZES if first else _QUICK_SIZES
+            same = _remember(earlier, pkey, lambda: _passes(kind, dtype, path, params, sizes))
             if same is False:
                 _checked[key] = False
             _params_checked[pkey] = same is True
         return _params_checked[pkey] and _checked[key]
 
 
+def _remembered() -> dict[str, bool | None] | None:
+    """What earlier processes' checks found for this build of the kernel, this torch and this
+    CPU (a JSON file in the kernel cache, named by all three), or None where nothing is
+    remembered: the kernel is not the real one (tests swap it) or the file cannot be used."""
+    if _kernel_call is not _kernel:
+        return None
+    global _MEMORY
+    if _MEMORY is None:
+        lib = library()
+        try:
+            flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+        except OSError:
+            flags = ""
+        tag = hashlib.sha256("\0".join((getattr(lib, "_name", ""), torch.__version__, str(torch.version.git_version),
+                                        str(torch.backends.cpu.get_cpu_capability()), flags)).encode()).hexdigest()[:16]
+        path = cache_dir() / f"fills-checks-{tag}.json"
+        try:
+            found = json.loads(path.read_text()) if path.exists() else {}
+        except (OSError, ValueError):
+            found = {}
+        _MEMORY = (path, found if isinstance(found, dict) else {})
+    return _MEMORY[1]
+
+
+_MEMORY: tuple[Path, dict[str, bool | None]] | None = None
+
+
+def _remember(earlier: dict[str, bool | None] | None, key: tuple, check: Callable[[], bool | None]) -> bool | None:
+    """The result of ``check`` for ``key``: remembered from an earlier process, else run and
+    written down for later ones."""
+    name = repr(key)
+    if earlier is not None and name in earlier:
+        return earlier[name]
+    result = check()
+    if earlier is not None and _MEMORY is not None:
+        earlier[name] = result
+        try:
+            _MEMORY[0].parent.mkdir(parents=True, exist_ok=True)
+            tmp = _MEMORY[0].with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(earlier))
+            os.replace(tmp, _MEMORY[0])  # atomic: concurrent processes each write a whole file
+        except OSError:
+            pass
+    return result
+
+
 def reset_checks() -> None:
-    """Forget the self-check results (tests)."""
+    """Forget the self-check results of this process (tests)."""
     with _CHECK_LOCK:
         _checked.clear()
         _params_checked.clear()

@@ -60,6 +60,12 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(saved)
 
 
+#: Factories called through torch's Python functions: the same kernels, a quarter of the
+#: OpOverload's call cost (a model allocates every tensor it initializes).
+_FACTORIES = {aten.empty.memory_format: torch.empty, aten.ones.default: torch.ones, aten.zeros.default: torch.zeros,
+              aten.full.default: torch.full}
+
+
 class Interpreter:
     """Runs the nodes of ``plan`` (all, or one of its groups) and returns the kept values."""
 
@@ -150,7 +156,12 @@ class Interpreter:
             return self.partial_copy(n, args, kwargs, self.plan.copies[n])
         if n in self.plan.constant_parts:
             return self.partial_constant(n, self.plan.constant_parts[n])
-        return self.plan.in_place.get(n, n.target)(*replay_args(n.target, args), **kwargs)
+        fn = self.plan.in_place.get(n)
+        if fn is not None:
+            return fn(*replay_args(n.target, args), **kwargs)
+        if n.target in _FACTORIES and kwargs.get("device") is not None:  # no device context can move it
+            return _FACTORIES[n.target](*args, **kwargs)
+        return n.target(*replay_args(n.target, args), **kwargs)
 
     def partial_copy(self, n: fx.Node, args: tuple, kwargs: dict, ranges: Ranges) -> torch.Tensor:
         """A copy (``copy_``, ``clone``, ``_to_copy``, ``constant_pad_nd``) that writes only the

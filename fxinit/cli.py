@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rng", default="exact", choices=["exact", "portable"], help="--plan: the random mode")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"], help="--plan: the output dtype")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="--plan: portable fills as compiled kernels (default: where that is fastest)")
+                   help="--plan: portable fills as kernels torch.compile generates (default: the fastest)")
     p.set_defaults(run=cmd_show)
 
     p = sub.add_parser("viz", help="draw the init dependencies with graphviz",
@@ -305,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="portable mode's seed (default: the seed the trace saw)")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="portable mode: run the fills as kernels torch.compile generates for the device (the same "
-                        "values); default: where that is fastest (CUDA; the CPU keeps fxinit's C kernel)")
+                        "values); default: the fastest (fxinit's Triton kernel on CUDA, its C kernel on the CPU)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"],
                    help="cast floating-point (and complex) tensors to this dtype as Module.to does, without the "
                         "full-precision model in memory")

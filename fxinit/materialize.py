@@ -392,8 +392,11 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     torch.compile (Inductor) generates for the device (C++ on CPU, Triton on CUDA): the same
     values, bit for bit on CPU. Kernels depend only on the kind of fill and dtype (sizes,
     offsets and numbers are arguments), so a model compiles a handful; Inductor caches them
-    across processes. ``None`` compiles where that is fastest: on CUDA; on the CPU fxinit's
-    C kernel is faster. Exact mode draws from torch's own generators and compiles nothing.
+    across processes. ``None`` (default) takes the fastest: on CUDA fxinit's own Triton
+    kernel (``rng.portable_triton``: one launch a fill, no Dynamo, safe from any thread), on
+    the CPU fxinit's C kernel. ``"triton"`` asks for that kernel (on CPU tensors only under
+    ``TRITON_INTERPRET=1``, to check bits). Exact mode draws from torch's own generators and
+    compiles nothing.
     """
     if rng not in ("exact", "portable"):
         raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")

@@ -29,6 +29,7 @@ from fxinit.passes.partition import independent_groups
 from fxinit.passes.demand import partial_constants, partial_copies, partial_fills
 from fxinit.passes.forwarding import Forward, forwarded_demand
 from fxinit.passes.roots import shared_roots
+from fxinit.passes.unbacked import unbacked_allocations
 from fxinit.passes.ranges import Extent
 from fxinit.rng.pieces import CHUNK
 from fxinit.spec import cast_by_to
@@ -60,6 +61,7 @@ class Plan:
     groups: list[list[fx.Node]] = field(default_factory=list)  # independent groups, largest first
     streams: dict[fx.Node, str] = field(default_factory=dict)  # portable: random node -> stream key
     kernels: dict[fx.Node, Kernel] = field(default_factory=dict)  # compiled: fill -> the kernel it runs as
+    unbacked: frozenset[fx.Node] = frozenset()  # allocations nothing reads or writes: meta stand-ins
     exposed: dict[fx.Node, Extent] = field(default_factory=dict)  # kept node -> the storage extent read of it
     labels: dict[fx.Node, str] = field(default_factory=dict)  # kept node -> the name it is asked for by (printing)
     device_map: dict[torch.device, torch.device] = field(default_factory=dict)  # unavailable -> used device
@@ -93,7 +95,7 @@ class Plan:
     def bytes_allocated(self) -> int:
         """What running the plan allocates, outputs and temporaries, after in-place chains,
         CSE reuse, fused casts and casts to the output dtype."""
-        total = sum(n.meta["spec"].nbytes for n in self.nodes if allocates(n))
+        total = sum(n.meta["spec"].nbytes for n in self.nodes if allocates(n) and n not in self.unbacked)
         total -= sum(n.meta["spec"].nbytes for n in self.in_place)
         total -= sum(n.meta["spec"].nbytes for n, (_, copy) in self.reuse.items() if not copy and allocates(n))
         for fused in self.fused_casts.values():
@@ -165,6 +167,8 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
         # a CSE duplicate runs in the group of the value it reuses
         groups=independent_groups(nodes, [(dup, first) for dup, (first, _) in reuse.items()]),
         streams={n: k for n, k in (streams or {}).items() if n in members}, kernels=kernels, exposed=exposed,
+        unbacked=(unbacked_allocations(nodes, keep, pieces, copies, forwards.keys())
+                  if any(not r for r in (*pieces.values(), *copies.values())) else frozenset()),
         device_map=device_map, labels=dict(labels or {}))
 
 
@@ -239,6 +243,8 @@ def _decisions(plan: Plan, n: fx.Node, fused_by_member: Mapping[fx.Node, FusedCa
         if k.cast is not None:
             steps.append(_dtype(k.cast))
         out.append(f"compiled kernel ({k.backend}) on {k.device.type}: {' -> '.join(steps)}")
+    if n in plan.unbacked:
+        out.append("unbacked: nothing reads or writes it, a meta tensor stands in")
     if n in plan.pieces:
         out.append(f"fills only {_ranges(plan.pieces[n])}")
     if n in plan.copies:

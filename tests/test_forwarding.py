@@ -388,3 +388,21 @@ class BatchNormStepInInit(nn.Module):
 def test_writes_the_schema_does_not_mark_end_the_origins() -> None:
     with small_thresholds():
         assert_same_as_eager(BatchNormStepInInit, seeds=(0,))
+
+
+@pytest.mark.parametrize("rng", ["exact", "portable"])
+def test_storages_nothing_reads_or_writes_are_not_allocated(rng: str) -> None:
+    """The full tensors and TP chunks a shard is drawn past are meta stand-ins
+    (``plan.unbacked``: a GPU would hold them until their group ends), and ``new_zeros`` of
+    such a stand-in still makes its tensor on the device it was meant for."""
+    torch.manual_seed(0)
+    g = fxinit.init_graph(fxinit.trace_init(Layouts, torch.float32, "normal"))
+    plan = g.plan(rng=rng, seed=1 if rng == "portable" else None)
+    full = {n.args[0] for n in plan.nodes if n.meta.get("generators")}  # what the three fills fill
+    assert len(full) == 3 and full <= plan.unbacked, str(plan)
+    outputs = sum(n.meta["spec"].nbytes for n in plan.nodes if n in plan.keep)
+    assert plan.bytes_allocated() == outputs, str(plan)  # the shards, and nothing else
+    got = g.materialize(rng=rng, seed=1 if rng == "portable" else None)
+    assert all(v.device.type == "cpu" for v in got.values())
+    if rng == "exact":
+        assert_same_as_eager(Layouts, torch.float32, "normal")

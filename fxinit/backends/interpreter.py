@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.errors import DeferredInitError
-from fxinit.ops import constant_value, filled_argument, is_random, replay_args
+from fxinit.ops import constant_value, filled_argument, is_random, reads_no_data, replay_args
 from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes import intervals
 from fxinit.passes.fills import Ranges
@@ -137,9 +137,8 @@ class Interpreter:
     def _load_spec(self, a: Any) -> Any:
         if not isinstance(a, fx.Node) or a in self.env:
             return self._load(a)
-        spec = a.meta["spec"]
-        device = self.plan.device_map.get(spec.device, spec.device)
-        return torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=device)
+        spec = a.meta["spec"]  # read for its metadata alone: nothing needs memory (``call_function``)
+        return torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device="meta")
 
     # ------------------------------------------------------------------ kinds of node
     def placeholder(self, n: fx.Node, args: tuple, kwargs: dict) -> Any:
@@ -150,6 +149,13 @@ class Interpreter:
         return _copy(self.constants[n.target])
 
     def call_function(self, n: fx.Node, args: tuple, kwargs: dict) -> Any:
+        if n in self.plan.unbacked:
+            spec = n.meta["spec"]
+            return torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device="meta")
+        if reads_no_data(n) and kwargs.get("device") is None:  # its input may be a meta stand-in
+            spec = n.meta.get("spec")
+            if spec is not None:
+                kwargs["device"] = self.plan.device_map.get(spec.device, spec.device)
         if is_random(n):
             return self.random_op(n, args, kwargs)
         if n in self.plan.copies:

@@ -44,7 +44,7 @@ def run_plan(plan: Plan, constants: Mapping[str, torch.Tensor], sampler: Sampler
     if workers == 1 or len(dtypes) > 1:
         for group in plan.groups:
             values = Interpreter(plan, constants, sampler, graph_dtype).run(group)
-            heap.kept(values.values(), _allocated(group))
+            heap.kept(values.values(), _allocated(group, plan.unbacked))
             env.update(values)
         return env
     (dtype,) = dtypes
@@ -57,7 +57,7 @@ def run_plan(plan: Plan, constants: Mapping[str, torch.Tensor], sampler: Sampler
                 values = interpreter.run(group)
         else:
             values = interpreter.run(group)
-        heap.kept(values.values(), _allocated(group))
+        heap.kept(values.values(), _allocated(group, plan.unbacked))
         return values
 
     with default_dtype(dtype), ThreadPoolExecutor(min(workers, len(plan.groups)), "fxinit") as pool:
@@ -66,6 +66,7 @@ def run_plan(plan: Plan, constants: Mapping[str, torch.Tensor], sampler: Sampler
     return env
 
 
-def _allocated(group: list[fx.Node]) -> int:
+def _allocated(group: list[fx.Node], unbacked: frozenset[fx.Node]) -> int:
     """Bytes the nodes of ``group`` allocate, at most (before in-place chains and reuse)."""
-    return sum(n.meta["spec"].nbytes for n in group if allocates(n) and n.meta.get("spec") is not None)
+    return sum(n.meta["spec"].nbytes for n in group
+               if allocates(n) and n.meta.get("spec") is not None and n not in unbacked)

@@ -24,6 +24,7 @@ tensors: that is how CI checks its bits against the C kernel (``tests/test_porta
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import threading
@@ -115,21 +116,10 @@ def _launch(out: torch.Tensor, runs: torch.Tensor | None, grid: tuple[int, ...],
     if not out.is_contiguous() or out.dtype not in DTYPES or (dtype or out.dtype) not in DTYPES:
         raise ValueError(f"the Triton fill writes contiguous {', '.join(map(str, DTYPES))} tensors, not {out.dtype}")
     kernel = _kernel(interpret)
-    with _LOCK if interpret else _NO_LOCK:  # the interpreter patches triton.language while it runs
+    with _LOCK if interpret else contextlib.nullcontext():  # the interpreter patches triton.language while it runs
         kernel[grid](out, out if runs is None else runs, n, start, _signed64(stream), float(scale), float(shift),
                      KIND=KINDS.index(kind), DTYPE=getattr(tl, _TL_DTYPES[dtype or out.dtype]),
                      OUT=getattr(tl, _TL_DTYPES[out.dtype]), BLOCK=BLOCK, RUNS=runs is not None, **OPTIONS)
-
-
-class _NoLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NO_LOCK = _NoLock()
 
 
 def _signed64(value: int) -> int:

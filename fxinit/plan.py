@@ -139,7 +139,7 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
     if rng == "portable" and compiles is not None:
         candidates = compiled_fills(nodes, in_place, fused, device_map)
         on = {d: compiles(d) for d in {k.device for k in candidates.values()}}
-        kernels = {n: with_backend(k, on[k.device]) for n, k in candidates.items() if on[k.device]}
+        kernels = {n: run for n, k in candidates.items() if on[k.device] and (run := with_backend(k, on[k.device]))}
     # nodes that run otherwise or for others too (fxinit's Triton kernel draws any piece alone)
     unsplit = {*shared, *in_place, *(n for n, k in kernels.items() if k.backend != "triton"),
                *(m for f in fused.values() for m in f.members), *(m for k in kernels.values() for m in k.chain)}

@@ -183,3 +183,30 @@ def test_parameters_torch_refuses_do_not_distrust(fresh_checks):
     assert not fills.native_fill("normal", torch.empty(64), state, (0.0, -1.0))  # std < 0
     assert fills.native_fill("uniform", torch.empty(100), state, (0.0, 2.0))
     assert fills.native_fill("normal", torch.empty(64), state, (0.0, 1.0))
+
+
+@needs_kernel
+def test_check_results_are_remembered_across_processes(tmp_path) -> None:
+    """A fresh process reads what an earlier one's self-check found for the same kernel build,
+    torch and CPU, instead of checking again (~12 ms a process)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from fxinit.rng.native import cache_dir
+
+    for built in cache_dir().glob("*.so"):  # the kernels, not rebuilt
+        shutil.copy(built, tmp_path)
+    code = textwrap.dedent("""
+        import torch
+        from fxinit.rng import fills
+        calls = []
+        real = fills._passes
+        fills._passes = lambda *a: calls.append(a) or real(*a)
+        assert fills.native_fill("normal", torch.empty(64), torch.Generator().get_state(), (0.0, 0.02))
+        print(len(calls))
+    """)
+    env = {**os.environ, "FXINIT_CACHE_DIR": str(tmp_path)}
+    counts = [int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                 check=True).stdout) for _ in range(2)]
+    assert counts == [2, 0]  # the base check and the parameters' check, then neither

@@ -323,6 +323,9 @@ def test_trunc_normal_is_made_of_operations_every_device_rounds_alike(dtype: tor
     assert abs(whole.double().std() / eager.std() - 1) < 0.02 and abs(whole.double().mean()) < 3e-4
     far = fill((1000,), 0.0, 1.0, 3.0, 4.0)  # far in a tail: inverse CDF (float64 ndtri), inside too
     assert far.min() >= 3.0 and far.max() <= 4.0
+    u = 2.0 ** -23  # bounds inside one float32 step of the mean, on the side it never rounds to
+    narrow = fill((64,), 1 + 0.49 * u, 0.02 * u, 1 + 0.51 * u, 1 + 0.9 * u)  # rejection gives up, in time
+    assert narrow.double().min() >= 1 + 0.51 * u - u and narrow.double().max() <= 1 + 2 * u
 
 
 def test_other_samplers() -> None:

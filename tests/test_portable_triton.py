@@ -43,7 +43,8 @@ def test_the_kernel_computes_the_c_kernels_bits(kind: str, dtype: torch.dtype) -
     cases = [(0, 3 * block + 5), (7, block), (1, 1), (2, 2), (2**31 - 1, 9), (2**31, 8), (2**32 + 3, 11)]
     for stream in (portable.stream_key(0, "w/0"), -1, 0, 2**31 + 7, 2**63 - 1, -2**63):
         for start, n in cases:
-            want = portable.sample(kind, stream, start, n, dtype, "cpu", **KINDS[kind])  # the C kernel where it runs
+            want = portable.fill_(torch.empty(n, dtype=dtype), kind, stream, first=start,  # C kernel: f32, bf16
+                                  **KINDS[kind])
             got = _triton(kind, start, n, stream, dtype, dtype)
             assert torch.equal(_bits(got), _bits(want)), (kind, dtype, stream, start, n)
 
@@ -114,10 +115,13 @@ def test_compile_none_takes_fxinits_triton_kernel_on_cuda(monkeypatch: pytest.Mo
     """The default on CUDA: no Dynamo, so nothing compiles on worker threads (issue 33's crash);
     without Triton, torch ops; Inductor only when asked (compile=True)."""
     cuda = torch.device("cuda")
+    monkeypatch.setattr(compiled, "_triton_compiles_for_cuda", lambda: True)  # torch's check wants a GPU
     assert execute.compiles(None)(cuda) == "triton"
     monkeypatch.setattr(execute, "compile_available", lambda device: None)  # torch's has_triton wants a GPU
     assert execute.compiles(True)(cuda) == "inductor"
     assert execute.compiles(False) is None
+    monkeypatch.setattr(compiled, "_triton_compiles_for_cuda", lambda: False)  # a pre-Volta GPU, a broken Triton
+    assert execute.compiles(None)(cuda) is None
     monkeypatch.setattr(portable_triton, "available", lambda: "Triton is not installed")
     assert execute.compiles(None)(cuda) is None
     with pytest.raises(DeferredInitError, match="Triton is not installed"):
@@ -228,3 +232,32 @@ def test_the_gpu_kernel_compiles_with_every_float_operation_rounded_on_its_own(a
         assert floats and all(".rn." in op for op in floats), floats
         assert not any(op.startswith(("fma", "div", "rcp")) for op in floats), floats
         assert (ops["sqrt.rn.f32"] > 0) == (kind == 1), ops
+
+
+def test_launches_run_on_the_tensors_gpu() -> None:
+    """Triton launches on the thread's current CUDA device, device 0 on a fresh worker thread:
+    each launch makes the tensor's device current (``torch.cuda.device`` is entered only then)."""
+    class OnSecondGpu:
+        device = torch.device("cuda", 1)
+
+    guard = portable_triton.device_of(OnSecondGpu())  # type: ignore[arg-type]
+    assert isinstance(guard, torch.cuda.device) and guard.idx == 1
+    assert not isinstance(portable_triton.device_of(torch.empty(1)), torch.cuda.device)
+
+
+def test_a_cast_the_kernel_cannot_write_runs_uncompiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fill fused with a cast to float64 (``dtype=torch.float64``) is not a Triton kernel:
+    it runs as the portable sampler does, with the same values."""
+    class Big(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.empty(2048, 1100))
+            nn.init.normal_(self.w, std=0.02)
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    torch.manual_seed(0)
+    g = fxinit.init_graph(fxinit.trace_init(Big))
+    plan = g.plan(rng="portable", compile="triton", dtype=torch.float64)
+    assert plan.fused_casts and not plan.kernels, str(plan)
+    _same(g.materialize(rng="portable", compile="triton", dtype=torch.float64),
+          g.materialize(rng="portable", compile=False, dtype=torch.float64))

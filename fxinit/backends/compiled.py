@@ -239,13 +239,26 @@ def triton_available(device: torch.device) -> str | None:
     """Why fxinit's Triton kernel cannot fill tensors on ``device`` here, or None if it can:
     CUDA with Triton installed, or a CPU under Triton's interpreter (``TRITON_INTERPRET=1``)."""
     why = portable_triton.available()
-    if why is not None or device.type == "cuda":
+    if why is not None:
         return why
+    if device.type == "cuda":
+        return None if _triton_compiles_for_cuda() else "Triton cannot compile for this GPU (torch's has_triton())"
     if device.type == "cpu":
         if os.environ.get("TRITON_INTERPRET") == "1":
             return None
         return "on the CPU it runs only under Triton's interpreter, to check bits: set TRITON_INTERPRET=1"
     return f"fxinit's Triton kernel fills cuda tensors, not {device.type}"
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_compiles_for_cuda() -> bool:
+    """torch's own answer: a GPU of compute capability 7.0 or more, and a working Triton."""
+    try:
+        from torch.utils._triton import has_triton
+
+        return has_triton()
+    except Exception:  # noqa: BLE001 - a broken install: no
+        return False
 
 
 def refuse(device: torch.device, why: str, asked: str = "compile=True") -> DeferredInitError:

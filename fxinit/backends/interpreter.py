@@ -66,6 +66,11 @@ _FACTORIES = {aten.empty.memory_format: torch.empty, aten.ones.default: torch.on
               aten.full.default: torch.full}
 
 
+def _stands_in(value: Any) -> bool:
+    """Whether ``value`` is a meta tensor standing in for storage nothing needs."""
+    return isinstance(value, torch.Tensor) and value.device.type == "meta"
+
+
 class Interpreter:
     """Runs the nodes of ``plan`` (all, or one of its groups) and returns the kept values."""
 
@@ -152,9 +157,9 @@ class Interpreter:
         if n in self.plan.unbacked:
             spec = n.meta["spec"]
             return torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device="meta")
-        if reads_no_data(n) and kwargs.get("device") is None:  # its input may be a meta stand-in
-            spec = n.meta.get("spec")
-            if spec is not None:
+        if reads_no_data(n) and kwargs.get("device") is None and args and _stands_in(args[0]):
+            spec = n.meta.get("spec")  # a meta stand-in's metadata: its own device is the one meant
+            if spec is not None and spec.device.type != "meta":
                 kwargs["device"] = self.plan.device_map.get(spec.device, spec.device)
         if is_random(n):
             return self.random_op(n, args, kwargs)

@@ -208,17 +208,21 @@ def _trunc_normal(tensor: torch.Tensor, stream: int, mean: float = 0.0, std: flo
     rejection: element ``i`` takes the portable normal of its stream (float32, ``* std +
     mean``), and while outside [a, b], that of a redraw stream at the same index. Each element
     depends on its index alone, and every step is one rounded float32 operation, so every
-    device computes the same bits (as for ``normal_``). Where fewer than one draw in
-    ``_MIN_ACCEPTANCE`` would land inside (far tails) and for float64, by inverse CDF in
-    float64 through torch's ``ndtri``, whose last bit may differ between devices."""
-    if tensor.dtype in (torch.float32, torch.bfloat16, torch.float16) and _acceptance(mean, std, a, b) >= _MIN_ACCEPTANCE:
-        _trunc_normal_rejection(tensor, stream, mean, std, a, b)
-    else:
+    device computes the same bits (as for ``normal_``). Where fewer than half the draws would
+    land inside (tails), where an element is still outside after ``MAX_REDRAWS`` redraws (float32
+    rounding can keep every value outside bounds narrower than its precision), and for
+    float64: by inverse CDF in float64 through torch's ``ndtri``, whose last bit may differ
+    between devices. The choice depends on the whole tensor's draws only: the same everywhere."""
+    if not (tensor.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and _acceptance(mean, std, a, b) >= _MIN_ACCEPTANCE
+            and _trunc_normal_rejection(tensor, stream, mean, std, a, b)):
         _trunc_normal_inverse(tensor, stream, mean, std, a, b)
     tensor.clamp_(min=a, max=b)  # as torch's: a value rounded to a low precision stays inside
 
 
-_MIN_ACCEPTANCE = 1 / 8
+_MIN_ACCEPTANCE = 1 / 2
+#: Redraws of an element before rejection gives up (at acceptance 1/2, 2^-64 of the elements).
+MAX_REDRAWS = 64
 
 
 def _acceptance(mean: float, std: float, a: float, b: float) -> float:
@@ -232,7 +236,9 @@ def _acceptance(mean: float, std: float, a: float, b: float) -> float:
     return cdf(b) - cdf(a)
 
 
-def _trunc_normal_rejection(tensor: torch.Tensor, stream: int, mean: float, std: float, a: float, b: float) -> None:
+def _trunc_normal_rejection(tensor: torch.Tensor, stream: int, mean: float, std: float, a: float, b: float) -> bool:
+    """Rejection into ``tensor``; False (its values then meaningless) where some element stayed
+    outside through ``MAX_REDRAWS`` redraws."""
     n, contiguous = tensor.numel(), tensor.is_contiguous()
     flat = tensor.view(-1) if contiguous else torch.empty(n, dtype=tensor.dtype, device=tensor.device)
     for start in range(0, n, portable.CHUNK):  # elements are independent: chunks cannot change a value
@@ -242,6 +248,8 @@ def _trunc_normal_rejection(tensor: torch.Tensor, stream: int, mean: float, std:
         redraw = 0
         while outside.numel():
             redraw += 1
+            if redraw > MAX_REDRAWS:
+                return False
             again = portable.normal24(outside + start, stream_key(stream, f"trunc_normal_ redraw {redraw}"))
             values[outside] = again.mul_(std).add_(mean)
             still = values[outside]
@@ -249,6 +257,7 @@ def _trunc_normal_rejection(tensor: torch.Tensor, stream: int, mean: float, std:
         flat[start:start + size] = values
     if not contiguous:
         tensor.copy_(flat.view(tensor.shape))
+    return True
 
 
 def _trunc_normal_inverse(tensor: torch.Tensor, stream: int, mean: float, std: float, a: float, b: float) -> None:

@@ -16,6 +16,7 @@ from fxinit.export.produce import Producer, batches
 from fxinit.export.progress import Progress
 from fxinit.export.resume import Record, fingerprint
 from fxinit.export.source import Piece, Source
+from fxinit.rng.portable import STREAM_VERSION
 
 F = TypeVar("F", bound=FilePlan)
 
@@ -61,7 +62,8 @@ class Export:
 
     def record(self, files: Sequence[FilePlan]) -> Record:
         """The directory's record for this plan (started: see ``Record.start``)."""
-        settings = {"format": self.format, "rng": self.rng, "seed": self.seed, "dtype": str(self.dtype)}
+        settings = {"format": self.format, "rng": self.rng, "seed": self.seed, "dtype": str(self.dtype),
+                    "stream": STREAM_VERSION if self.rng == "portable" else None}
         self._record = Record(self.directory, fingerprint(self.source, settings, files), [f.file for f in files])
         self._record.start(self.resume)
         return self._record

@@ -53,7 +53,8 @@ def fused_casts(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
 
     ``output_dtype``: the floating-point dtype the kept outputs are requested in
     (``materialize(dtype=...)``); a kept full-precision tensor is then a cast too.
-    ``min_numel``: only fills of at least this many elements (the others do not pay).
+    ``min_numel``: nothing at all where no fill of the slice has this many elements (the
+    caller keeps only fusions of at least that size: a whole-slice shortcut, not a filter).
     """
     if not any(n.meta.get("generators") and n.args and isinstance(n.args[0], fx.Node)
                and (spec := n.args[0].meta.get("spec")) is not None and spec.numel >= min_numel for n in nodes):

@@ -24,6 +24,7 @@ import torch.fx as fx
 from fxinit.ops import is_random
 from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes.fills import IN_PLACE_SAMPLERS, is_in_place_sampler
+from fxinit.rng.portable_triton import DTYPES as TRITON_DTYPES
 from fxinit.spec import TensorSpec
 
 aten = torch.ops.aten
@@ -66,11 +67,14 @@ class Kernel:
 BACKENDS = ("triton", "inductor")
 
 
-def with_backend(kernel: Kernel, backend: str) -> Kernel:
-    """``kernel`` run by ``backend``: fxinit's Triton kernel computes a fill, its scale and
-    shift and its cast, not a chain (the chain's ops then run on their own, as nodes)."""
+def with_backend(kernel: Kernel, backend: str) -> Kernel | None:
+    """``kernel`` run by ``backend``, or None where that backend cannot: fxinit's Triton kernel
+    computes a fill, its scale and shift and a cast into float32, bfloat16 or float16, not a
+    chain (the chain's ops then run on their own, as nodes)."""
     if backend not in BACKENDS:
         raise ValueError(f"no compiled-fill backend {backend!r}")
+    if backend == "triton" and (kernel.cast or kernel.dtype) not in TRITON_DTYPES:
+        return None
     return replace(kernel, backend=backend, chain=() if backend == "triton" else kernel.chain)
 
 

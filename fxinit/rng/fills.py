@@ -242,7 +242,8 @@ def _trusted(kind: str, dtype: torch.dtype, path: int, params: tuple[float, floa
             if len(_params_checked) > 4096:
                 _params_checked.clear()
             sizes = _CHECK_SIZES if first else _QUICK_SIZES
-            same = _remember(earlier, pkey, lambda: _passes(kind, dtype, path, params, sizes))
+            same = _remember(earlier, (*pkey, "full" if first else "quick"),
+                             lambda: _passes(kind, dtype, path, params, sizes))
             if same is False:
                 _checked[key] = False
             _params_checked[pkey] = same is True
@@ -253,7 +254,7 @@ def _remembered() -> dict[str, bool | None] | None:
     """What earlier processes' checks found for this build of the kernel, this torch and this
     CPU (a JSON file in the kernel cache, named by all three), or None where nothing is
     remembered: the kernel is not the real one (tests swap it) or the file cannot be used."""
-    if _kernel_call is not _kernel:
+    if _kernel_call is not _kernel or _MEMORY_OFF:
         return None
     global _MEMORY
     if _MEMORY is None:
@@ -274,6 +275,7 @@ def _remembered() -> dict[str, bool | None] | None:
 
 
 _MEMORY: tuple[Path, dict[str, bool | None]] | None = None
+_MEMORY_OFF = False  # after reset_checks: this process checks for itself
 
 
 def _remember(earlier: dict[str, bool | None] | None, key: tuple, check: Callable[[], bool | None]) -> bool | None:
@@ -283,7 +285,9 @@ def _remember(earlier: dict[str, bool | None] | None, key: tuple, check: Callabl
     if earlier is not None and name in earlier:
         return earlier[name]
     result = check()
-    if earlier is not None and _MEMORY is not None:
+    if earlier is not None and _MEMORY is not None and result is not False:  # a difference is checked again
+        if len(earlier) > 4096:
+            earlier.clear()
         earlier[name] = result
         try:
             _MEMORY[0].parent.mkdir(parents=True, exist_ok=True)
@@ -296,10 +300,12 @@ def _remember(earlier: dict[str, bool | None] | None, key: tuple, check: Callabl
 
 
 def reset_checks() -> None:
-    """Forget the self-check results of this process (tests)."""
+    """Forget the self-check results, and check for this process alone from now on (tests)."""
+    global _MEMORY_OFF
     with _CHECK_LOCK:
         _checked.clear()
         _params_checked.clear()
+        _MEMORY_OFF = True
 
 
 # --------------------------------------------------------------------------- API

@@ -49,9 +49,12 @@ GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed 64-bit integer
 _M1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
 _M2 = -7723592293110705685  # 0x94D049BB133111EB
 CHUNK = 1 << 20
-#: Elements per chunk of the torch-op twin on other devices (a GPU): each of its ~40 ops is a
-#: launch, which must be worth it.
-DEVICE_CHUNK = 1 << 24
+#: Which values the stream gives; a change of any sampler's values changes it (an export
+#: started with other values is not resumed: ``export.resume``). 2: ``trunc_normal_`` by rejection.
+STREAM_VERSION = 2
+#: Elements per chunk of the torch-op twin on other devices (a GPU), one chunk at a time: each
+#: of its ~40 ops is a launch, which must be worth it; its temporaries take ~250 MB.
+DEVICE_CHUNK = 1 << 23
 
 
 def stream_key(seed: int, key: str) -> int:
@@ -328,7 +331,7 @@ def fill_(target: torch.Tensor, kind: str, stream: int, first: int = 0, **params
                 sample(kind, stream, first + start, size, target.dtype, target.device, **params))
 
     starts = range(0, n, chunk)
-    serial = flat is None or fills_are_serial()
+    serial = flat is None or fills_are_serial() or target.device.type != "cpu"  # a GPU gains nothing from threads
     workers = 1 if serial else min(torch.get_num_threads(), len(starts))
     if workers <= 1:
         for s in starts:

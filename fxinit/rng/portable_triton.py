@@ -116,10 +116,17 @@ def _launch(out: torch.Tensor, runs: torch.Tensor | None, grid: tuple[int, ...],
     if not out.is_contiguous() or out.dtype not in DTYPES or (dtype or out.dtype) not in DTYPES:
         raise ValueError(f"the Triton fill writes contiguous {', '.join(map(str, DTYPES))} tensors, not {out.dtype}")
     kernel = _kernel(interpret)
-    with _LOCK if interpret else contextlib.nullcontext():  # the interpreter patches triton.language while it runs
+    # the interpreter patches triton.language while it runs; Triton launches on the thread's
+    # current CUDA device, which is device 0 on a new thread whatever the tensor's device
+    with _LOCK if interpret else device_of(out):
         kernel[grid](out, out if runs is None else runs, n, start, _signed64(stream), float(scale), float(shift),
                      KIND=KINDS.index(kind), DTYPE=getattr(tl, _TL_DTYPES[dtype or out.dtype]),
                      OUT=getattr(tl, _TL_DTYPES[out.dtype]), BLOCK=BLOCK, RUNS=runs is not None, **OPTIONS)
+
+
+def device_of(t: torch.Tensor) -> Any:
+    """A context making ``t``'s CUDA device the current one (nothing for other devices)."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
 def _signed64(value: int) -> int:

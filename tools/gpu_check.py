@@ -121,15 +121,8 @@ def _path(device: torch.device, compile: bool | str | None) -> Iterator[None]:
         with _torch_op_samplers():
             yield
         return
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
+    with _env("TRITON_INTERPRET", "1"):
         yield
-    finally:
-        if saved is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
 
 
 @contextlib.contextmanager
@@ -137,17 +130,26 @@ def _torch_op_samplers() -> Iterator[None]:
     """The portable samplers as torch ops (what CUDA runs) instead of fxinit's C kernels."""
     from fxinit.rng import native
 
-    saved = os.environ.get("FXINIT_NO_NATIVE")
-    os.environ["FXINIT_NO_NATIVE"] = "1"
-    native.portable_library.cache_clear()
+    with _env("FXINIT_NO_NATIVE", "1"):
+        native.portable_library.cache_clear()
+        try:
+            yield
+        finally:
+            native.portable_library.cache_clear()
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    """Environment variable ``name`` set to ``value`` inside, restored after."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if saved is None:
-            del os.environ["FXINIT_NO_NATIVE"]
+            del os.environ[name]
         else:
-            os.environ["FXINIT_NO_NATIVE"] = saved
-        native.portable_library.cache_clear()
+            os.environ[name] = saved
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:

@@ -25,29 +25,17 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
 import fxinit  # noqa: E402
 from fxinit.backends.compiled import STATS  # noqa: E402
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
-    _sync(device)
-    t0 = time.perf_counter()
-    out = fn()
-    _sync(device)
-    return time.perf_counter() - t0, out
+from gpu_check import _timed  # noqa: E402  (tools/ is on the path: run from there, or by gpu_check)
 
 
 def _trace(cfg: Any, device: torch.device) -> torch.nn.Module:
@@ -163,7 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     compile = {"None": None, "True": True, "False": False, "triton": "triton"}[args.compile]
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     if args.child:
         _child(device, compile)
         return 0

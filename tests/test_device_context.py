@@ -4,6 +4,7 @@ values, dtypes, devices, storage sharing and behaviour."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -94,6 +95,73 @@ def test_devices_under_a_context_for_a_device_this_machine_lacks() -> None:
     torch.manual_seed(0)
     eager = Placed()  # on the CPU: the values are the same, drawn from the CPU generator
     fxinit.materialize(m, device="cpu")
+    _same(eager, m)
+
+
+class Moved(nn.Module):
+    """Tensors moved or copied onto ``target`` in ``__init__``: deferred ones, real ones (an
+    argument, numpy's), and a plain meta skeleton's shape, as transformers' ``from_pretrained``
+    gives its non-persistent buffers a device (``torch.empty_like(buffer, device=...)``)."""
+
+    def __init__(self, target: str, given: torch.Tensor) -> None:
+        super().__init__()
+        made = torch.arange(6.0).reshape(2, 3)  # deferred, on the CPU
+        self.register_buffer("to_keyword", made.to(device=target))
+        self.register_buffer("to_dtype", made.to(target, torch.float16))
+        self.register_buffer("to_other", made.to(torch.empty(1, device=target, dtype=torch.float64)))
+        self.register_buffer("full_like", torch.full_like(made, 2.0, device=target))
+        self.register_buffer("new_ones", made.new_ones(3, device=target))
+        self.register_buffer("given_to", given.to(target))
+        self.register_buffer("given_like", torch.zeros_like(given, device=target))
+        self.register_buffer("numpy_to", torch.from_numpy(np.arange(3.0)).to(device=target))
+        self.register_buffer("new_tensor", made.new_tensor([1.0, 2.0], device=target))
+        self.register_buffer("given_new_tensor", given.new_tensor([1, 2], device=target))
+        self.register_buffer("new_tensor_dtype", made.new_tensor(torch.arange(3)))  # made's dtype, as eager
+        self.register_buffer("as_tensor", torch.as_tensor(made, device=target))
+        skeleton = torch.empty(4, device="meta")
+        self.register_buffer("from_meta", torch.empty_like(skeleton, device=target).fill_(1.0))
+        there = made.to(target)
+        self.kept = (there.to(target) is there, there.to(device=target, copy=True) is there)
+        self.lin = nn.Linear(3, 3).to(target)
+        if target != "cpu":
+            self.register_buffer("cuda_call", made.cuda())
+            self.register_buffer("legacy_type", made.type(torch.cuda.HalfTensor))
+
+
+def test_moves_onto_a_device_this_machine_lacks() -> None:
+    """``t.to("cuda")``, ``t.cuda()``, ``zeros_like(t, device="cuda")``: onto the target, from
+    deferred and real tensors alike. They had given CPU or meta tensors silently (and a
+    skeleton's buffers stayed meta after ``from_pretrained`` on a GPU), or crashed in torch's
+    CUDA initialization on a machine without CUDA."""
+    if torch.cuda.is_available():
+        pytest.skip("checks recording for a device that is absent; tools/gpu_check.py covers CUDA")
+    given = torch.linspace(0, 1, 5)
+    torch.manual_seed(0)
+    m = fxinit.trace_init(Moved, "cuda", given)
+    assert {k: str(v.device) for k, v in m.named_buffers() if v.device.type != "cuda"} == {"new_tensor_dtype": "cpu"}
+    assert {str(p.device) for p in m.lin.parameters()} == {"cuda"}
+    assert m.kept == (True, False)
+    assert m.to_dtype.dtype == torch.float16 and m.to_other.dtype == torch.float64
+    assert str(m.new_tensor_dtype.device) == "cpu" and m.new_tensor_dtype.dtype == torch.float32
+    fxinit.materialize(m, device="cpu")
+    torch.manual_seed(0)
+    eager = Moved("cpu", given)
+    got = dict(m.named_buffers())
+    assert torch.equal(got.pop("cuda_call"), eager.to_keyword)
+    assert torch.equal(got.pop("legacy_type"), eager.to_dtype)
+    for k, v in eager.named_buffers():
+        assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+    assert all(torch.equal(a, b) for a, b in zip(m.lin.parameters(), eager.lin.parameters()))
+
+
+def test_moves_on_the_cpu_are_eagers() -> None:
+    given = torch.linspace(0, 1, 5)
+    torch.manual_seed(0)
+    eager = Moved("cpu", given)
+    torch.manual_seed(0)
+    m = fxinit.trace_init(Moved, "cpu", given)
+    assert m.kept == eager.kept == (True, False)
+    fxinit.materialize(m)
     _same(eager, m)
 
 

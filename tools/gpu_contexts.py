@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -78,6 +79,15 @@ class Inits(nn.Module):
         self.register_buffer("eye_out", torch.eye(5, out=torch.empty(5, 5)))
         self.register_buffer("legacy", torch.Tensor(3).zero_())
         self.register_buffer("idx", torch.arange(10))
+        here = torch.empty(0).device  # the context's device, as model code reads it
+        cpu = torch.arange(6.0, device="cpu").reshape(2, 3)
+        self.register_buffer("moved", cpu.to(device=here))  # moves onto the context's device
+        self.register_buffer("moved_half", cpu.to(here, torch.float16))
+        self.register_buffer("moved_like", torch.full_like(cpu, 2.0, device=here))
+        self.register_buffer("moved_new", cpu.new_ones(3, device=here))
+        self.register_buffer("moved_other", cpu.to(self.emb.weight))
+        self.register_buffer("moved_numpy", torch.from_numpy(np.arange(3.0)).to(here))
+        self.register_buffer("moved_skeleton", torch.empty_like(torch.empty(4, device="meta"), device=here).fill_(1))
         if device_here:  # a sparse tensor is kept real: built on the device, as eager's
             self.sparse = torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.tensor([3.0, 4.0]), (2, 2))
             self.register_buffer("sparse_dense", self.sparse.to_dense())

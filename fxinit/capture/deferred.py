@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch._C import TensorBase
 
+from fxinit.capture.moves import parse_move
 from fxinit.capture.post_import import run_pending
 from fxinit.errors import DeferredInitError
 
@@ -347,43 +348,15 @@ def _property(kind: str, owner: Any, args: tuple) -> Any:
     return _NOT_HANDLED
 
 
+def eager_device(t: torch.Tensor) -> torch.device:
+    """Where ``t`` is in eager construction: a deferred tensor's intended device, a real one's own."""
+    return state_of(t).device if is_deferred_tensor(t) else t.device
+
+
 def _maybe_noop_move(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """``t.to(...)`` that eager would answer with ``t`` itself must do the same here."""
     t = args[0]
     if not is_deferred_tensor(t):
         return None
-    st = state_of(t)
-    if func is TensorBase.cpu:
-        return t if st.device.type == "cpu" else None
-    if func is TensorBase.cuda:
-        return None
-    device = dtype = None
-    copy = kwargs.get("copy", False)
-    if kwargs.get("memory_format") not in (None, torch.preserve_format):
-        return None
-    rest = list(args[1:])
-    for a in rest:
-        if isinstance(a, torch.dtype):
-            dtype = a
-        elif isinstance(a, (str, torch.device)):
-            device = torch.device(a)
-        elif isinstance(a, torch.Tensor):
-            dtype, device = a.dtype, a.device
-        elif isinstance(a, bool):
-            copy = copy or False
-        else:
-            return None
-    device = torch.device(kwargs["device"]) if kwargs.get("device") is not None else device
-    dtype = kwargs.get("dtype", dtype) or dtype
-    if copy:
-        return None
-    if dtype is not None and dtype != t.dtype:
-        return None
-    if device is not None:
-        if device.type == "meta":
-            return None
-        if device.type != st.device.type:
-            return None
-        if device.index is not None and st.device.index is not None and device.index != st.device.index:
-            return None
-    return t
+    move = parse_move(func, args, kwargs, eager_device)
+    return t if move is not None and move.keeps(state_of(t).device, t.dtype) else None

@@ -47,18 +47,20 @@ def context_constructors() -> frozenset[Any]:
     return _CONSTRUCTORS
 
 
-def output_device(func: Any, inputs: list[torch.Tensor], kwargs: dict, intended: torch.device | None
-                  ) -> torch.device:
+def output_device(func: Any, inputs: list[torch.Tensor], kwargs: dict, intended: torch.device | None,
+                  asked: bool = False) -> torch.device:
     """The device eager construction computes ``func``'s result on: an explicit ``device=``,
     else its deferred ``inputs``' (the first non-CPU one of dimension > 0 wins, as a CPU
     scalar combines with a tensor of any device). ``intended``: the device a factory built
-    on meta was asked for (``capture.modes``)."""
+    on meta was asked for (``capture.modes``); ``asked``: it was asked for by the caller
+    (``zeros_like(x, device="cuda")``, ``x.to("cuda")``), so it wins over ``device=meta``
+    even with inputs, where ``meta`` otherwise means "like the input" (``x.new_zeros``)."""
     dev = kwargs.get("device")
     if dev is not None:
         dev = torch.device(dev)
+        if dev.type == "meta" and intended is not None and (asked or not inputs):
+            return intended
         if dev.type == "meta" and not inputs:
-            if intended is not None:
-                return intended
             if func in SCALAR_FACTORIES:
                 # ``t[i] = 0`` wraps the scalar on t's device, which is meta underneath;
                 # a CPU scalar combines with a tensor of any device, as eager's would.

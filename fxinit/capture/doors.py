@@ -39,7 +39,9 @@ import torch
 from torch._C import TensorBase
 
 from fxinit.capture.deferred import DATA_PROPERTY, PARAMETER_CLASS, is_deferred_tensor, state_of
-from fxinit.capture.real import adopt_real
+from fxinit.capture.devices import CPU, META, default_device
+from fxinit.capture.moves import Move
+from fxinit.capture.real import adopt_real, contains_deferred, shares_memory
 from fxinit.capture.storages import storage_key
 from fxinit.capture.trees import map_tree
 
@@ -167,6 +169,51 @@ class Doors:
                 return self.data_alias(t)
         return real
 
+    def constant_from(self, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
+        """``torch.tensor(data)``, ``from_numpy`` & co. during capture."""
+        kwargs = dict(kwargs)
+        device = kwargs.pop("device", None)
+        requires_grad = kwargs.pop("requires_grad", False)
+        data = args[0] if args else kwargs.get("data")
+        if is_deferred_tensor(data):
+            out = self.moved(data, torch.device(device) if device is not None else state_of(data).device,
+                             kwargs.get("dtype"), copy=func is torch.tensor)
+            return out.detach().requires_grad_(requires_grad) if func is torch.tensor else out
+        if shares_memory(func, data, device):
+            with self.suspended():  # eager's tensor shares the caller's memory: so does this one
+                real = self.numpy_source(func(*args, **kwargs))  # or the deferred tensor numpy() was of
+            return real.requires_grad_(True) if requires_grad else real
+        if contains_deferred(data):
+            return self.tensor_of_deferred(func, data, kwargs.get("dtype"), device, requires_grad)
+        if device is None:
+            device = default_device() if func not in (torch.from_numpy, torch.frombuffer) else CPU
+        with self.suspended():
+            real = func(*args, **kwargs) if func in (torch.from_numpy, torch.frombuffer) \
+                else func(*args, device="cpu", **kwargs)
+        t = self.lift(real, torch.device(device))
+        return t.requires_grad_(True) if requires_grad else t
+
+    def new_tensor(self, self_t: torch.Tensor, data: Any, dtype: torch.dtype | None = None,
+                   device: Any = None, requires_grad: bool = False) -> torch.Tensor:
+        """``t.new_tensor(data)``, ``t`` deferred or real: ``torch.tensor(data)`` with ``t``'s dtype
+        and device unless given (tensor data too takes ``t``'s dtype, as in eager)."""
+        if device is None:
+            device = state_of(self_t).device if is_deferred_tensor(self_t) else self_t.device
+        return self.constant_from(torch.tensor, (data,), {"dtype": dtype or self_t.dtype, "device": device,
+                                                          "requires_grad": requires_grad})
+
+    def moved(self, t: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None,
+              copy: bool = False) -> torch.Tensor:
+        """``t.to(device, dtype, copy=copy)`` of a deferred ``t`` from capture's own code, where no
+        capture mode sees it: onto a device other than the CPU it is built on meta, that device
+        noted as intended (as ``capture.modes`` builds moves), so the device is never touched."""
+        if Move(t, device, dtype, False, copy, None).keeps(state_of(t).device, t.dtype):
+            return t
+        if device.type in ("cpu", "meta"):
+            return t.to(dtype=dtype or t.dtype, device=device, copy=True)
+        with self.intended_device(device):
+            return t.to(dtype=dtype or t.dtype, device=META, copy=True)
+
     def tensor_of_deferred(self, func: Callable, data: Any, dtype: torch.dtype | None, device: Any,
                            requires_grad: bool) -> torch.Tensor:
         """``torch.tensor([a, b])`` of (nested lists of) numbers and one-element deferred
@@ -184,9 +231,8 @@ class Doors:
             return torch.tensor(x, dtype=probe.dtype)
 
         out = build(list(data) if isinstance(data, tuple) else data).reshape(probe.shape)
-        target = torch.device(device) if device is not None else None
-        if target is not None and target != state_of(out).device:
-            out = out.to(target)
+        if device is not None:
+            out = self.moved(out, torch.device(device))
         return out.requires_grad_(True) if requires_grad else out
 
 

@@ -16,9 +16,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxinit.capture.deferred import PROPERTY_CALL, DeferredTensor, deferred_torch_function, is_deferred_tensor, state_of
+from fxinit.capture.deferred import (PROPERTY_CALL, DeferredTensor, deferred_torch_function, eager_device,
+                                     is_deferred_tensor, state_of)
 from fxinit.capture.branches import dropout_call
-from fxinit.capture.devices import context_constructors, default_device
+from fxinit.capture.devices import META, context_constructors, default_device
+from fxinit.capture.moves import MOVES, Move, parse_move
 from fxinit.capture.recorder import Recorder
 
 _CONSTANT_FACTORIES = {torch.tensor, torch.as_tensor, torch.asarray, torch.from_numpy, torch.frombuffer}
@@ -27,6 +29,7 @@ _CONSTANT_FACTORIES = {torch.tensor, torch.as_tensor, torch.asarray, torch.from_
 _FACTORIES = context_constructors() - _CONSTANT_FACTORIES
 
 
+_NEW_TENSOR = torch.Tensor.new_tensor
 _SET_GRAD_ENABLED = torch._C._set_grad_enabled
 _ONLY_DEFERRED = (DeferredTensor,)
 _SUBCLASS_TORCH_FUNCTION_ON = torch._C._is_torch_function_enabled
@@ -93,9 +96,15 @@ class CaptureFunctionMode(TorchFunctionMode):
         try:
             if func in _CONSTANT_FACTORIES:
                 return recorder.constant_from(func, args, kwargs)
+            if func is _NEW_TENSOR:  # torch.tensor(data) with its tensor's dtype and device
+                return recorder.new_tensor(*args, **kwargs)
             branch = dropout_call(func, args, kwargs)
             if branch is not None:  # the kernel eager's C++ picks on the target device
                 return branch()
+            if func in MOVES:
+                move = parse_move(func, args, kwargs, eager_device)
+                if move is not None and move.device is not None and move.device.type not in ("cpu", "meta"):
+                    return self._move_off_cpu(func, types, args, kwargs, move)
             device = kwargs.get("device")
             if device is None and func in _FACTORIES:
                 if self._default is None:
@@ -115,6 +124,20 @@ class CaptureFunctionMode(TorchFunctionMode):
         finally:
             if outermost:
                 recorder.call_site = recorder.composite_device = None
+
+
+    def _move_off_cpu(self, func: Any, types: Any, args: tuple, kwargs: dict, move: Move) -> Any:
+        """``t.to("cuda")``, ``t.cuda()``, ``t.to(device=...)``, ``t.to(other)``: a copy onto that
+        device is a deferred tensor there, built on meta (as factories are) and recorded as a
+        copy of ``t`` (a real ``t`` becomes a graph constant), so it never touches the device,
+        which may be absent. A move eager answers with ``t`` itself answers with ``t``."""
+        t = move.tensor
+        if not is_deferred_tensor(t) and move.keeps(t.device, t.dtype):
+            return _call(func, types, args, kwargs)  # a real tensor there already: torch's own answer
+        if is_deferred_tensor(t) and move.keeps(state_of(t).device, t.dtype):
+            return t
+        with self.recorder.intended_device(move.device):
+            return _call(torch.Tensor.to, types, (t,), move.to_kwargs(META, copy=True))
 
 
 def _deferred_device(args: tuple) -> torch.device | None:

@@ -14,7 +14,9 @@ it returns share their memory; capture keeps those semantics:
   real tensor cannot wait for its value;
 * any other op (a deferred result computed from real inputs) takes the real inputs as
   graph constants (``Recorder.lift``), with their values as of the op, as eager would
-  read them;
+  read them; so does an op of real inputs only whose result the caller asked for on
+  another device than the CPU (``real.to("cuda")``, ``zeros_like(real, device="cuda")``):
+  such results are deferred on every machine, with the device or without it;
 * a result that is not strided (``to_sparse()``) cannot be a node of the graph: it is
   computed for real from exact values, or refused;
 * ``deferred.data = real`` (in ``__init__``, an init step, ``nn.utils.vector_to_parameters``)
@@ -70,6 +72,10 @@ def real_tensor_op(recorder: Any, func: Any, args: tuple, kwargs: dict) -> Any:
         if gen is not None:
             recorder.lazy_cpu.true_snapshot(gen)  # the true state in place before it draws
     if not deferred:
+        if recorder._intended is not None and _on_meta(kwargs):
+            # ``zeros_like(real, device="cuda")``, ``real.to("cuda")``: built on meta for a device
+            # (which this machine may lack), so deferred there, with the real inputs as constants
+            return NOT_REAL
         with recorder.suspended():
             return func(*args, **kwargs)
     if any(recorder.value_of(t, bounded=recorder.capturing) is None for t in deferred):
@@ -80,6 +86,11 @@ def real_tensor_op(recorder: Any, func: Any, args: tuple, kwargs: dict) -> Any:
             hint="let the tensor written be deferred too (build it inside the constructor, not before it), or "
                  "compute this after fxinit.materialize")
     return recorder.compute_real(func, args, kwargs)
+
+
+def _on_meta(kwargs: dict) -> bool:
+    device = kwargs.get("device")
+    return device is not None and torch.device(device).type == "meta"
 
 
 def adopt_real(recorder: Any, t: torch.Tensor, src: torch.Tensor, refuse: bool = True) -> bool:

@@ -25,7 +25,7 @@ import os
 import sys
 import types
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.fx as fx
@@ -38,8 +38,8 @@ from fxinit.capture.doors import Doors, open_doors_after_trace
 from fxinit.capture.names import TraceNames
 from fxinit.capture.opaque import find_opaque_call
 from fxinit.capture.provenance import called_from, current_provenance, format_source, module_path_from_stack, user_frame
-from fxinit.capture.real import (NOT_REAL, STORAGES, adopt_real, contains_deferred, is_strided_result,
-                                 non_strided_result, real_tensor_op, set_from_storage, shares_memory)
+from fxinit.capture.real import (NOT_REAL, STORAGES, adopt_real, is_strided_result, non_strided_result,
+                                 real_tensor_op, set_from_storage)
 from fxinit.capture.schema import (AUTOCAST_LOWER, COLLECTIVE_NAMESPACES, DATA_DEPENDENT, DETACH, LIFT_OPS,
                                    OVERWRITE_OPS, SCALAR_FACTORIES, SLOW_META_FILLS, fill_result,
                                    mutated_arg_indices, schema_value, takes_generator)
@@ -254,44 +254,6 @@ class Recorder(Shadows, Doors):
             t = self.dispatch(aten._to_copy.default, (t,), {"device": device})
         return t
 
-    def constant_from(self, func: Callable, args: tuple, kwargs: dict) -> torch.Tensor:
-        """``torch.tensor(data)``, ``from_numpy`` & co. during capture."""
-        kwargs = dict(kwargs)
-        device = kwargs.pop("device", None)
-        requires_grad = kwargs.pop("requires_grad", False)
-        data = args[0] if args else kwargs.get("data")
-        if is_deferred_tensor(data):
-            dtype = kwargs.get("dtype")
-            out = data.to(dtype=dtype or data.dtype, device=device or state_of(data).device,
-                          copy=func is torch.tensor)
-            return out.detach().requires_grad_(requires_grad) if func is torch.tensor else out
-        if shares_memory(func, data, device):
-            with self.suspended():  # eager's tensor shares the caller's memory: so does this one
-                real = self.numpy_source(func(*args, **kwargs))  # or the deferred tensor numpy() was of
-            return real.requires_grad_(True) if requires_grad else real
-        if contains_deferred(data):
-            return self.tensor_of_deferred(func, data, kwargs.get("dtype"), device, requires_grad)
-        if device is None:
-            device = default_device() if func not in (torch.from_numpy, torch.frombuffer) else CPU
-        with self.suspended():
-            real = func(*args, **kwargs) if func in (torch.from_numpy, torch.frombuffer) else func(*args, device="cpu", **kwargs)
-        t = self.lift(real, torch.device(device))
-        if requires_grad:
-            t.requires_grad_(True)
-        return t
-
-    def new_tensor(self, self_t: torch.Tensor, data: Any, dtype: torch.dtype | None = None,
-                   device: Any = None, requires_grad: bool = False, **_: Any) -> torch.Tensor:
-        st = state_of(self_t)
-        target = torch.device(device) if device is not None else st.device
-        if is_deferred_tensor(data):
-            out = data.detach().to(dtype=dtype or data.dtype, device=target, copy=True)
-        else:
-            with self.suspended():
-                real = torch.tensor(data, dtype=dtype or self_t.dtype, device="cpu")
-            out = self.lift(real, target)
-        return out.requires_grad_(requires_grad) if requires_grad else out
-
     # ------------------------------------------------------------------ .data
     def data_alias(self, t: torch.Tensor) -> torch.Tensor:
         return self.dispatch(aten.detach.default, (t,), {})
@@ -421,7 +383,7 @@ class Recorder(Shadows, Doors):
                 op=str(func), hint="leave torch.autocast out of the constructor (or around trace_init), or compute this "
                                    "after fxinit.materialize")
         composite = self.composite_device if func not in SCALAR_FACTORIES else None
-        device = output_device(func, inputs, kwargs, self._intended or composite)
+        device = output_device(func, inputs, kwargs, self._intended or composite, asked=self._intended is not None)
         mkwargs = dict(kwargs)
         if "device" in mkwargs:
             mkwargs["device"] = META

@@ -1,0 +1,124 @@
+"""``Tensor.to``, ``Tensor.cuda`` and ``Tensor.cpu``: where a move sends a tensor, read from
+its arguments as torch reads them.
+
+Capture reads a move before torch runs it, for two reasons:
+
+* torch initializes the target device while it parses the arguments, so a move onto a
+  device this machine lacks (a CUDA target traced on a CPU-only machine) would fail there;
+* a deferred tensor is meta underneath, so the move torch sees goes from meta to meta, and
+  would return the tensor itself where eager copies it to the other device.
+
+>>> import torch
+>>> from torch._C import TensorBase
+>>> m = parse_move(TensorBase.to, (torch.ones(2), "cuda:1", torch.float16), {}, lambda t: t.device)
+>>> m.device, m.dtype, m.copy
+(device(type='cuda', index=1), torch.float16, False)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch._C import TensorBase
+
+_PARSE_TO = torch._C._nn._parse_to
+MOVES = (TensorBase.to, TensorBase.cuda, TensorBase.cpu, TensorBase.type)
+
+
+@dataclass(frozen=True)
+class Move:
+    """One move's request: ``None`` for what it leaves as it is."""
+
+    tensor: torch.Tensor
+    device: torch.device | None
+    dtype: torch.dtype | None
+    non_blocking: bool
+    copy: bool
+    memory_format: torch.memory_format | None
+
+    def keeps(self, device: torch.device, dtype: torch.dtype) -> bool:
+        """Whether eager answers this move of a tensor on ``device`` of ``dtype`` with the tensor
+        itself (torch's rule: same device, same dtype, no copy asked, a format it has; an
+        index left out matches any)."""
+        if self.copy or self.memory_format not in (None, torch.preserve_format):
+            return False
+        if self.dtype is not None and self.dtype != dtype:
+            return False
+        if self.device is None:
+            return True
+        return self.device.type == device.type and (
+            self.device.index is None or device.index is None or self.device.index == device.index)
+
+    def to_kwargs(self, device: torch.device, copy: bool) -> dict[str, Any]:
+        """``Tensor.to``'s keyword arguments for this move onto ``device``."""
+        kwargs: dict[str, Any] = {"device": device, "non_blocking": self.non_blocking, "copy": copy}
+        if self.dtype is not None:
+            kwargs["dtype"] = self.dtype
+        if self.memory_format is not None:
+            kwargs["memory_format"] = self.memory_format
+        return kwargs
+
+
+def parse_move(func: Any, args: tuple, kwargs: dict, device_of: Callable[[torch.Tensor], torch.device]
+               ) -> Move | None:
+    """The move ``func(*args, **kwargs)`` asks for, or None where ``func`` is not a move or torch
+    would refuse its arguments (then torch says why). ``device_of``: a tensor's device in
+    eager construction (a deferred tensor's intended one), for ``t.to(other)``."""
+    if not args or not isinstance(args[0], torch.Tensor):
+        return None
+    t = args[0]
+    if func is TensorBase.cpu:
+        return Move(t, torch.device("cpu"), None, False, False, kwargs.get("memory_format"))
+    if func is TensorBase.cuda:
+        return _cuda_move(t, args[1:], kwargs)
+    if func is TensorBase.type:
+        return _legacy_cuda_type(t, args[1:], kwargs)
+    if func is not TensorBase.to:
+        return None
+    rest, kw = list(args[1:]), dict(kwargs)
+    copy = bool(kw.pop("copy", False))
+    other = rest[0] if rest and isinstance(rest[0], torch.Tensor) else None
+    try:
+        device, dtype, non_blocking, memory_format = _PARSE_TO(*rest, **kw)
+    except TypeError:
+        if not rest or not isinstance(rest[-1], bool):
+            return None
+        copy = copy or rest.pop()  # to(dtype, non_blocking, copy) and the like: copy is last
+        try:
+            device, dtype, non_blocking, memory_format = _PARSE_TO(*rest, **kw)
+        except TypeError:
+            return None
+    if other is not None:
+        device = device_of(other)  # torch would read a deferred tensor's meta underneath
+    return Move(t, device, dtype, bool(non_blocking), copy, memory_format)
+
+
+def _legacy_cuda_type(t: torch.Tensor, rest: tuple, kwargs: dict) -> Move | None:
+    """``t.type(torch.cuda.FloatTensor)`` or ``t.type("torch.cuda.HalfTensor")``: a move onto
+    CUDA (other forms are torch's to answer)."""
+    kind = rest[0] if rest else kwargs.get("dtype")
+    if isinstance(kind, str) and kind.startswith("torch.cuda."):
+        kind = getattr(torch.cuda, kind[len("torch.cuda."):], None)
+    if not isinstance(kind, type) or not getattr(kind, "is_cuda", False):
+        return None
+    non_blocking = rest[1] if len(rest) > 1 else kwargs.get("non_blocking", False)
+    return Move(t, torch.device("cuda"), kind.dtype, bool(non_blocking), False, None)
+
+
+def _cuda_move(t: torch.Tensor, rest: tuple, kwargs: dict) -> Move | None:
+    """``t.cuda(device=None, non_blocking=False, memory_format=torch.preserve_format)``."""
+    names = ("device", "non_blocking", "memory_format")
+    if len(rest) > len(names) or any(k not in names for k in kwargs):
+        return None
+    given = {**dict(zip(names, rest)), **kwargs}
+    device = given.get("device")
+    if isinstance(device, int):
+        device = torch.device("cuda", device)
+    elif device is not None:
+        device = torch.device(device)
+        if device.type != "cuda":
+            return None
+    return Move(t, device if device is not None else torch.device("cuda"), None,
+                bool(given.get("non_blocking", False)), False, given.get("memory_format"))

@@ -139,7 +139,8 @@ def sampler_for(program: Program, plan: Plan) -> Sampler:
     if plan.rng == "portable":
         assert plan.seed is not None
         if plan.kernels:
-            return CompiledSampler(plan.seed, plan.streams, plan.kernels)
+            return CompiledSampler(plan.seed, plan.streams, plan.kernels,
+                                   frozenset(f.fill for fs in plan.forwards.values() for f in fs))
         return PortableSampler(plan.seed, plan.streams)
     return ExactSampler(program.snapshots)
 

@@ -29,6 +29,22 @@ OPAQUE_INIT_FUNCTIONS: tuple[str, ...] = (
 DRAW_NOTHING = frozenset({"torch.nn.init.dirac_"})
 
 
+def per_target(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``fn(target)`` computed once per graph op object. Keyed by the object's identity (it is
+    kept alive with its answer): an ``OpOverload``'s ``__hash__`` is Python code, and the
+    passes ask about every node several times."""
+    memo: dict[int, tuple[Any, Any]] = {}
+
+    @functools.wraps(fn)
+    def answer(target: Any) -> Any:
+        hit = memo.get(id(target))
+        if hit is None or hit[0] is not target:
+            hit = memo[id(target)] = (target, fn(target))
+        return hit[1]
+
+    return answer
+
+
 def resolve_init_function(qualname: str) -> Callable[..., Any]:
     """The function object an opaque node names; only the allowed set resolves."""
     if qualname not in OPAQUE_INIT_FUNCTIONS:
@@ -49,7 +65,7 @@ def call_init_function(qualname: str, tensor: torch.Tensor, **kwargs: Any) -> to
 call_init_function.__module__ = "fxinit.ops"
 
 
-@functools.lru_cache(maxsize=None)
+@per_target
 def changes_view(target: Any) -> bool:
     """In-place view ops (``t_``, ``unsqueeze_``, ``as_strided_``...): the tensor object they
     are given becomes another view of its storage. A graph gives the result its own node,
@@ -87,10 +103,15 @@ _CONSTANT_FACTORIES: dict[Any, tuple[str, Any]] = {
 }
 
 
+@per_target
+def _constant_factory(target: Any) -> tuple[str, Any] | None:
+    return _CONSTANT_FACTORIES.get(target)
+
+
 def constant_value(node: fx.Node) -> Any:
     """The value every element of ``node``'s new tensor holds (``zeros``, ``new_full``...), or
     None for other nodes."""
-    how = _CONSTANT_FACTORIES.get(node.target) if node.op == "call_function" else None
+    how = _constant_factory(node.target) if node.op == "call_function" else None
     if how is None:
         return None
     kind, where = how
@@ -100,7 +121,7 @@ def constant_value(node: fx.Node) -> Any:
     return value if isinstance(value, (bool, int, float)) else None
 
 
-@functools.lru_cache(maxsize=None)
+@per_target
 def _view_op(target: Any) -> bool:
     if target is torch.ops.aten._unsafe_view.default:  # declared fresh, but a view of its input's storage
         return True
@@ -128,7 +149,12 @@ def view_base(node: fx.Node) -> fx.Node:
 
 def reads_no_data(node: fx.Node) -> bool:
     """Whether ``node`` reads only the metadata of its tensor argument (``empty_like``, ``new_zeros``...)."""
-    return getattr(node.target, "overloadpacket", None) in _METADATA_ONLY
+    return _metadata_only(node.target)
+
+
+@per_target
+def _metadata_only(target: Any) -> bool:
+    return getattr(target, "overloadpacket", None) in _METADATA_ONLY
 
 
 def allocates(node: fx.Node) -> bool:
@@ -140,7 +166,7 @@ def allocates(node: fx.Node) -> bool:
     return _returns_new(node.target)
 
 
-@functools.lru_cache(maxsize=None)
+@per_target
 def _returns_new(target: Any) -> bool:
     schema = getattr(target, "_schema", None)
     if schema is None or not schema.returns:
@@ -148,7 +174,7 @@ def _returns_new(target: Any) -> bool:
     return schema.returns[0].alias_info is None
 
 
-@functools.lru_cache(maxsize=None)
+@per_target
 def draws_random(target: Any) -> bool:
     """Whether graph op ``target`` draws random numbers (it is seeded or takes a generator)."""
     if target is call_init_function:
@@ -167,7 +193,7 @@ def filled_argument(node: fx.Node) -> int | None:
     return _writes_first(node.target)
 
 
-@functools.lru_cache(maxsize=None)
+@per_target
 def _writes_first(target: Any) -> int | None:
     schema = getattr(target, "_schema", None)
     first = schema.arguments[0].alias_info if schema is not None and schema.arguments else None

@@ -20,6 +20,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.ops import allocates, is_random, op_name
+from fxinit.passes.batched_fills import NO_BATCHES, Batches, batched_fills
 from fxinit.passes.cast_fusion import FusedCast, cast_points, fused_casts
 from fxinit.passes.cse import common_subexpressions
 from fxinit.passes.fills import Ranges, draws_alone, exact_chunks, exact_pieces, is_in_place_sampler, portable_pieces
@@ -65,6 +66,7 @@ class Plan:
     exposed: dict[fx.Node, Extent] = field(default_factory=dict)  # kept node -> the storage extent read of it
     labels: dict[fx.Node, str] = field(default_factory=dict)  # kept node -> the name it is asked for by (printing)
     device_map: dict[torch.device, torch.device] = field(default_factory=dict)  # unavailable -> used device
+    batches: Batches = NO_BATCHES  # small exact fills run together, and the nodes they must precede
 
     @functools.cached_property
     def fused_away(self) -> frozenset[fx.Node]:
@@ -143,9 +145,10 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
     # nodes that run otherwise or for others too (fxinit's Triton kernel draws any piece alone)
     unsplit = {*shared, *in_place, *(n for n, k in kernels.items() if k.backend != "triton"),
                *(m for f in fused.values() for m in f.members), *(m for k in kernels.values() for m in k.chain)}
+    roots_shared = shared_roots(nodes)
     demand, forwards = forwarded_demand(nodes, keep, exposed,
                                         lambda fill: fill not in unsplit and draws_alone(fill, rng, device_map),
-                                        unsplit, shared_roots(nodes))
+                                        unsplit, roots_shared)
     for node, ranges in partial_fills(demand).items():
         if node in fused or node in shared:
             continue
@@ -157,6 +160,10 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
     copies = {n: r for n, r in partial_copies(demand).items() if n not in shared and n not in in_place}
     constant_parts = {n: r for n, r in partial_constants(demand).items() if n not in unsplit}
     assert forwards.keys() <= copies.keys()  # a forwarded copy reads nothing else of its source
+    unbacked = (unbacked_allocations(nodes, keep, pieces, copies, forwards.keys())
+                if any(not r for r in (*pieces.values(), *copies.values())) else frozenset())
+    batches = batched_fills(nodes, rng, {*unsplit, *pieces, *chunked, *fused, *copies, *constant_parts, *unbacked},
+                            roots_shared, device_map)
     done_in_dtype = {r for f in fused.values() for r in f.results}
     casts = cast_points(nodes, keep - done_in_dtype - exposed.keys(), reuse) if output_dtype is not None else {}
     return Plan(
@@ -167,9 +174,7 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
         # a CSE duplicate runs in the group of the value it reuses
         groups=independent_groups(nodes, [(dup, first) for dup, (first, _) in reuse.items()]),
         streams={n: k for n, k in (streams or {}).items() if n in members}, kernels=kernels, exposed=exposed,
-        unbacked=(unbacked_allocations(nodes, keep, pieces, copies, forwards.keys())
-                  if any(not r for r in (*pieces.values(), *copies.values())) else frozenset()),
-        device_map=device_map, labels=dict(labels or {}))
+        unbacked=unbacked, device_map=device_map, labels=dict(labels or {}), batches=batches)
 
 
 def _fusable(fused: FusedCast, rng: str) -> bool:
@@ -256,6 +261,10 @@ def _decisions(plan: Plan, n: fx.Node, fused_by_member: Mapping[fx.Node, FusedCa
         out.append(f"draws {f.elements:,} elements of {f.fill.name} itself, in {len(f.runs):,} run(s)")
     if n in plan.chunked:
         out.append(f"in chunks of {CHUNK}")
+    if n in plan.batches.fills:
+        out.append("batched: one kernel call with the fills queued beside it")
+    if n in plan.batches.flushes:
+        out.append("runs the batched fills queued before it first")
     if n in plan.fused_casts:
         f = plan.fused_casts[n]
         how = "in one kernel" if n in plan.kernels else f"in chunks of {CHUNK}"

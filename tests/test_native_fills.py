@@ -99,6 +99,31 @@ def test_draw_counts(kind, dtype):
 
 
 @needs_kernel
+def test_a_batch_equals_torch_fill_by_fill():
+    """``native_fill_batch`` (one kernel call for many small fills): each fill equal to torch's
+    from its own state; it stops at the first it cannot take, and says how many it filled."""
+    rng = random.Random(5)
+    fills_, want = [], []
+    for i in range(40):
+        kind = rng.choice(["uniform", "normal"])
+        dtype = rng.choice(DTYPES)
+        size = rng.choice([16, 32, 4096, 16 * 7919]) if kind == "normal" else rng.randrange(1, 5000)
+        params, state = _params(kind, rng), _state(rng)
+        fills_.append((kind, torch.full((size,), float("nan"), dtype=dtype), state, params))
+        want.append(_torch_fill(kind, dtype, size, params, state))
+    assert fills.native_fill_batch(fills_) == len(fills_)
+    for (_, got, _, _), w in zip(fills_, want):
+        assert torch.equal(_as_int(got), _as_int(w))
+    state = torch.Generator().get_state()
+    mixed = [("uniform", torch.empty(10), state, (0.0, 1.0)), ("normal", torch.empty(24), state, (0.0, 1.0)),
+             ("uniform", torch.empty(10), state, (0.0, 1.0))]
+    assert fills.native_fill_batch(mixed) == 1  # a normal fill of 24: torch redraws its last block
+    assert fills.native_fill_batch([("uniform", torch.empty(fills.BATCH_BELOW), state, (0.0, 1.0))]) == 0
+    assert fills.native_fill_batch([("uniform", torch.empty(4, 8).t(), state, (0.0, 1.0))]) == 0
+    assert fills.native_fill_batch([]) == 0
+
+
+@needs_kernel
 def test_refuses_what_it_does_not_do():
     state = torch.Generator().get_state()
     assert not fills.native_fill("normal", torch.empty(8), state, (0.0, 1.0))  # torch's small-tensor sampler

@@ -231,3 +231,58 @@ def test_trunc_normal_fills_only_what_is_read(dtype: torch.dtype) -> None:
         assert split == {-2.0: [(64000, 64640)], -0.03: [(64000, 64640)]}  # not the narrow window
         assert {n.kwargs["a"]: r for n, r in plan.pieces.items()} == {-2.0: [], -0.03: []}
     assert_same_as_eager(lambda: TruncNormalRows(dtype))
+
+
+class FilledThenTouched(nn.Module):
+    """Small fills read, written, viewed and cast after them, in other groups' midst."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(32, 32)
+        self.register_buffer("twice", self.a.weight.detach() * 2)  # reads a batched fill
+        w = torch.empty(16, 16)
+        nn.init.normal_(w, std=0.3)
+        w[0].fill_(5.0)  # writes into it after
+        self.w = nn.Parameter(w)
+        v = torch.empty(48)
+        nn.init.uniform_(v, -2, 2)
+        self.register_buffer("rows", v.view(3, 16)[1:].clone())  # a copy of a view of it
+        self.odd = nn.Parameter(torch.empty(24).normal_())  # a normal of 24: runs alone
+        self.b = nn.Linear(32, 8)
+
+
+def test_batched_fills_run_before_what_touches_them() -> None:
+    torch.manual_seed(0)
+    g = fxinit.init_graph(fxinit.trace_init(FilledThenTouched))
+    plan = g.plan()
+    batched, flushes = plan.batches.fills, plan.batches.flushes
+    filled = {fill.args[b.index] for fill, b in batched.items()}
+    assert g.outputs["a.weight"] in filled and g.outputs["b.bias"] in filled and g.outputs["w"] in filled
+    assert g.outputs["odd"] not in filled  # torch redraws the last block of a normal of 24
+    assert g.outputs["twice"] in flushes
+    assert all(not set(n.all_input_nodes) & set(batched) or n in flushes or n in batched for n in plan.nodes)
+    assert "batched" in str(plan) and "runs the batched fills queued before it first" in str(plan)
+    assert_same_as_eager(FilledThenTouched)
+    torch.manual_seed(0)
+    eager = FilledThenTouched().to(torch.bfloat16)
+    torch.manual_seed(0)
+    m = fxinit.trace_init(FilledThenTouched)
+    fxinit.materialize(m, dtype=torch.bfloat16)  # casts after batched fills
+    for (k, want), got in zip(eager.state_dict().items(), m.state_dict().values()):
+        assert torch.equal(got, want), k
+
+
+def test_batched_fills_fall_back_to_torch_where_the_kernel_is_distrusted(monkeypatch) -> None:
+    from fxinit.rng import fills
+
+    def off(op, dtype, path, ptr, job, words, consumed, p0, p1):  # noqa: ANN001, ANN202
+        return real(op, dtype, path, ptr, job, words, consumed, p0 + 1e-3, p1)
+
+    real = fills._kernel_call
+    fills.reset_checks()
+    monkeypatch.setattr(fills, "_kernel_call", off)
+    try:
+        assert_same_as_eager(FilledThenTouched, seeds=(3,))
+    finally:
+        monkeypatch.setattr(fills, "_kernel_call", real)
+        fills.reset_checks()

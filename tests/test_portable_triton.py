@@ -201,6 +201,9 @@ def test_shards_draw_straight_from_the_triton_kernel(monkeypatch: pytest.MonkeyP
     before = compiled.STATS.calls
     _same(g.materialize(rng="portable", seed=1, compile="triton"), g.materialize(rng="portable", seed=1))
     assert compiled.STATS.calls - before >= len(drawn)
+    # prepare compiled both of Triton's variants before anything ran: the fill, and the runs
+    assert {("runs" in key) for key in compiled._WARM if key[0] in {plan.kernels[f].signature for f in drawn}} \
+        == {False, True}
 
 
 @pytest.mark.parametrize("arch", [80, 90])

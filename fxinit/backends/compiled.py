@@ -121,23 +121,31 @@ class CompiledSampler(PortableSampler):
     """Portable mode with the fills of ``kernels`` run as compiled kernels: the same values
     as ``PortableSampler`` (on CPU, bit for bit), other random ops as there."""
 
-    def __init__(self, seed: int, keys: dict[fx.Node, str], kernels: dict[fx.Node, Kernel]) -> None:
+    def __init__(self, seed: int, keys: dict[fx.Node, str], kernels: dict[fx.Node, Kernel],
+                 forwarded: frozenset[fx.Node] = frozenset()) -> None:
         super().__init__(seed, keys)
         self.kernels = kernels
+        self.forwarded = forwarded  # fills that copies draw from (``plan.forwards``): their runs variant
 
     def prepare(self, random_nodes: list[fx.Node]) -> None:
         """Compile every kernel the plan needs before anything runs, so that compiling is
         timed apart (``STATS``) and never happens on worker threads."""
+        runs = {k.signature for n, k in self.kernels.items() if n in self.forwarded and k.backend == "triton"}
         for kernel in {k.signature: k for k in self.kernels.values()}.values():
-            with _LOCK:  # exports plan and run on several threads
-                if kernel.signature in _WARM:
-                    continue
-                started = time.perf_counter()
-                out = torch.empty(MIN_ELEMENTS + 1, dtype=kernel.cast or kernel.dtype, device=kernel.device)
-                self._run(kernel, out, 0, 0, {"scale": 1.0, "shift": 0.0})
-                STATS.kernels += 1
-                STATS.seconds += time.perf_counter() - started
-                _WARM.add(kernel.signature)
+            for variant in ("fill", "runs") if kernel.signature in runs else ("fill",):
+                with _LOCK:  # exports plan and run on several threads
+                    if (kernel.signature, variant) in _WARM:
+                        continue
+                    started = time.perf_counter()
+                    out = torch.empty(MIN_ELEMENTS + 1, dtype=kernel.cast or kernel.dtype, device=kernel.device)
+                    if variant == "fill":
+                        self._run(kernel, out, 0, 0, {"scale": 1.0, "shift": 0.0})
+                    else:  # Triton's other specialization: a table of runs (``fill_runs``)
+                        portable_triton.fill_runs(out, kernel.kind, [(0, 2, 0)], 0, 1.0, 0.0, dtype=kernel.dtype,
+                                                  interpret=out.device.type == "cpu")
+                    STATS.kernels += 1
+                    STATS.seconds += time.perf_counter() - started
+                    _WARM.add((kernel.signature, variant))
 
     def call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         kernel = self.kernels.get(node)
@@ -198,7 +206,7 @@ class CompiledSampler(PortableSampler):
                              float(params["scale"]), float(params["shift"]), *_numbers(kernel))
 
 
-_WARM: set[tuple] = set()  # signatures compiled in this process
+_WARM: set[tuple] = set()  # (signature, variant) compiled in this process
 
 
 def _numbers(kernel: Kernel) -> tuple:

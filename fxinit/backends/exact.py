@@ -18,11 +18,12 @@ import numpy as np
 import torch
 import torch.fx as fx
 
+from fxinit.passes.batched_fills import BatchedFill
 from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes import intervals
-from fxinit.passes.fills import FillCall, Ranges, fill_call
+from fxinit.passes.fills import FillCall, Ranges, fill_call, native_kind
 from fxinit.rng import Snapshot, mt19937, private_generator, swapped_default_generators
-from fxinit.rng.fills import native_fill, native_fill_runs
+from fxinit.rng.fills import native_fill, native_fill_batch, native_fill_runs
 from fxinit.rng.pieces import CHUNK, chunk_bounds, splittable, widen
 from fxinit.rng.portable import fills_are_serial
 from fxinit.rng.snapshot import RngSnapshot, resolve
@@ -35,27 +36,6 @@ aten = torch.ops.aten
 #: Elements of a fill cast chunk by chunk when ``rng.fills`` draws: fewer, larger pieces, as
 #: each starts from a generator state moved past the pieces before it.
 NATIVE_CHUNK = 1 << 21
-#: Fills with compiled copies (``rng.fills``): op -> (kind, its two parameters' names and defaults).
-NATIVE_FILLS = {aten.normal_.default: ("normal", ("mean", 0.0), ("std", 1.0)),
-                aten.uniform_.default: ("uniform", ("from", 0.0), ("to", 1.0))}
-
-
-def native_kind(call: FillCall | None) -> tuple[str, tuple[float, float]] | None:
-    """``(kind, parameters)`` of a fill ``rng.fills`` may run (``normal_``/``uniform_`` with
-    plain numbers), else None."""
-    entry = NATIVE_FILLS.get(call.op) if call is not None else None
-    if entry is None or set(call.kwargs) - {name for name, _ in entry[1:]}:
-        return None
-    kind, *names = entry
-    params = []
-    for i, (name, default) in enumerate(names):
-        value = call.rest[i] if len(call.rest) > i else call.kwargs.get(name, default)
-        if type(value) not in (int, float):
-            return None
-        params.append(float(value))
-    return kind, (params[0], params[1])
-
-
 class ExactSampler:
     """Runs random nodes from the generator snapshots recorded at capture."""
 
@@ -77,6 +57,14 @@ class ExactSampler:
             if native_fill(native[0], tensor, self.snapshots[call.key].state, native[1], threads=self._threads()):
                 return tensor
         return self.with_generators(node.target, args, kwargs, node.meta["generators"])
+
+    def fill_batch(self, fills: list[tuple[fx.Node, BatchedFill, torch.Tensor]]) -> None:
+        """Run batched fills (``passes.batched_fills``) in one call to ``rng.fills``; any it
+        cannot run (a check it failed, a state that is not a CPU generator's) runs alone."""
+        done = native_fill_batch([(f.kind, t, self.snapshots[f.key].state, f.params) for _, f, t in fills])
+        for node, f, t in fills[done:]:
+            args = tuple(t if i == f.index else a for i, a in enumerate(node.args))
+            self.call(node, args, {k: v for k, v in node.kwargs.items() if k != "generator"})
 
     @staticmethod
     def _threads() -> int | None:

@@ -23,6 +23,7 @@ import torch.fx as fx
 
 from fxinit.errors import DeferredInitError
 from fxinit.ops import constant_value, filled_argument, is_random, reads_no_data, replay_args
+from fxinit.passes.batched_fills import BatchedFill
 from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes import intervals
 from fxinit.passes.fills import Ranges
@@ -82,13 +83,22 @@ class Interpreter:
         self.graph_dtype = graph_dtype  # torch's default dtype when the graph was recorded
         self.env: dict[fx.Node, Any] = {}
         self._fused_away = plan.fused_away
+        self._queued: list[tuple[fx.Node, torch.Tensor]] = []  # batched fills not run yet
 
-    def run(self, nodes: Sequence[fx.Node] | None = None) -> dict[fx.Node, Any]:
-        """Run ``nodes`` (default: the whole plan) in order; the kept values they computed."""
+    def run(self, nodes: Sequence[fx.Node] | None = None, finish: bool = True) -> dict[fx.Node, Any]:
+        """Run ``nodes`` (default: the whole plan) in order; the kept values they computed.
+        ``finish=False``: batched fills may still be queued (``finish`` runs them), so that
+        one batch spans the groups one interpreter runs after one another."""
         plan, env = self.plan, self.env
+        batched, flushes = plan.batches.fills, plan.batches.flushes
+        kept = {}
         with torch.no_grad(), default_dtype(self.graph_dtype):
             for n in plan.nodes if nodes is None else nodes:
-                if n not in self._fused_away:
+                if n in batched:
+                    env[n] = self.queue(n, batched[n])
+                elif n not in self._fused_away:
+                    if n in flushes:
+                        self.finish()
                     value = self.run_node(n)
                     if n in plan.fused_casts:
                         env.update((r, value) for r in plan.fused_casts[n].results)
@@ -96,11 +106,31 @@ class Interpreter:
                         env[n] = value
                     if n in plan.kernels:  # the element-wise chain ran inside n's kernel
                         env.update((m, value) for m in plan.kernels[n].chain)
-                for k in plan.casts.get(n, ()):
-                    env[k] = _cast(env[k], plan.output_dtype)
+                casts = plan.casts.get(n)
+                if casts:
+                    self.finish()
+                    for k in casts:
+                        env[k] = _cast(env[k], plan.output_dtype)
                 for value_node in plan.frees.get(n, ()):
                     env.pop(value_node, None)
-        return {n: v for n, v in env.items() if n in plan.keep}
+            for n in [n for n in env if n in plan.keep]:
+                kept[n] = env.pop(n)
+            if finish:
+                self.finish()
+        return kept
+
+    def queue(self, n: fx.Node, fill: BatchedFill) -> torch.Tensor:
+        """A batched fill's turn: its tensor, filled when the queue runs (``finish``)."""
+        tensor = self.env[n.args[fill.index]]
+        self._queued.append((n, tensor))
+        return tensor
+
+    def finish(self) -> None:
+        """Run the queued batched fills (``passes.batched_fills``: exact mode's alone, so the
+        sampler is an ``ExactSampler``)."""
+        if self._queued:
+            queued, self._queued = self._queued, []
+            self.sampler.fill_batch([(n, self.plan.batches.fills[n], t) for n, t in queued])
 
     def run_node(self, n: fx.Node) -> Any:
         """The value of ``n``: by the plan's decision about it, else by its kind."""

@@ -35,17 +35,22 @@ def run_plan(plan: Plan, constants: Mapping[str, torch.Tensor], sampler: Sampler
     recorded under different default dtypes run on one thread (the default dtype is
     process-global)."""
     sampler.prepare(plan.random_nodes)
-    workers = workers or (torch.get_num_threads() if plan.bytes_allocated() >= SERIAL_BELOW_BYTES else 1)
+    small = plan.bytes_allocated() < SERIAL_BELOW_BYTES
+    workers = workers or (1 if small else torch.get_num_threads())
     if len(plan.groups) < 2:
         return Interpreter(plan, constants, sampler, graph_dtype).run()
+    if small and workers == 1:  # group after group in one run: nothing to give back to the heap
+        return Interpreter(plan, constants, sampler, graph_dtype).run([n for group in plan.groups for n in group])
     dtypes = {n.meta.get("default_dtype", graph_dtype) for n in plan.nodes}
     env: dict[fx.Node, Any] = {}
     heap = HeapWatch()  # freed temporaries do not stay resident
     if workers == 1 or len(dtypes) > 1:
+        interpreter = Interpreter(plan, constants, sampler, graph_dtype)  # one batch of fills spans groups
         for group in plan.groups:
-            values = Interpreter(plan, constants, sampler, graph_dtype).run(group)
+            values = interpreter.run(group, finish=False)
             heap.kept(values.values(), _allocated(group, plan.unbacked))
             env.update(values)
+        interpreter.finish()
         return env
     (dtype,) = dtypes
     every_core_busy = len(plan.groups) >= workers  # then a fill uses only its own thread

@@ -17,7 +17,7 @@ from typing import AbstractSet, Any, Sequence
 import torch
 import torch.fx as fx
 
-from fxinit.ops import ALLOCATIONS
+from fxinit.ops import ALLOCATIONS, per_target
 from fxinit.passes.walk import Users, users_of, view_closure
 
 
@@ -60,18 +60,26 @@ def _key(n: fx.Node, rep: dict[fx.Node, fx.Node]) -> Any:
         return ("get_attr", n.target)
     if n.op != "call_function" or n.meta.get("generators") or n.meta.get("mutates") or n.meta.get("spec") is None:
         return None
-    schema = getattr(n.target, "_schema", None)
-    if schema is None or n.target in ALLOCATIONS:
+    if not _pure(n.target):
         return None
-    if any(a.alias_info is not None for a in schema.arguments) or any(r.alias_info is not None for r in schema.returns):
-        return None
-    try:
-        key = (n.target, _canonical(n.args, rep), _canonical(tuple(sorted(n.kwargs.items())), rep),
+    try:  # the op by identity (an OpOverload hashes in Python; ops are never freed)
+        key = (id(n.target), _canonical(n.args, rep), _canonical(tuple(sorted(n.kwargs.items())), rep),
                n.meta.get("default_dtype"))
         hash(key)
     except TypeError:
         return None
     return key
+
+
+@per_target
+def _pure(target: Any) -> bool:
+    """An op that allocates its result and writes none of its arguments (not an uninitialized
+    allocation: two of those are two different tensors)."""
+    schema = getattr(target, "_schema", None)
+    if schema is None or target in ALLOCATIONS:
+        return False
+    return not any(a.alias_info is not None for a in schema.arguments) and \
+        not any(r.alias_info is not None for r in schema.returns)
 
 
 def _canonical(value: Any, rep: dict[fx.Node, fx.Node]) -> Any:

@@ -98,6 +98,11 @@ def read_demand(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
 
 def _step(n: fx.Node, need: dict[fx.Node, Set], found: Demand, origins: Origins | None) -> None:
     """Move ``need`` from after ``n`` to before it (see the module doc)."""
+    if not n._input_nodes and not n.meta.get("generators"):  # a factory or a constant: reads nothing
+        if constant_value(n) is not None:
+            found.constants[n] = need.get(n, intervals.EMPTY)
+        need.pop(n, None)
+        return
     if n.op == "call_function" and is_view(n):
         return  # reads nothing
     if constant_value(n) is not None:

@@ -69,6 +69,27 @@ class FillCall(NamedTuple):
     bounds: tuple[float, float] | None = None
 
 
+#: Fills with compiled copies (``rng.fills``): op -> (kind, its two parameters' names and defaults).
+NATIVE_FILLS = {aten.normal_.default: ("normal", ("mean", 0.0), ("std", 1.0)),
+                aten.uniform_.default: ("uniform", ("from", 0.0), ("to", 1.0))}
+
+
+def native_kind(call: FillCall | None) -> tuple[str, tuple[float, float]] | None:
+    """``(kind, parameters)`` of a fill ``rng.fills`` may run (``normal_``/``uniform_`` with
+    plain numbers), else None."""
+    entry = NATIVE_FILLS.get(call.op) if call is not None else None
+    if entry is None or set(call.kwargs) - {name for name, _ in entry[1:]}:
+        return None
+    kind, *names = entry
+    params = []
+    for i, (name, default) in enumerate(names):
+        value = call.rest[i] if len(call.rest) > i else call.kwargs.get(name, default)
+        if type(value) not in (int, float):
+            return None
+        params.append(float(value))
+    return kind, (params[0], params[1])
+
+
 def fill_call(node: fx.Node) -> FillCall | None:
     """``node`` as a sampler call exact mode can split or run compiled: an in-place aten
     sampler with plain arguments and one generator, or a ``trunc_normal_`` whose bounds lie

@@ -7,26 +7,30 @@ argument lives in. They name a storage by the node that created it.
 
 from __future__ import annotations
 
-import functools
 from collections import defaultdict
 from typing import Any, Sequence
 
 import torch.fx as fx
 
-from fxinit.ops import filled_argument, is_view
+from fxinit.ops import filled_argument, is_view, per_target
+
+
+_ROOT = "_fxinit_storage_root"  # a node's storage root, kept on the node: its arguments never change
 
 
 def storage_root(node: fx.Node) -> fx.Node:
     """The node that created ``node``'s storage: up through views and through in-place ops
     (their result is their first argument, ``t_`` and ``copy_`` alike)."""
-    while True:
-        if is_view(node) or writes_first_argument(node):
-            parent = node.args[0] if node.args else None
+    root = node.__dict__.get(_ROOT)
+    if root is None:
+        root = node
+        while is_view(root) or writes_first_argument(root):
+            parent = root.args[0] if root.args else None
             if not isinstance(parent, fx.Node):
-                return node
-            node = parent
-        else:
-            return node
+                break
+            root = parent
+        node.__dict__[_ROOT] = root
+    return root
 
 
 def writes_first_argument(node: fx.Node) -> bool:
@@ -34,7 +38,7 @@ def writes_first_argument(node: fx.Node) -> bool:
     return _writes_first(node.target)
 
 
-@functools.lru_cache(maxsize=None)
+@per_target
 def _writes_first(target: Any) -> bool:
     schema = getattr(target, "_schema", None)
     if schema is None or not schema.returns or not schema.arguments:

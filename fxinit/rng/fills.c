@@ -575,3 +575,27 @@ int64_t fxinit_fill_runs(int op, int dtype, int path, void *out, const int64_t *
 #endif
   return runs_generic(op, dtype, path, out, runs, k, words, consumed, start, p0, p1);
 }
+
+/* Fill `count` whole tensors, one call for many small fills (a launch-bound model has
+ * hundreds). Fill i is jobs[6i .. 6i+6) = {op, dtype, path, out, n, state} with `state` a
+ * torch CPU generator state (get_state(): 32-bit words in 64-bit slots from byte 24, `left`
+ * at byte 8) and params[2i], params[2i+1] its parameters; each must be one job of
+ * fxinit_fill from element 0 (uniform, or normal of a multiple of 16 elements). Returns
+ * how many it filled, in order: the first it could not fill stops it. */
+int64_t fxinit_fill_batch(int64_t count, const int64_t *jobs, const double *params) {
+  uint32_t words[N];
+  for (int64_t i = 0; i < count; i++) {
+    const int64_t *job = jobs + 6 * i;
+    const uint8_t *raw = (const uint8_t *)(intptr_t)job[5];
+    int32_t left;
+    uint64_t slots[N];
+    memcpy(&left, raw + 8, 4);
+    memcpy(slots, raw + 24, sizeof slots);
+    for (int w = 0; w < N; w++) words[w] = (uint32_t)slots[w];
+    if ((job[0] == OP_NORMAL && (job[4] % 16 || job[4] < 16)) || job[4] < 0) return i;
+    if (fxinit_fill((int)job[0], (int)job[1], (int)job[2], (void *)(intptr_t)job[3], 0, 0, job[4], words,
+                    N + 1 - left, params[2 * i], params[2 * i + 1]) != 0)
+      return i;
+  }
+  return count;
+}

@@ -26,7 +26,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -58,6 +58,8 @@ def library() -> ctypes.CDLL | None:
                                      ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
                                      ctypes.c_double, ctypes.c_double]
     lib.fxinit_fill_runs.restype = ctypes.c_int64
+    lib.fxinit_fill_batch.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+    lib.fxinit_fill_batch.restype = ctypes.c_int64
     lib.fxinit_fill_supported.argtypes = [ctypes.c_int]
     lib.fxinit_fill_supported.restype = ctypes.c_int
     return lib
@@ -350,6 +352,32 @@ def native_fill(kind: str, out: torch.Tensor, state: torch.Tensor, params: tuple
         return True
     threads = torch.get_num_threads() if threads is None else max(1, int(threads))
     return _fill(kind, out, state, params, start, total, threads, path)
+
+
+#: Fills of fewer elements run as one job each (``_jobs``): ``native_fill_batch`` takes them.
+BATCH_BELOW = 2 * MIN_PER_THREAD
+
+
+def native_fill_batch(fills: Sequence[tuple[str, torch.Tensor, torch.Tensor, tuple[float, float]]]) -> int:
+    """``native_fill(kind, out, state, params)`` of each ``(kind, out, state, params)``, in order,
+    in one call to the kernel: a model's hundreds of small fills without a call each. Each
+    ``out`` must be a contiguous CPU tensor of fewer than ``BATCH_BELOW`` elements, and for
+    normal a multiple of 16 of them. Returns how many it filled, counted from the first
+    (the first it cannot fill stops it); the caller fills the rest otherwise."""
+    lib = library()
+    jobs: list[int] = []
+    params: list[float] = []
+    for kind, out, state, p in fills:
+        n = out.numel()
+        usable = _usable(kind, out, state, n, p) if n < BATCH_BELOW and (kind == "uniform" or n % 16 == 0) else None
+        if usable is None or lib is None:
+            break
+        jobs += (_OPS[kind], _DTYPES[out.dtype], usable[0], out.data_ptr(), n, state.data_ptr())
+        params += usable[1]
+    if not jobs:
+        return 0
+    packed, values = np.array(jobs, dtype=np.int64), np.array(params, dtype=np.float64)
+    return int(lib.fxinit_fill_batch(len(jobs) // 6, packed.ctypes.data, values.ctypes.data))
 
 
 #: A run of a fill's elements drawn into scattered places (``native_fill_runs``) starts at a

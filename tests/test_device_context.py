@@ -122,6 +122,9 @@ class Moved(nn.Module):
         self.register_buffer("from_meta", torch.empty_like(skeleton, device=target).fill_(1.0))
         there = made.to(target)
         self.kept = (there.to(target) is there, there.to(device=target, copy=True) is there)
+        self.register_buffer("type_as", made.type_as(torch.empty(1, device=target, dtype=torch.float16)))
+        self.register_buffer("back_to_cpu", there.to(torch.empty(1, dtype=torch.float64)))  # the CPU's, float64
+        self.type_name = there.type()
         self.lin = nn.Linear(3, 3).to(target)
         if target != "cpu":
             self.register_buffer("cuda_call", made.cuda())
@@ -138,7 +141,9 @@ def test_moves_onto_a_device_this_machine_lacks() -> None:
     given = torch.linspace(0, 1, 5)
     torch.manual_seed(0)
     m = fxinit.trace_init(Moved, "cuda", given)
-    assert {k: str(v.device) for k, v in m.named_buffers() if v.device.type != "cuda"} == {"new_tensor_dtype": "cpu"}
+    assert {k: str(v.device) for k, v in m.named_buffers() if v.device.type != "cuda"} == {
+        "new_tensor_dtype": "cpu", "back_to_cpu": "cpu"}
+    assert m.type_name == "torch.cuda.FloatTensor" and m.type_as.dtype == torch.float16
     assert {str(p.device) for p in m.lin.parameters()} == {"cuda"}
     assert m.kept == (True, False)
     assert m.to_dtype.dtype == torch.float16 and m.to_other.dtype == torch.float64
@@ -161,6 +166,7 @@ def test_moves_on_the_cpu_are_eagers() -> None:
     torch.manual_seed(0)
     m = fxinit.trace_init(Moved, "cpu", given)
     assert m.kept == eager.kept == (True, False)
+    assert m.type_name == eager.type_name == "torch.FloatTensor"
     fxinit.materialize(m)
     _same(eager, m)
 

@@ -86,6 +86,8 @@ class Inits(nn.Module):
         self.register_buffer("moved_like", torch.full_like(cpu, 2.0, device=here))
         self.register_buffer("moved_new", cpu.new_ones(3, device=here))
         self.register_buffer("moved_other", cpu.to(self.emb.weight))
+        self.register_buffer("moved_type_as", cpu.type_as(self.emb.weight.half()))
+        self.register_buffer("moved_back", self.emb.weight.to(cpu.double()))  # onto the CPU, as float64
         self.register_buffer("moved_numpy", torch.from_numpy(np.arange(3.0)).to(here))
         self.register_buffer("moved_skeleton", torch.empty_like(torch.empty(4, device="meta"), device=here).fill_(1))
         if device_here:  # a sparse tensor is kept real: built on the device, as eager's

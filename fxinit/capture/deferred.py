@@ -232,6 +232,8 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
         with rec.suspended():
             number = torch.tensor(args[2], dtype=args[0].dtype)
         args = (args[0], args[1], rec.lift(number))
+    elif func is TensorBase.type and len(args) == 1 and not kwargs and is_deferred_tensor(args[0]):
+        return legacy_type_name(reported_device(args[0]), args[0].dtype)  # torch would name meta's type
     elif func is TensorBase.to or func is TensorBase.cpu or func is TensorBase.cuda:
         result = _maybe_noop_move(func, args, kwargs)
         if result is not None:
@@ -346,6 +348,18 @@ def _property(kind: str, owner: Any, args: tuple) -> Any:
         state_of(t).recorder.set_data(t, args[1])
         return None
     return _NOT_HANDLED
+
+
+_LEGACY_NAMES: dict[torch.dtype, str] = {}
+
+
+def legacy_type_name(device: torch.device, dtype: torch.dtype) -> str:
+    """``t.type()`` of a tensor on ``device`` of ``dtype``: ``torch.HalfTensor``, ``torch.cuda.HalfTensor``."""
+    name = _LEGACY_NAMES.get(dtype)
+    if name is None:  # torch's own name, from a CPU tensor no mode sees
+        with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+            name = _LEGACY_NAMES[dtype] = torch.empty(0, dtype=dtype).type()[len("torch."):]
+    return "torch." + ("" if device.type == "cpu" else f"{device.type}.") + name
 
 
 def eager_device(t: torch.Tensor) -> torch.device:

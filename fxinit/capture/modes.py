@@ -103,8 +103,11 @@ class CaptureFunctionMode(TorchFunctionMode):
                 return branch()
             if func in MOVES:
                 move = parse_move(func, args, kwargs, eager_device)
-                if move is not None and move.device is not None and move.device.type not in ("cpu", "meta"):
-                    return self._move_off_cpu(func, types, args, kwargs, move)
+                if move is not None and move.device is not None and move.device.type != "meta":
+                    if move.device.type != "cpu":
+                        return self._move_off_cpu(func, types, args, kwargs, move)
+                    # onto the CPU: its device spelled out (torch would read a deferred `other`'s meta)
+                    return _call(torch.Tensor.to, types, (move.tensor,), move.to_kwargs(move.device, move.copy))
             device = kwargs.get("device")
             if device is None and func in _FACTORIES:
                 if self._default is None:

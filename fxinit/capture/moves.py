@@ -1,12 +1,13 @@
-"""``Tensor.to``, ``Tensor.cuda`` and ``Tensor.cpu``: where a move sends a tensor, read from
-its arguments as torch reads them.
+"""``Tensor.to``, ``Tensor.cuda``, ``Tensor.cpu``, ``Tensor.type_as`` and ``Tensor.type`` of a
+CUDA type: where a move sends a tensor, read from its arguments as torch reads them.
 
 Capture reads a move before torch runs it, for two reasons:
 
 * torch initializes the target device while it parses the arguments, so a move onto a
   device this machine lacks (a CUDA target traced on a CPU-only machine) would fail there;
 * a deferred tensor is meta underneath, so the move torch sees goes from meta to meta, and
-  would return the tensor itself where eager copies it to the other device.
+  would return the tensor itself where eager copies it to the other device; and torch reads
+  the device of ``t.to(other)`` and ``t.type_as(other)`` from ``other``'s meta underneath.
 
 >>> import torch
 >>> from torch._C import TensorBase
@@ -24,7 +25,7 @@ import torch
 from torch._C import TensorBase
 
 _PARSE_TO = torch._C._nn._parse_to
-MOVES = (TensorBase.to, TensorBase.cuda, TensorBase.cpu, TensorBase.type)
+MOVES = (TensorBase.to, TensorBase.cuda, TensorBase.cpu, TensorBase.type, TensorBase.type_as)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,9 @@ def parse_move(func: Any, args: tuple, kwargs: dict, device_of: Callable[[torch.
         return _cuda_move(t, args[1:], kwargs)
     if func is TensorBase.type:
         return _legacy_cuda_type(t, args[1:], kwargs)
+    if func is TensorBase.type_as:
+        other = args[1] if len(args) > 1 else kwargs.get("other")
+        return Move(t, device_of(other), other.dtype, False, False, None) if isinstance(other, torch.Tensor) else None
     if func is not TensorBase.to:
         return None
     rest, kw = list(args[1:]), dict(kwargs)

@@ -176,7 +176,11 @@ class GenExprs(GenBase):
                        ("cast:bfloat16", ".bfloat16()", "bfloat16"), ("cast:float32", ".float()", "float32"),
                        ("cast:int64", ".long()", "int64"), ("cast:bool", ".bool()", "bool"),
                        ("cast:to", ".to(torch.float64)", "float64"), ("cast:int32", ".to(torch.int32)", "int32"),
-                       ("cast:complex", ".to(torch.complex64)", "complex64"), ("cast:to_same", f".to({dt(d)})", d)]
+                       ("cast:complex", ".to(torch.complex64)", "complex64"), ("cast:to_same", f".to({dt(d)})", d),
+                       ("cast:to_device", '.to("cpu")', d), ("cast:cpu", ".cpu()", d),
+                       ("cast:to_device_dtype", '.to(device="cpu", dtype=torch.float64)', "float64"),
+                       ("cast:type_as", ".type_as(torch.zeros(1, dtype=torch.float64))", "float64"),
+                       ("cast:to_other", ".to(torch.zeros(1, dtype=torch.float16))", "float16")]
             c = self.pick(targets)
             if c is None:
                 return None
@@ -292,7 +296,7 @@ class GenExprs(GenBase):
         t.add(kind)
         shape, d = s.shape, s.dtype
         if kind == "like:zeros_like":
-            e = f"torch.zeros_like({x})"
+            e = f"torch.zeros_like({x})" if self.boolean() else f'torch.zeros_like({x}, device="cpu")'
         elif kind in ("like:randn_like", "like:rand_like"):
             if d not in FLOATS:
                 return None

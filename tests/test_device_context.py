@@ -159,6 +159,36 @@ def test_moves_onto_a_device_this_machine_lacks() -> None:
     assert all(torch.equal(a, b) for a, b in zip(m.lin.parameters(), eager.lin.parameters()))
 
 
+class Aliasing(nn.Module):
+    """When a move answers with the tensor itself (torch's ``to_will_alias``): an index left
+    out means the current device, a format the strides already have is kept, and a positional
+    ``copy`` copies."""
+
+    def __init__(self, given: torch.Tensor) -> None:
+        super().__init__()
+        x = torch.zeros(3, device="cuda")
+        x1 = torch.zeros(3, device="cuda:1")
+        cl = torch.zeros(2, 3, 4, 5, device="cuda").to(memory_format=torch.channels_last)
+        self.same = {
+            "to(cuda:1)": x.to("cuda:1") is x, "cuda(1)": x.cuda(1) is x, "to(cuda)": x.to("cuda") is x,
+            "cuda() of cuda:1": x1.cuda() is x1, "channels_last": cl.to("cuda", memory_format=torch.channels_last) is cl,
+            "positional copy": x.to(torch.float32, False, True) is x,
+            "real positional copy": given.to(torch.float32, False, True) is given,
+        }
+        self.devices = {"to(cuda:1)": x.to("cuda:1").device, "legacy type": x1.type(torch.cuda.HalfTensor).device,
+                        "to(0)": given.to(0).device, "zeros_like(device=0)": torch.zeros_like(given, device=0).device}
+
+
+def test_moves_alias_as_torch_decides() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("checks recording for a device that is absent")
+    m = fxinit.trace_init(Aliasing, torch.ones(3))
+    assert m.same == {"to(cuda:1)": False, "cuda(1)": False, "to(cuda)": True, "cuda() of cuda:1": False,
+                      "channels_last": True, "positional copy": False, "real positional copy": False}
+    assert {k: str(v) for k, v in m.devices.items()} == {
+        "to(cuda:1)": "cuda:1", "legacy type": "cuda:1", "to(0)": "cuda:0", "zeros_like(device=0)": "cuda:0"}
+
+
 def test_moves_on_the_cpu_are_eagers() -> None:
     given = torch.linspace(0, 1, 5)
     torch.manual_seed(0)

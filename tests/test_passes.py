@@ -249,6 +249,20 @@ class FilledThenTouched(nn.Module):
         self.register_buffer("rows", v.view(3, 16)[1:].clone())  # a copy of a view of it
         self.odd = nn.Parameter(torch.empty(24).normal_())  # a normal of 24: runs alone
         self.b = nn.Linear(32, 8)
+        early = torch.empty(16)
+        seen = early.view(4, 4)  # a view taken before the fill: its readers reach the fill's storage
+        early.normal_()
+        self.register_buffer("through_early_view", seen * 2)
+        qkv = torch.empty(3, 16)  # a fused QKV: unbind's views, filled after
+        q, _, _ = qkv.unbind(0)
+        qkv.uniform_(-1, 1)
+        self.register_buffer("q_scaled", q * 0.125)
+        head = torch.empty(32)
+        first = head[:16]
+        head.normal_()
+        first.zero_()  # a write through an early view lands after the fill
+        self.head = nn.Parameter(head)
+        self.seen_sum = float((seen * 1).sum())  # a value read while recording
 
 
 def test_batched_fills_run_before_what_touches_them() -> None:
@@ -260,6 +274,7 @@ def test_batched_fills_run_before_what_touches_them() -> None:
     assert g.outputs["a.weight"] in filled and g.outputs["b.bias"] in filled and g.outputs["w"] in filled
     assert g.outputs["odd"] not in filled  # torch redraws the last block of a normal of 24
     assert g.outputs["twice"] in flushes
+    assert {g.outputs[k] for k in ("through_early_view", "q_scaled")} <= flushes
     assert all(not set(n.all_input_nodes) & set(batched) or n in flushes or n in batched for n in plan.nodes)
     assert "batched" in str(plan) and "runs the batched fills queued before it first" in str(plan)
     assert_same_as_eager(FilledThenTouched)
@@ -267,6 +282,7 @@ def test_batched_fills_run_before_what_touches_them() -> None:
     eager = FilledThenTouched().to(torch.bfloat16)
     torch.manual_seed(0)
     m = fxinit.trace_init(FilledThenTouched)
+    assert m.seen_sum == eager.seen_sum  # computed while recording, with the fill run first
     fxinit.materialize(m, dtype=torch.bfloat16)  # casts after batched fills
     for (k, want), got in zip(eager.state_dict().items(), m.state_dict().values()):
         assert torch.equal(got, want), k

@@ -130,7 +130,18 @@ class Interpreter:
         sampler is an ``ExactSampler``)."""
         if self._queued:
             queued, self._queued = self._queued, []
-            self.sampler.fill_batch([(n, self.plan.batches.fills[n], t) for n, t in queued])
+            try:
+                with torch.no_grad():
+                    self.sampler.fill_batch([(n, self.plan.batches.fills[n], t) for n, t in queued])
+            except DeferredInitError:
+                raise
+            except Exception as exc:
+                n = queued[0][0]
+                raise DeferredInitError(
+                    f"replaying the batched init-graph fills {', '.join(n.name for n, _ in queued[:3])}"
+                    f"{' ...' if len(queued) > 3 else ''} failed: {type(exc).__name__}: {exc}",
+                    op=str(n.target), module=n.meta.get("module"), source=getattr(n.meta.get("prov"), "source", None),
+                    hint="please report it with the model") from exc
 
     def run_node(self, n: fx.Node) -> Any:
         """The value of ``n``: by the plan's decision about it, else by its kind."""

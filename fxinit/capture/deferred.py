@@ -373,4 +373,4 @@ def _maybe_noop_move(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | Non
     if not is_deferred_tensor(t):
         return None
     move = parse_move(func, args, kwargs, eager_device)
-    return t if move is not None and move.keeps(state_of(t).device, t.dtype) else None
+    return t if move is not None and move.keeps(state_of(t).device, t.dtype, t) else None

@@ -207,7 +207,7 @@ class Doors:
         """``t.to(device, dtype, copy=copy)`` of a deferred ``t`` from capture's own code, where no
         capture mode sees it: onto a device other than the CPU it is built on meta, that device
         noted as intended (as ``capture.modes`` builds moves), so the device is never touched."""
-        if Move(t, device, dtype, False, copy, None).keeps(state_of(t).device, t.dtype):
+        if Move(t, device, dtype, False, copy, None).keeps(state_of(t).device, t.dtype, t):
             return t
         if device.type in ("cpu", "meta"):
             return t.to(dtype=dtype or t.dtype, device=device, copy=True)

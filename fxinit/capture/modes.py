@@ -20,7 +20,7 @@ from fxinit.capture.deferred import (PROPERTY_CALL, DeferredTensor, deferred_tor
                                      is_deferred_tensor, state_of)
 from fxinit.capture.branches import dropout_call
 from fxinit.capture.devices import META, context_constructors, default_device
-from fxinit.capture.moves import MOVES, Move, parse_move
+from fxinit.capture.moves import MOVES, Move, device_of_number, parse_move
 from fxinit.capture.recorder import Recorder
 
 _CONSTANT_FACTORIES = {torch.tensor, torch.as_tensor, torch.asarray, torch.from_numpy, torch.frombuffer}
@@ -109,6 +109,9 @@ class CaptureFunctionMode(TorchFunctionMode):
                     # onto the CPU: its device spelled out (torch would read a deferred `other`'s meta)
                     return _call(torch.Tensor.to, types, (move.tensor,), move.to_kwargs(move.device, move.copy))
             device = kwargs.get("device")
+            if isinstance(device, int) and not isinstance(device, bool):  # device=0: torch reads the accelerator
+                device = device_of_number(device)
+                kwargs = {**kwargs, "device": device}
             if device is None and func in _FACTORIES:
                 if self._default is None:
                     self._default = default_device()
@@ -135,9 +138,9 @@ class CaptureFunctionMode(TorchFunctionMode):
         copy of ``t`` (a real ``t`` becomes a graph constant), so it never touches the device,
         which may be absent. A move eager answers with ``t`` itself answers with ``t``."""
         t = move.tensor
-        if not is_deferred_tensor(t) and move.keeps(t.device, t.dtype):
+        if not is_deferred_tensor(t) and move.keeps(t.device, t.dtype, t):
             return _call(func, types, args, kwargs)  # a real tensor there already: torch's own answer
-        if is_deferred_tensor(t) and move.keeps(state_of(t).device, t.dtype):
+        if is_deferred_tensor(t) and move.keeps(state_of(t).device, t.dtype, t):
             return t
         with self.recorder.intended_device(move.device):
             return _call(torch.Tensor.to, types, (t,), move.to_kwargs(META, copy=True))

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 from torch._C import TensorBase
+from torch._prims_common import suggest_memory_format
 
 _PARSE_TO = torch._C._nn._parse_to
 MOVES = (TensorBase.to, TensorBase.cuda, TensorBase.cpu, TensorBase.type, TensorBase.type_as)
@@ -39,18 +40,19 @@ class Move:
     copy: bool
     memory_format: torch.memory_format | None
 
-    def keeps(self, device: torch.device, dtype: torch.dtype) -> bool:
+    def keeps(self, device: torch.device, dtype: torch.dtype, layout: torch.Tensor) -> bool:
         """Whether eager answers this move of a tensor on ``device`` of ``dtype`` with the tensor
-        itself (torch's rule: same device, same dtype, no copy asked, a format it has; an
-        index left out matches any)."""
-        if self.copy or self.memory_format not in (None, torch.preserve_format):
+        itself (torch's ``to_will_alias``: the same device, an index left out meaning the
+        current one; the same dtype; no copy asked; the format ``layout``'s strides suggest).
+        ``layout``: a tensor with the strides of the one moved (meta underneath is fine)."""
+        if self.copy or (self.dtype is not None and self.dtype != dtype):
             return False
-        if self.dtype is not None and self.dtype != dtype:
+        if self.device is not None and with_index(self.device) != with_index(device):
             return False
-        if self.device is None:
+        if self.memory_format in (None, torch.preserve_format):
             return True
-        return self.device.type == device.type and (
-            self.device.index is None or device.index is None or self.device.index == device.index)
+        with torch._C.DisableTorchFunctionSubclass():
+            return suggest_memory_format(layout) == self.memory_format
 
     def to_kwargs(self, device: torch.device, copy: bool) -> dict[str, Any]:
         """``Tensor.to``'s keyword arguments for this move onto ``device``."""
@@ -75,40 +77,65 @@ def parse_move(func: Any, args: tuple, kwargs: dict, device_of: Callable[[torch.
     if func is TensorBase.cuda:
         return _cuda_move(t, args[1:], kwargs)
     if func is TensorBase.type:
-        return _legacy_cuda_type(t, args[1:], kwargs)
+        return _legacy_cuda_type(t, args[1:], kwargs, device_of(t))
     if func is TensorBase.type_as:
         other = args[1] if len(args) > 1 else kwargs.get("other")
         return Move(t, device_of(other), other.dtype, False, False, None) if isinstance(other, torch.Tensor) else None
     if func is not TensorBase.to:
         return None
-    rest, kw = list(args[1:]), dict(kwargs)
+    rest, kw = [_device_number(a) for a in args[1:]], dict(kwargs)
     copy = bool(kw.pop("copy", False))
+    if "device" in kw:
+        kw["device"] = _device_number(kw["device"])
     other = rest[0] if rest and isinstance(rest[0], torch.Tensor) else None
     try:
         device, dtype, non_blocking, memory_format = _PARSE_TO(*rest, **kw)
-    except TypeError:
+    except (TypeError, RuntimeError):  # torch says "does not accept copy argument" with a RuntimeError
         if not rest or not isinstance(rest[-1], bool):
             return None
         copy = copy or rest.pop()  # to(dtype, non_blocking, copy) and the like: copy is last
         try:
             device, dtype, non_blocking, memory_format = _PARSE_TO(*rest, **kw)
-        except TypeError:
+        except (TypeError, RuntimeError):
             return None
     if other is not None:
         device = device_of(other)  # torch would read a deferred tensor's meta underneath
     return Move(t, device, dtype, bool(non_blocking), copy, memory_format)
 
 
-def _legacy_cuda_type(t: torch.Tensor, rest: tuple, kwargs: dict) -> Move | None:
+def _legacy_cuda_type(t: torch.Tensor, rest: tuple, kwargs: dict, here: torch.device) -> Move | None:
     """``t.type(torch.cuda.FloatTensor)`` or ``t.type("torch.cuda.HalfTensor")``: a move onto
-    CUDA (other forms are torch's to answer)."""
+    CUDA, the GPU ``t`` is on if it is on one (other forms are torch's to answer)."""
     kind = rest[0] if rest else kwargs.get("dtype")
     if isinstance(kind, str) and kind.startswith("torch.cuda."):
         kind = getattr(torch.cuda, kind[len("torch.cuda."):], None)
     if not isinstance(kind, type) or not getattr(kind, "is_cuda", False):
         return None
     non_blocking = rest[1] if len(rest) > 1 else kwargs.get("non_blocking", False)
-    return Move(t, torch.device("cuda"), kind.dtype, bool(non_blocking), False, None)
+    return Move(t, here if here.type == "cuda" else torch.device("cuda"), kind.dtype, bool(non_blocking), False, None)
+
+
+def with_index(device: torch.device) -> torch.device:
+    """``device`` with its index: a device type left without one means the current device of
+    that type (torch's ``ensure_has_index``), or 0 where this machine lacks the type."""
+    if device.index is not None or device.type in ("cpu", "meta"):
+        return device
+    module = getattr(torch, device.type, None)
+    available = getattr(module, "is_available", None)
+    index = module.current_device() if available is not None and available() else 0
+    return torch.device(device.type, index)
+
+
+def device_of_number(index: int) -> torch.device:
+    """What torch makes of ``device=0``: the accelerator's device of that index; CUDA's where
+    this machine has no accelerator (the target fxinit records for without one)."""
+    accelerator = getattr(torch, "accelerator", None)
+    current = accelerator.current_accelerator() if accelerator is not None else None
+    return torch.device(current.type if current is not None else "cuda", index)
+
+
+def _device_number(value: Any) -> Any:
+    return device_of_number(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 def _cuda_move(t: torch.Tensor, rest: tuple, kwargs: dict) -> Move | None:
@@ -118,7 +145,7 @@ def _cuda_move(t: torch.Tensor, rest: tuple, kwargs: dict) -> Move | None:
         return None
     given = {**dict(zip(names, rest)), **kwargs}
     device = given.get("device")
-    if isinstance(device, int):
+    if isinstance(device, int) and not isinstance(device, bool):
         device = torch.device("cuda", device)
     elif device is not None:
         device = torch.device(device)

@@ -12,8 +12,9 @@ anyway (``native_kind``: ``normal_`` or ``uniform_`` with plain numbers, from on
 generator), into a whole allocation of the slice on the CPU, of a supported floating dtype,
 small enough to run as one job (``rng.fills.BATCH_BELOW``; a normal fill a multiple of 16
 long, as torch redraws a shorter last block), and no other pass decided how it runs (pieces,
-chunks, a fused cast, CSE, a kernel). Only its allocation and what uses the two of them can
-touch its storage: those are the flush points.
+chunks, a fused cast, CSE, a kernel). The flush points are the nodes that use the fill or
+its allocation, and every later node that reads or writes its storage (by the capture's
+storage ids: through a view taken before the fill as well).
 
 >>> import torch, fxinit
 >>> m = fxinit.trace_init(torch.nn.Linear, 64, 64)
@@ -81,6 +82,14 @@ def batched_fills(nodes: list[fx.Node], rng: str, decided: AbstractSet[fx.Node],
         fills[n] = BatchedFill(native[0], native[1], call.index, call.key)
         touching |= {target, n}
     flushes = {u for t in touching for u in t.users if u in members and u not in fills}
+    # and whatever reads or writes those storages after their fill, through views taken
+    # before it too (``w[:k]``, ``unbind``): the capture's storage ids say which nodes do
+    filled: set[int] = set()
+    for n in nodes:
+        if n in fills:
+            filled.update(n.meta.get("mutates", ()))
+        elif filled and not filled.isdisjoint((*n.meta.get("reads", ()), *n.meta.get("mutates", ()))):
+            flushes.add(n)
     return Batches(fills, frozenset(flushes))
 
 

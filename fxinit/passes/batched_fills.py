@@ -88,8 +88,10 @@ def batched_fills(nodes: list[fx.Node], rng: str, decided: AbstractSet[fx.Node],
     for n in nodes:
         if n in fills:
             filled.update(n.meta.get("mutates", ()))
-        elif filled and not filled.isdisjoint((*n.meta.get("reads", ()), *n.meta.get("mutates", ()))):
-            flushes.add(n)
+        elif filled:
+            reads, writes = n.meta.get("reads"), n.meta.get("mutates")
+            if (reads and not filled.isdisjoint(reads)) or (writes and not filled.isdisjoint(writes)):
+                flushes.add(n)
     return Batches(fills, frozenset(flushes))
 
 

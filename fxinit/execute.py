@@ -12,6 +12,8 @@ while recording) or a self-contained ``InitGraph`` (``InitGraph.materialize``, e
 
 from __future__ import annotations
 
+import functools
+
 import weakref
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
@@ -87,13 +89,17 @@ def plan(program: Program, targets: Iterable[Target], *, rng: str = "exact", see
     ``labels``: names of the targets, for printing (default: the names of their storages)."""
     targets = list(targets)
     nodes, dead = slicer(program, eliminate_dead).required(targets, to_run=True)
-    if labels is None:
-        names = program.storage_names()
-        labels = {node: names[sid] for node, sid in targets if sid in names}
     keys = stream_keys(op_nodes(program), program.storage_names()) if rng == "portable" else None
     return make_plan(nodes, {node for node, _ in targets}, rng=rng, seed=seed, streams=keys, output_dtype=dtype,
                      exposed=exposed, device_map=devices(nodes) if devices is not None else None, dead=dead,
-                     compiles=compiles(compile) if rng == "portable" else None, labels=labels)
+                     compiles=compiles(compile) if rng == "portable" else None,
+                     labels=labels if labels is not None else functools.partial(_storage_labels, program, targets))
+
+
+def _storage_labels(program: Program, targets: list[Target]) -> dict[fx.Node, str]:
+    """The targets' names: their storages' (found when a plan is printed: naming walks the model)."""
+    names = program.storage_names()
+    return {node: names[sid] for node, sid in targets if sid in names}
 
 
 def compiles(compile: bool | str | None) -> Callable[[torch.device], str | None] | None:

@@ -64,9 +64,14 @@ class Plan:
     kernels: dict[fx.Node, Kernel] = field(default_factory=dict)  # compiled: fill -> the kernel it runs as
     unbacked: frozenset[fx.Node] = frozenset()  # allocations nothing reads or writes: meta stand-ins
     exposed: dict[fx.Node, Extent] = field(default_factory=dict)  # kept node -> the storage extent read of it
-    labels: dict[fx.Node, str] = field(default_factory=dict)  # kept node -> the name it is asked for by (printing)
+    labels_of: Callable[[], Mapping[fx.Node, str]] | None = None  # the names of kept nodes, found when printed
     device_map: dict[torch.device, torch.device] = field(default_factory=dict)  # unavailable -> used device
     batches: Batches = NO_BATCHES  # small exact fills run together, and the nodes they must precede
+
+    @functools.cached_property
+    def labels(self) -> dict[fx.Node, str]:
+        """Kept node -> the name it is asked for by (printing)."""
+        return dict(self.labels_of()) if self.labels_of is not None else {}
 
     @functools.cached_property
     def fused_away(self) -> frozenset[fx.Node]:
@@ -118,7 +123,7 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
               streams: Mapping[fx.Node, str] | None = None, output_dtype: torch.dtype | None = None,
               exposed: Mapping[fx.Node, Extent] | None = None, device_map: DeviceMap | None = None,
               dead: Sequence[fx.Node] = (), compiles: Callable[[torch.device], str | None] | None = None,
-              labels: Mapping[fx.Node, str] | None = None) -> Plan:
+              labels: Mapping[fx.Node, str] | Callable[[], Mapping[fx.Node, str]] | None = None) -> Plan:
     """The plan for the slice ``nodes`` (program order, from ``passes.slicing``) whose
     values ``keep`` the caller gets. ``exposed``: kept nodes of which the caller reads only
     this storage extent (their random fills fill what it needs, and they are not cast to
@@ -174,7 +179,8 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
         # a CSE duplicate runs in the group of the value it reuses
         groups=independent_groups(nodes, [(dup, first) for dup, (first, _) in reuse.items()]),
         streams={n: k for n, k in (streams or {}).items() if n in members}, kernels=kernels, exposed=exposed,
-        unbacked=unbacked, device_map=device_map, labels=dict(labels or {}), batches=batches)
+        unbacked=unbacked, device_map=device_map, batches=batches,
+        labels_of=labels if callable(labels) else (lambda: labels or {}))
 
 
 def _fusable(fused: FusedCast, rng: str) -> bool:

@@ -83,7 +83,7 @@ def read_demand(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
         # a kept value needs all of its storage, as eager's does (``torch.save`` writes it,
         # storage views see it); an exposed one only the extent the caller reads
         root = storage_root(k)
-        read = intervals.of([exposed[k]]) if k in exposed else intervals.elements(root.meta.get("spec"))[0]
+        read = intervals.of([exposed[k]]) if k in exposed else intervals.elements_of(root)[0]
         need[root] = intervals.union(need[root], read)
     found = Demand()
     for n in reversed(nodes):
@@ -98,23 +98,17 @@ def read_demand(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
 
 def _step(n: fx.Node, need: dict[fx.Node, Set], found: Demand, origins: Origins | None) -> None:
     """Move ``need`` from after ``n`` to before it (see the module doc)."""
-    if not n._input_nodes and not n.meta.get("generators"):  # a factory or a constant: reads nothing
+    random = n.meta.get("generators")
+    if not n._input_nodes and not random:  # a factory or a constant: reads nothing
         if constant_value(n) is not None:
             found.constants[n] = need.get(n, intervals.EMPTY)
         need.pop(n, None)
         return
-    if n.op == "call_function" and is_view(n):
-        return  # reads nothing
-    if constant_value(n) is not None:
-        found.constants[n] = need.get(n, intervals.EMPTY)
-    if n.op != "call_function" or reads_no_data(n):
-        need.pop(n, None)  # a constant or an allocation: its storage did not exist before
-        return
-    if n.meta.get("generators"):
+    if random and n.op == "call_function" and not reads_no_data(n):  # (a random op is no view, no constant)
         written = filled(n)
         if n.meta.get("overwrites") and written is not None and not reinterprets(written):
             root = storage_root(written)
-            covered, exact = intervals.elements(written.meta.get("spec"))
+            covered, exact = intervals.elements_of(written)
             found.fills[n] = intervals.intersect(need[root], covered)
             if exact:
                 need[root] = intervals.subtract(need[root], covered)
@@ -122,6 +116,13 @@ def _step(n: fx.Node, need: dict[fx.Node, Set], found: Demand, origins: Origins 
         else:
             _read_all(n, need)
             need.pop(n, None)
+        return
+    if n.op == "call_function" and is_view(n):
+        return  # reads nothing
+    if constant_value(n) is not None:
+        found.constants[n] = need.get(n, intervals.EMPTY)
+    if n.op != "call_function" or reads_no_data(n):
+        need.pop(n, None)  # a constant or an allocation: its storage did not exist before
         return
     copy = copied_views(n)
     if copy is not None and copy.reinterpreted:  # positions unknown: it reads all of its source
@@ -188,7 +189,7 @@ def _read(x: fx.Node, elements: Set | None, need: dict[fx.Node, Set]) -> None:
     if reinterprets(x):
         elements = intervals.EVERYTHING
     if elements is None:
-        elements = intervals.elements(x.meta.get("spec"))[0] if x.meta.get("spec") is not None else intervals.EVERYTHING
+        elements = intervals.elements_of(x)[0] if x.meta.get("spec") is not None else intervals.EVERYTHING
     root = storage_root(x)
     need[root] = intervals.union(need[root], elements)
 

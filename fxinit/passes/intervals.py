@@ -162,6 +162,17 @@ def elements(spec) -> tuple[Set, bool]:  # noqa: ANN001
     return np.array([[spec.storage_offset, last + 1]], dtype=np.int64), False
 
 
+_ELEMENTS = "_fxinit_elements"
+
+
+def elements_of(node: Any) -> tuple[Set, bool]:
+    """``elements`` of an fx node's spec, kept on the node (its spec never changes)."""
+    found = node.__dict__.get(_ELEMENTS)
+    if found is None:
+        found = node.__dict__[_ELEMENTS] = elements(node.meta.get("spec"))
+    return found
+
+
 def runs(shape, strides: list[tuple[int, ...]], *offsets: int) -> tuple[np.ndarray, int] | None:  # noqa: ANN001
     """Runs of positions contiguous in every view at once: ``(starts[k, views], length)``.
 

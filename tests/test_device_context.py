@@ -144,7 +144,7 @@ def test_moves_onto_a_device_this_machine_lacks() -> None:
     assert {k: str(v.device) for k, v in m.named_buffers() if v.device.type != "cuda"} == {
         "new_tensor_dtype": "cpu", "back_to_cpu": "cpu"}
     assert m.type_name == "torch.cuda.FloatTensor" and m.type_as.dtype == torch.float16
-    assert {str(p.device) for p in m.lin.parameters()} == {"cuda"}
+    assert {str(p.device) for p in m.lin.parameters()} == {"cuda:0"}  # "cuda": the current device, as eager says
     assert m.kept == (True, False)
     assert m.to_dtype.dtype == torch.float16 and m.to_other.dtype == torch.float64
     assert str(m.new_tensor_dtype.device) == "cpu" and m.new_tensor_dtype.dtype == torch.float32
@@ -174,9 +174,17 @@ class Aliasing(nn.Module):
             "cuda() of cuda:1": x1.cuda() is x1, "channels_last": cl.to("cuda", memory_format=torch.channels_last) is cl,
             "positional copy": x.to(torch.float32, False, True) is x,
             "real positional copy": given.to(torch.float32, False, True) is given,
+            "legacy type of its own": x.type("torch.cuda.FloatTensor") is x,
+            "legacy cpu type": given.type("torch.FloatTensor") is given,
         }
         self.devices = {"to(cuda:1)": x.to("cuda:1").device, "legacy type": x1.type(torch.cuda.HalfTensor).device,
-                        "to(0)": given.to(0).device, "zeros_like(device=0)": torch.zeros_like(given, device=0).device}
+                        "to(0)": given.to(0).device, "zeros_like(device=0)": torch.zeros_like(given, device=0).device,
+                        "tensor(device=0)": torch.tensor([1.0], device=0).device, "empty(device=cuda)": x.device,
+                        "cuda() of cuda:1": x1.cuda().device, "zeros(device=get_device())":
+                            torch.zeros(1, device=x.get_device()).device}
+        self.indices = (x.get_device(), x1.get_device(), given.get_device())
+        cl = torch.zeros(2, 3, 4, 5).type("torch.cuda.FloatTensor", memory_format=torch.channels_last)
+        self.channels_last = cl.is_contiguous(memory_format=torch.channels_last)
 
 
 def test_moves_alias_as_torch_decides() -> None:
@@ -184,9 +192,13 @@ def test_moves_alias_as_torch_decides() -> None:
         pytest.skip("checks recording for a device that is absent")
     m = fxinit.trace_init(Aliasing, torch.ones(3))
     assert m.same == {"to(cuda:1)": False, "cuda(1)": False, "to(cuda)": True, "cuda() of cuda:1": False,
-                      "channels_last": True, "positional copy": False, "real positional copy": False}
+                      "channels_last": True, "positional copy": False, "real positional copy": False,
+                      "legacy type of its own": True, "legacy cpu type": True}
     assert {k: str(v) for k, v in m.devices.items()} == {
-        "to(cuda:1)": "cuda:1", "legacy type": "cuda:1", "to(0)": "cuda:0", "zeros_like(device=0)": "cuda:0"}
+        "to(cuda:1)": "cuda:1", "legacy type": "cuda:1", "to(0)": "cuda:0", "zeros_like(device=0)": "cuda:0",
+        "tensor(device=0)": "cuda:0", "empty(device=cuda)": "cuda:0", "cuda() of cuda:1": "cuda:0",
+        "zeros(device=get_device())": "cuda:0"}
+    assert m.indices == (0, 1, -1) and m.channels_last
 
 
 def test_moves_on_the_cpu_are_eagers() -> None:

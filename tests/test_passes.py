@@ -263,6 +263,11 @@ class FilledThenTouched(nn.Module):
         first.zero_()  # a write through an early view lands after the fill
         self.head = nn.Parameter(head)
         self.seen_sum = float((seen * 1).sum())  # a value read while recording
+        pieced = torch.empty(4, 16)
+        pieces = pieced.unbind(0)  # taken before the fill, kept: cast by materialize(dtype=) only after it
+        nn.init.normal_(pieced)
+        self.piece = nn.Parameter(pieces[1])
+        self.pieced = nn.Parameter(pieced)
 
 
 def test_batched_fills_run_before_what_touches_them() -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch._C import TensorBase
 
-from fxinit.capture.moves import parse_move
+from fxinit.capture.moves import parse_move, with_index
 from fxinit.capture.post_import import run_pending
 from fxinit.errors import DeferredInitError
 
@@ -232,6 +232,9 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
         with rec.suspended():
             number = torch.tensor(args[2], dtype=args[0].dtype)
         args = (args[0], args[1], rec.lift(number))
+    elif func is TensorBase.get_device and is_deferred_tensor(args[0]):  # torch would read meta's: -1
+        device = reported_device(args[0])
+        return -1 if device.type in ("cpu", "meta") else with_index(device).index
     elif func is TensorBase.type and len(args) == 1 and not kwargs and is_deferred_tensor(args[0]):
         return legacy_type_name(reported_device(args[0]), args[0].dtype)  # torch would name meta's type
     elif func is TensorBase.to or func is TensorBase.cpu or func is TensorBase.cuda:

@@ -40,7 +40,7 @@ from torch._C import TensorBase
 
 from fxinit.capture.deferred import DATA_PROPERTY, PARAMETER_CLASS, is_deferred_tensor, state_of
 from fxinit.capture.devices import CPU, META, default_device
-from fxinit.capture.moves import Move
+from fxinit.capture.moves import Move, with_index
 from fxinit.capture.real import adopt_real, contains_deferred, shares_memory
 from fxinit.capture.storages import storage_key
 from fxinit.capture.trees import map_tree
@@ -173,6 +173,8 @@ class Doors:
         """``torch.tensor(data)``, ``from_numpy`` & co. during capture."""
         kwargs = dict(kwargs)
         device = kwargs.pop("device", None)
+        if device is not None:
+            device = with_index(torch.device(device))  # "cuda": the current one, as eager's tensor says
         requires_grad = kwargs.pop("requires_grad", False)
         data = args[0] if args else kwargs.get("data")
         if is_deferred_tensor(data):
@@ -211,7 +213,7 @@ class Doors:
             return t
         if device.type in ("cpu", "meta"):
             return t.to(dtype=dtype or t.dtype, device=device, copy=True)
-        with self.intended_device(device):
+        with self.intended_device(with_index(device)):
             return t.to(dtype=dtype or t.dtype, device=META, copy=True)
 
     def tensor_of_deferred(self, func: Callable, data: Any, dtype: torch.dtype | None, device: Any,

@@ -20,7 +20,7 @@ from fxinit.capture.deferred import (PROPERTY_CALL, DeferredTensor, deferred_tor
                                      is_deferred_tensor, state_of)
 from fxinit.capture.branches import dropout_call
 from fxinit.capture.devices import META, context_constructors, default_device
-from fxinit.capture.moves import MOVES, Move, device_of_number, parse_move
+from fxinit.capture.moves import MOVES, Move, device_of_number, parse_move, with_index
 from fxinit.capture.recorder import Recorder
 
 _CONSTANT_FACTORIES = {torch.tensor, torch.as_tensor, torch.asarray, torch.from_numpy, torch.frombuffer}
@@ -94,6 +94,10 @@ class CaptureFunctionMode(TorchFunctionMode):
             # input's options, which are meta underneath: they belong where the input is.
             recorder.composite_device = _deferred_device(args) if func not in _FACTORIES else None
         try:
+            device = kwargs.get("device")
+            if isinstance(device, int) and not isinstance(device, bool):  # device=0: torch reads the accelerator
+                device = device_of_number(device)
+                kwargs = {**kwargs, "device": device}
             if func in _CONSTANT_FACTORIES:
                 return recorder.constant_from(func, args, kwargs)
             if func is _NEW_TENSOR:  # torch.tensor(data) with its tensor's dtype and device
@@ -108,10 +112,6 @@ class CaptureFunctionMode(TorchFunctionMode):
                         return self._move_off_cpu(func, types, args, kwargs, move)
                     # onto the CPU: its device spelled out (torch would read a deferred `other`'s meta)
                     return _call(torch.Tensor.to, types, (move.tensor,), move.to_kwargs(move.device, move.copy))
-            device = kwargs.get("device")
-            if isinstance(device, int) and not isinstance(device, bool):  # device=0: torch reads the accelerator
-                device = device_of_number(device)
-                kwargs = {**kwargs, "device": device}
             if device is None and func in _FACTORIES:
                 if self._default is None:
                     self._default = default_device()
@@ -124,7 +124,7 @@ class CaptureFunctionMode(TorchFunctionMode):
                 # Building on that device first would touch (or need) it; build on meta and
                 # let the recorder note the intended device for the factory ops inside.
                 kwargs = {**kwargs, "device": "meta"}
-                with recorder.intended_device(torch.device(device)):
+                with recorder.intended_device(with_index(torch.device(device))):  # "cuda": the current one
                     return func(*args, **kwargs)
             return _call(func, types, args, kwargs)
         finally:
@@ -142,7 +142,7 @@ class CaptureFunctionMode(TorchFunctionMode):
             return _call(func, types, args, kwargs)  # a real tensor there already: torch's own answer
         if is_deferred_tensor(t) and move.keeps(state_of(t).device, t.dtype, t):
             return t
-        with self.recorder.intended_device(move.device):
+        with self.recorder.intended_device(with_index(move.device)):
             return _call(torch.Tensor.to, types, (t,), move.to_kwargs(META, copy=True))
 
 

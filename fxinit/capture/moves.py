@@ -1,5 +1,5 @@
 """``Tensor.to``, ``Tensor.cuda``, ``Tensor.cpu``, ``Tensor.type_as`` and ``Tensor.type`` of a
-CUDA type: where a move sends a tensor, read from its arguments as torch reads them.
+legacy tensor type: where a move sends a tensor, read from its arguments as torch reads them.
 
 Capture reads a move before torch runs it, for two reasons:
 
@@ -77,7 +77,7 @@ def parse_move(func: Any, args: tuple, kwargs: dict, device_of: Callable[[torch.
     if func is TensorBase.cuda:
         return _cuda_move(t, args[1:], kwargs)
     if func is TensorBase.type:
-        return _legacy_cuda_type(t, args[1:], kwargs, device_of(t))
+        return _legacy_type(t, args[1:], kwargs, device_of(t))
     if func is TensorBase.type_as:
         other = args[1] if len(args) > 1 else kwargs.get("other")
         return Move(t, device_of(other), other.dtype, False, False, None) if isinstance(other, torch.Tensor) else None
@@ -103,16 +103,19 @@ def parse_move(func: Any, args: tuple, kwargs: dict, device_of: Callable[[torch.
     return Move(t, device, dtype, bool(non_blocking), copy, memory_format)
 
 
-def _legacy_cuda_type(t: torch.Tensor, rest: tuple, kwargs: dict, here: torch.device) -> Move | None:
-    """``t.type(torch.cuda.FloatTensor)`` or ``t.type("torch.cuda.HalfTensor")``: a move onto
-    CUDA, the GPU ``t`` is on if it is on one (other forms are torch's to answer)."""
+def _legacy_type(t: torch.Tensor, rest: tuple, kwargs: dict, here: torch.device) -> Move | None:
+    """``t.type(torch.cuda.FloatTensor)``, ``t.type("torch.HalfTensor")``: a move to the CPU
+    or onto CUDA (the GPU ``t`` is on, if it is on one); other forms are torch's to answer."""
     kind = rest[0] if rest else kwargs.get("dtype")
-    if isinstance(kind, str) and kind.startswith("torch.cuda."):
-        kind = getattr(torch.cuda, kind[len("torch.cuda."):], None)
-    if not isinstance(kind, type) or not getattr(kind, "is_cuda", False):
+    if isinstance(kind, str) and kind.startswith("torch."):
+        module, _, name = kind[len("torch."):].rpartition(".")
+        kind = getattr(torch.cuda if module == "cuda" else torch, name, None) if module in ("", "cuda") else None
+    if not isinstance(kind, type) or not isinstance(getattr(kind, "dtype", None), torch.dtype):
         return None
+    cuda = getattr(kind, "is_cuda", False)
+    device = (here if here.type == "cuda" else torch.device("cuda")) if cuda else torch.device("cpu")
     non_blocking = rest[1] if len(rest) > 1 else kwargs.get("non_blocking", False)
-    return Move(t, here if here.type == "cuda" else torch.device("cuda"), kind.dtype, bool(non_blocking), False, None)
+    return Move(t, device, kind.dtype, bool(non_blocking), False, kwargs.get("memory_format"))
 
 
 def with_index(device: torch.device) -> torch.device:
@@ -121,8 +124,8 @@ def with_index(device: torch.device) -> torch.device:
     if device.index is not None or device.type in ("cpu", "meta"):
         return device
     module = getattr(torch, device.type, None)
-    available = getattr(module, "is_available", None)
-    index = module.current_device() if available is not None and available() else 0
+    available, current = getattr(module, "is_available", None), getattr(module, "current_device", None)
+    index = current() if available is not None and current is not None and available() else 0
     return torch.device(device.type, index)
 
 

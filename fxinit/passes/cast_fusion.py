@@ -23,6 +23,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.ops import ALLOCATIONS
+from fxinit.passes.roots import storage_root
 from fxinit.passes.walk import users_of, view_closure
 
 aten = torch.ops.aten
@@ -147,11 +148,14 @@ def cast_points(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
     index = {n: i for i, n in enumerate(nodes)}
     users = users_of(nodes)
     last_touch: dict[int, int] = {}
+    root_touch: dict[fx.Node, int] = {}  # by storage root too: a split's piece records no storage id
     for i, n in enumerate(nodes):
         if n in shared:
             users[shared[n][0]].append(n)
         for sid in {*n.meta.get("reads", ()), *n.meta.get("mutates", ())}:
             last_touch[sid] = i
+        for x in (n, *n.all_input_nodes):
+            root_touch[storage_root(x)] = i
     points: dict[fx.Node, list[fx.Node]] = defaultdict(list)
     for k in nodes:
         if k not in keep:
@@ -161,5 +165,6 @@ def cast_points(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
         for c in closure:
             for sid in {*c.meta.get("reads", ()), *c.meta.get("mutates", ())}:
                 last = max(last, last_touch[sid])
+            last = max(last, root_touch.get(storage_root(c), last))
         points[nodes[last]].append(k)
     return dict(points)

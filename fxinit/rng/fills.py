@@ -261,8 +261,9 @@ def _remembered() -> dict[str, bool | None] | None:
     global _MEMORY
     if _MEMORY is None:
         lib = library()
-        try:
-            flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+        try:  # the first CPU's flags: reading no further (a many-core machine lists hundreds)
+            with open("/proc/cpuinfo") as cpuinfo:
+                flags = next((line.rstrip("\n") for line in cpuinfo if line.startswith("flags")), "")
         except OSError:
             flags = ""
         tag = hashlib.sha256("\0".join((getattr(lib, "_name", ""), torch.__version__, str(torch.version.git_version),

@@ -45,6 +45,24 @@ def per_target(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return answer
 
 
+def per_node(fn: Callable[[fx.Node], Any]) -> Callable[[fx.Node], Any]:
+    """``fn(node)`` kept on the node: a node's arguments, spec and generators never change once
+    it is recorded, and the passes ask about every node several times. A None answer is not
+    kept (a node being recorded may not be complete yet)."""
+    key = f"_fxinit_{fn.__name__}"
+
+    @functools.wraps(fn)
+    def answer(node: fx.Node) -> Any:
+        found = node.__dict__.get(key)
+        if found is None:
+            found = fn(node)
+            if found is not None:
+                node.__dict__[key] = found
+        return found
+
+    return answer
+
+
 def resolve_init_function(qualname: str) -> Callable[..., Any]:
     """The function object an opaque node names; only the allowed set resolves."""
     if qualname not in OPAQUE_INIT_FUNCTIONS:

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch._C import TensorBase
 
-from fxinit.capture.deferred import DATA_PROPERTY, PARAMETER_CLASS, is_deferred_tensor, state_of
+from fxinit.capture.deferred import DATA_PROPERTY, PARAMETER_CLASS, eager_device, is_deferred_tensor, state_of
 from fxinit.capture.devices import CPU, META, default_device
 from fxinit.capture.moves import Move, with_index
 from fxinit.capture.real import adopt_real, contains_deferred, shares_memory
@@ -178,8 +178,7 @@ class Doors:
         requires_grad = kwargs.pop("requires_grad", False)
         data = args[0] if args else kwargs.get("data")
         if is_deferred_tensor(data):
-            out = self.moved(data, torch.device(device) if device is not None else state_of(data).device,
-                             kwargs.get("dtype"), copy=func is torch.tensor)
+            out = self.moved(Move(data, device, kwargs.get("dtype"), False, func is torch.tensor, None))
             return out.detach().requires_grad_(requires_grad) if func is torch.tensor else out
         if shares_memory(func, data, device):
             with self.suspended():  # eager's tensor shares the caller's memory: so does this one
@@ -200,21 +199,24 @@ class Doors:
         """``t.new_tensor(data)``, ``t`` deferred or real: ``torch.tensor(data)`` with ``t``'s dtype
         and device unless given (tensor data too takes ``t``'s dtype, as in eager)."""
         if device is None:
-            device = state_of(self_t).device if is_deferred_tensor(self_t) else self_t.device
+            device = eager_device(self_t)
         return self.constant_from(torch.tensor, (data,), {"dtype": dtype or self_t.dtype, "device": device,
                                                           "requires_grad": requires_grad})
 
-    def moved(self, t: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None,
-              copy: bool = False) -> torch.Tensor:
-        """``t.to(device, dtype, copy=copy)`` of a deferred ``t`` from capture's own code, where no
-        capture mode sees it: onto a device other than the CPU it is built on meta, that device
-        noted as intended (as ``capture.modes`` builds moves), so the device is never touched."""
-        if Move(t, device, dtype, False, copy, None).keeps(state_of(t).device, t.dtype, t):
+    def moved(self, move: Move) -> torch.Tensor:
+        """The tensor ``move`` asks for (``t.to("cuda")``, ``t.cuda()``, ``t.to(other)``; a deferred
+        or real ``t``), from a capture mode or from capture's own code. Where eager answers with
+        ``t`` itself, ``t``; else a copy: onto a device other than the CPU built on meta with
+        that device noted as intended, so that the device is never touched (it may be absent),
+        and recorded (a real ``t`` as a graph constant); onto the CPU, with its device spelled
+        out (torch would read a deferred ``other``'s meta underneath)."""
+        t = move.tensor
+        if move.keeps(eager_device(t), t.dtype, t):
             return t
-        if device.type in ("cpu", "meta"):
-            return t.to(dtype=dtype or t.dtype, device=device, copy=True)
-        with self.intended_device(with_index(device)):
-            return t.to(dtype=dtype or t.dtype, device=META, copy=True)
+        if move.device is None or move.device.type in ("cpu", "meta"):
+            return t.to(**move.to_kwargs(move.device or eager_device(t), copy=True))
+        with self.intended_device(with_index(move.device)):
+            return t.to(**move.to_kwargs(META, copy=True))
 
     def tensor_of_deferred(self, func: Callable, data: Any, dtype: torch.dtype | None, device: Any,
                            requires_grad: bool) -> torch.Tensor:
@@ -234,7 +236,7 @@ class Doors:
 
         out = build(list(data) if isinstance(data, tuple) else data).reshape(probe.shape)
         if device is not None:
-            out = self.moved(out, torch.device(device))
+            out = self.moved(Move(out, torch.device(device), None, False, False, None))
         return out.requires_grad_(True) if requires_grad else out
 
 

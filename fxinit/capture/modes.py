@@ -19,8 +19,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fxinit.capture.deferred import (PROPERTY_CALL, DeferredTensor, deferred_torch_function, eager_device,
                                      is_deferred_tensor, state_of)
 from fxinit.capture.branches import dropout_call
-from fxinit.capture.devices import META, context_constructors, default_device
-from fxinit.capture.moves import MOVES, Move, device_of_number, parse_move, with_index
+from fxinit.capture.devices import context_constructors, default_device
+from fxinit.capture.moves import MOVES, device_of_number, parse_move, with_index
 from fxinit.capture.recorder import Recorder
 
 _CONSTANT_FACTORIES = {torch.tensor, torch.as_tensor, torch.asarray, torch.from_numpy, torch.frombuffer}
@@ -108,10 +108,7 @@ class CaptureFunctionMode(TorchFunctionMode):
             if func in MOVES:
                 move = parse_move(func, args, kwargs, eager_device)
                 if move is not None and move.device is not None and move.device.type != "meta":
-                    if move.device.type != "cpu":
-                        return self._move_off_cpu(func, types, args, kwargs, move)
-                    # onto the CPU: its device spelled out (torch would read a deferred `other`'s meta)
-                    return _call(torch.Tensor.to, types, (move.tensor,), move.to_kwargs(move.device, move.copy))
+                    return recorder.moved(move)
             if device is None and func in _FACTORIES:
                 if self._default is None:
                     self._default = default_device()
@@ -130,20 +127,6 @@ class CaptureFunctionMode(TorchFunctionMode):
         finally:
             if outermost:
                 recorder.call_site = recorder.composite_device = None
-
-
-    def _move_off_cpu(self, func: Any, types: Any, args: tuple, kwargs: dict, move: Move) -> Any:
-        """``t.to("cuda")``, ``t.cuda()``, ``t.to(device=...)``, ``t.to(other)``: a copy onto that
-        device is a deferred tensor there, built on meta (as factories are) and recorded as a
-        copy of ``t`` (a real ``t`` becomes a graph constant), so it never touches the device,
-        which may be absent. A move eager answers with ``t`` itself answers with ``t``."""
-        t = move.tensor
-        if not is_deferred_tensor(t) and move.keeps(t.device, t.dtype, t):
-            return _call(func, types, args, kwargs)  # a real tensor there already: torch's own answer
-        if is_deferred_tensor(t) and move.keeps(state_of(t).device, t.dtype, t):
-            return t
-        with self.recorder.intended_device(with_index(move.device)):
-            return _call(torch.Tensor.to, types, (t,), move.to_kwargs(META, copy=True))
 
 
 def _deferred_device(args: tuple) -> torch.device | None:

@@ -10,8 +10,8 @@ node that reads or writes the tensors queued (``Batches.flushes``), and at the e
 A fill is batched when exact mode's compiled copy of torch's sampler would run it whole
 anyway (``native_kind``: ``normal_`` or ``uniform_`` with plain numbers, from one explicit
 generator), into a whole allocation of the slice on the CPU, of a supported floating dtype,
-small enough to run as one job (``rng.fills.BATCH_BELOW``; a normal fill a multiple of 16
-long, as torch redraws a shorter last block), and no other pass decided how it runs (pieces,
+small enough to run as one job (``rng.fills.batchable``: fewer than ``BATCH_BELOW``
+elements, a normal fill a multiple of 16 long, as torch redraws a shorter last block), and no other pass decided how it runs (pieces,
 chunks, a fused cast, CSE, a kernel). The flush points are the nodes that use the fill or
 its allocation, and every later node that reads or writes its storage (by the capture's
 storage ids: through a view taken before the fill as well).
@@ -32,9 +32,7 @@ import torch.fx as fx
 
 from fxinit.ops import allocates, is_random
 from fxinit.passes.fills import fill_call, native_kind
-from fxinit.rng.fills import BATCH_BELOW
-
-_DTYPES = frozenset({torch.float32, torch.float64, torch.bfloat16, torch.float16})
+from fxinit.rng.fills import batchable
 
 
 class BatchedFill(NamedTuple):
@@ -97,6 +95,4 @@ def batched_fills(nodes: list[fx.Node], rng: str, decided: AbstractSet[fx.Node],
 
 def _small_cpu_tensor(spec, kind: str, device_map: Mapping[torch.device, torch.device]) -> bool:  # noqa: ANN001
     device = device_map.get(spec.device, spec.device)
-    n = spec.numel
-    return (device.type == "cpu" and spec.dtype in _DTYPES and spec.is_contiguous() and 0 < n < BATCH_BELOW
-            and (kind == "uniform" or (n % 16 == 0 and n >= 16)))
+    return device.type == "cpu" and spec.is_contiguous() and batchable(kind, spec.dtype, spec.numel)

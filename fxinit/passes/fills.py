@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.rng.draws import MIN_ELEMENTS
-from fxinit.ops import filled_argument
+from fxinit.ops import filled_argument, per_node
 from fxinit.rng.pieces import CHUNK, splittable, trunc_normal_is_normal, widen
 from fxinit.spec import TensorSpec
 
@@ -90,23 +90,12 @@ def native_kind(call: FillCall | None) -> tuple[str, tuple[float, float]] | None
     return kind, (params[0], params[1])
 
 
-_FILL_CALL = "_fxinit_fill_call"  # kept on the node (its arguments never change): asked of every fill
-
-
+@per_node
 def fill_call(node: fx.Node) -> FillCall | None:
     """``node`` as a sampler call exact mode can split or run compiled: an in-place aten
     sampler with plain arguments and one generator, or a ``trunc_normal_`` whose bounds lie
     beyond every value ``normal_`` can draw, on a torch where it then is ``normal_``
     (``rng.pieces.trunc_normal_is_normal``); else None."""
-    found = node.__dict__.get(_FILL_CALL)
-    if found is None:
-        found = _fill_call(node)
-        if found is not None:  # (a node is complete by the time it is a fill)
-            node.__dict__[_FILL_CALL] = found
-    return found
-
-
-def _fill_call(node: fx.Node) -> FillCall | None:
     generators = node.meta.get("generators") or {}
     if node.meta.get("opaque") in TRUNC_NORMAL:
         return _trunc_normal_call(node, generators)

@@ -16,6 +16,8 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
+from fxinit.ops import per_node
+
 Set = np.ndarray  # int64[k, 2]: sorted, disjoint, non-empty half-open ranges
 EMPTY: Set = np.zeros((0, 2), dtype=np.int64)
 #: Stands for "every element" where a view's elements are not known.
@@ -162,15 +164,10 @@ def elements(spec) -> tuple[Set, bool]:  # noqa: ANN001
     return np.array([[spec.storage_offset, last + 1]], dtype=np.int64), False
 
 
-_ELEMENTS = "_fxinit_elements"
-
-
+@per_node
 def elements_of(node: Any) -> tuple[Set, bool]:
-    """``elements`` of an fx node's spec, kept on the node (its spec never changes)."""
-    found = node.__dict__.get(_ELEMENTS)
-    if found is None:
-        found = node.__dict__[_ELEMENTS] = elements(node.meta.get("spec"))
-    return found
+    """``elements`` of an fx node's spec."""
+    return elements(node.meta.get("spec"))
 
 
 def runs(shape, strides: list[tuple[int, ...]], *offsets: int) -> tuple[np.ndarray, int] | None:  # noqa: ANN001

@@ -12,24 +12,19 @@ from typing import Any, Sequence
 
 import torch.fx as fx
 
-from fxinit.ops import filled_argument, is_view, per_target
+from fxinit.ops import filled_argument, is_view, per_node, per_target
 
 
-_ROOT = "_fxinit_storage_root"  # a node's storage root, kept on the node: its arguments never change
-
-
+@per_node
 def storage_root(node: fx.Node) -> fx.Node:
     """The node that created ``node``'s storage: up through views and through in-place ops
     (their result is their first argument, ``t_`` and ``copy_`` alike)."""
-    root = node.__dict__.get(_ROOT)
-    if root is None:
-        root = node
-        while is_view(root) or writes_first_argument(root):
-            parent = root.args[0] if root.args else None
-            if not isinstance(parent, fx.Node):
-                break
-            root = parent
-        node.__dict__[_ROOT] = root
+    root = node
+    while is_view(root) or writes_first_argument(root):
+        parent = root.args[0] if root.args else None
+        if not isinstance(parent, fx.Node):
+            break
+        root = parent
     return root
 
 

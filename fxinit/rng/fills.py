@@ -359,6 +359,14 @@ def native_fill(kind: str, out: torch.Tensor, state: torch.Tensor, params: tuple
 BATCH_BELOW = 2 * MIN_PER_THREAD
 
 
+def batchable(kind: str, dtype: torch.dtype, numel: int) -> bool:
+    """Whether ``native_fill_batch`` can take a whole ``kind`` fill of ``numel`` elements of
+    ``dtype`` (one job from element 0: a normal fill a multiple of 16 long, as torch redraws
+    a shorter last block), its checks aside."""
+    return kind in _OPS and dtype in _DTYPES and 0 < numel < BATCH_BELOW and (
+        kind == "uniform" or numel % 16 == 0)
+
+
 def native_fill_batch(fills: Sequence[tuple[str, torch.Tensor, torch.Tensor, tuple[float, float]]]) -> int:
     """``native_fill(kind, out, state, params)`` of each ``(kind, out, state, params)``, in order,
     in one call to the kernel: a model's hundreds of small fills without a call each. Each
@@ -370,7 +378,7 @@ def native_fill_batch(fills: Sequence[tuple[str, torch.Tensor, torch.Tensor, tup
     params: list[float] = []
     for kind, out, state, p in fills:
         n = out.numel()
-        usable = _usable(kind, out, state, n, p) if n < BATCH_BELOW and (kind == "uniform" or n % 16 == 0) else None
+        usable = _usable(kind, out, state, n, p) if batchable(kind, out.dtype, n) else None
         if usable is None or lib is None:
             break
         jobs += (_OPS[kind], _DTYPES[out.dtype], usable[0], out.data_ptr(), n, state.data_ptr())

@@ -379,6 +379,8 @@ def _check_opaque_call(name: str, args: tuple, kwargs: dict[str, Any]) -> None:
     _expect(len(args) >= 2 and args[0] in OPAQUE_INIT_FUNCTIONS and isinstance(args[1], fx.Node),
             f"node {name}: init function {args[:1]!r}")
     _expect(kwargs.get("generator") is None, f"node {name}: generator argument")
+    _expect(isinstance(kwargs.get("default_device", torch.device("cpu")), torch.device), f"node {name}: default device")
+    kwargs = {k: v for k, v in kwargs.items() if k != "default_device"}
     numbers = [*args[2:], *(v for k, v in kwargs.items() if k != "generator")]
     _expect(all(isinstance(v, (int, float)) for v in numbers), f"node {name}: init function arguments")
     try:

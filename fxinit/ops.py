@@ -71,12 +71,25 @@ def resolve_init_function(qualname: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module_name), attr)
 
 
-def call_init_function(qualname: str, tensor: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+#: Node arguments naming a device, which a plan maps where the device is absent (``Plan.device_map``).
+DEVICE_KWARGS = ("device", "default_device")
+
+
+def call_init_function(qualname: str, tensor: torch.Tensor, default_device: torch.device | None = None,
+                       **kwargs: Any) -> torch.Tensor:
     """Graph op: run an opaque init function in place on ``tensor``.
 
     The backend sets up the generators (the snapshots recorded at capture) around it.
+    ``default_device``: the default device eager ran the function under (``with
+    torch.device("cuda")``), where it was not the CPU: what the function builds without
+    ``device=`` is built there again (``sparse_``'s ``randperm``), drawing from that device's
+    generator as eager's did.
     """
-    resolve_init_function(qualname)(tensor, **kwargs)
+    if default_device is None:
+        resolve_init_function(qualname)(tensor, **kwargs)
+    else:
+        with torch.device(default_device):
+            resolve_init_function(qualname)(tensor, **kwargs)
     return tensor
 
 

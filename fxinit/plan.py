@@ -99,21 +99,34 @@ class Plan:
             total += spec.numel if spec is not None else 0
         return total
 
-    def bytes_allocated(self) -> int:
+    def bytes_allocated(self, device_type: str | None = None) -> int:
         """What running the plan allocates, outputs and temporaries, after in-place chains,
-        CSE reuse, fused casts and casts to the output dtype."""
-        total = sum(n.meta["spec"].nbytes for n in self.nodes if allocates(n) and n not in self.unbacked)
-        total -= sum(n.meta["spec"].nbytes for n in self.in_place)
-        total -= sum(n.meta["spec"].nbytes for n, (_, copy) in self.reuse.items() if not copy and allocates(n))
+        CSE reuse, fused casts and casts to the output dtype; only on devices of
+        ``device_type`` (``"cpu"``, ``"cuda"``) when given."""
+        def on(n: fx.Node) -> bool:
+            return device_type is None or self.runs_on(n).type == device_type
+
+        total = sum(n.meta["spec"].nbytes for n in self.nodes if allocates(n) and n not in self.unbacked and on(n))
+        total -= sum(n.meta["spec"].nbytes for n in self.in_place if on(n))
+        total -= sum(n.meta["spec"].nbytes for n, (_, copy) in self.reuse.items() if not copy and allocates(n) and on(n))
         for fused in self.fused_casts.values():
+            if not on(fused.alloc):
+                continue
             total -= sum(m.meta["spec"].nbytes for m in fused.members if allocates(m))
             total += fused.alloc.meta["spec"].numel * fused.dtype.itemsize
         if self.output_dtype is not None:  # unfused floating outputs are cast after they are final
             in_dtype = {r for f in self.fused_casts.values() for r in f.results}
             total += sum(n.meta["spec"].numel * self.output_dtype.itemsize for n in self.keep - in_dtype
                          if n.meta.get("spec") is not None and cast_by_to(n.meta["spec"].dtype)
-                         and n.meta["spec"].dtype != self.output_dtype)
+                         and n.meta["spec"].dtype != self.output_dtype and on(n))
         return total
+
+    def runs_on(self, node: fx.Node) -> torch.device:
+        """The device ``node``'s value is computed on: the recorded one, or what runs in its
+        place where that one is not available (``device_map``)."""
+        spec = node.meta.get("spec")
+        recorded = spec.device if spec is not None else torch.device("cpu")
+        return self.device_map.get(recorded, recorded)
 
     def __str__(self) -> str:
         return format_plan(self)

@@ -195,3 +195,30 @@ def test_a_second_trace_continues_the_generator() -> None:
 def test_native_dropout_reserves_unroll_4_in_every_dtype() -> None:
     out = torch.empty(1000, dtype=torch.float64, device="meta")
     assert reservation(aten.native_dropout.default, (out, 0.5, True), {}, out) == Reservation(1000, 4)
+
+
+class Dirac(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(nn.init.dirac_(torch.empty(4, 4, 3)))
+        self.register_buffer("b", torch.zeros(3))
+
+
+def test_opaque_init_functions_replay_under_the_default_device_of_eager(tmp_path) -> None:
+    """An init function recorded whole ran under eager's default device, and what it builds
+    without ``device=`` is built there again when it is replayed: ``sparse_``'s ``randperm``
+    draws from the device's generator under ``with torch.device("cuda")``, as eager's did (on
+    an H100, replaying it on the CPU's generator gave other values). The device is node data:
+    saved, and mapped to the CPU with the rest where it is materialized there."""
+    with torch.device("cuda"):
+        m = fxinit.trace_init(Dirac)
+    graph = fxinit.init_graph(m)
+    path = tmp_path / "dirac.pt"
+    graph.save(path)
+    for g in (graph, fxinit.load_graph(path)):
+        (node,) = [n for n in g.graph.nodes if n.meta.get("opaque")]
+        assert node.kwargs["default_device"] == torch.device("cuda", 0)
+    fxinit.materialize(m, device="cpu")
+    assert torch.equal(m.w, nn.init.dirac_(torch.empty(4, 4, 3)))
+    plain = fxinit.init_graph(fxinit.trace_init(Dirac))  # no device context: nothing recorded
+    assert all("default_device" not in n.kwargs for n in plain.graph.nodes)

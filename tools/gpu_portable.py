@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 import fxinit  # noqa: E402
 from fxinit.backends.compiled import STATS  # noqa: E402
-from gpu_check import _timed  # noqa: E402  (tools/ is on the path: run from there, or by gpu_check)
+from gpu_check import LAST_PEAK, _timed  # noqa: E402  (tools/ is on the path: run from there, or by gpu_check)
 
 
 def _trace(cfg: Any, device: torch.device) -> torch.nn.Module:
@@ -46,12 +46,17 @@ def _trace(cfg: Any, device: torch.device) -> torch.nn.Module:
         return fxinit.trace_init(LlamaForCausalLM, cfg)
 
 
-def _row(label: str, cfg: Any, device: torch.device, compile: bool | str | None) -> tuple[dict, torch.nn.Module]:
-    m = _trace(cfg, device)
-    compiled_before = STATS.seconds
-    seconds, _ = _timed(lambda: fxinit.materialize(m, rng="portable", compile=compile), device)
-    row = {"row": label, "seconds": seconds, "trace_s": None, "compile": repr(compile),
-           "compile_s": STATS.seconds - compiled_before}
+def _row(label: str, cfg: Any, device: torch.device, compile: bool | str | None,
+         repeat: int = 1) -> tuple[dict, torch.nn.Module]:
+    """Materialize the traced ``cfg`` ``repeat`` times (the best time); the last model."""
+    times, compiled_before = [], STATS.seconds
+    for _ in range(repeat):
+        m = None  # the last model's memory back to the allocator's cache before the next
+        m = _trace(cfg, device)
+        times.append(_timed(lambda: fxinit.materialize(m, rng="portable", compile=compile), device)[0])
+    row = {"row": label, "seconds": min(times), "trace_s": None, "compile": repr(compile),
+           "compile_s": STATS.seconds - compiled_before, "repeats": [round(t, 4) for t in times],
+           "peak": LAST_PEAK[0]}
     return row, m
 
 
@@ -79,7 +84,7 @@ def portable_rows(cfg: Any, small_cfg: Any, device: torch.device) -> tuple[list[
     row, m = _row("portable default, cold", cfg, device, None)  # no warm-up: the default path first
     rows.append(row)
     del m
-    row, m = _row("portable default", cfg, device, None)
+    row, m = _row("portable default", cfg, device, None, repeat=3)
     rows.append(row)
     differ = first_rows_equal_cpu(m, cfg)
     row["note"] = ("first rows bitwise equal to the CPU's" if not differ
@@ -88,7 +93,7 @@ def portable_rows(cfg: Any, small_cfg: Any, device: torch.device) -> tuple[list[
     _empty_cache(device)
     if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") != "1":
         warm, _ = _row("", small_cfg, device, True)  # Inductor compiles on the small model first
-        row, m = _row("portable inductor", cfg, device, True)
+        row, m = _row("portable inductor", cfg, device, True, repeat=3)
         row["compile_s"] += warm["compile_s"]
         rows.append(row)
         del m

@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.errors import DeferredInitError
-from fxinit.ops import constant_value, filled_argument, is_random, reads_no_data, replay_args
+from fxinit.ops import DEVICE_KWARGS, constant_value, filled_argument, is_random, reads_no_data, replay_args
 from fxinit.passes.batched_fills import BatchedFill
 from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes import intervals
@@ -173,8 +173,10 @@ class Interpreter:
         args = fx.node.map_aggregate(n.args, load)
         kwargs = dict(fx.node.map_aggregate(n.kwargs, self._load))
         device_map = self.plan.device_map
-        if device_map and kwargs.get("device") in device_map:
-            kwargs["device"] = device_map[kwargs["device"]]
+        if device_map:
+            for key in DEVICE_KWARGS:
+                if kwargs.get(key) in device_map:
+                    kwargs[key] = device_map[kwargs[key]]
         return args, kwargs
 
     def _load(self, a: Any) -> Any:

@@ -22,20 +22,23 @@ from fxinit.plan import Plan
 from fxinit.rng.portable import serial_fills
 
 
-#: Plans allocating less run their groups on one thread. Handing hundreds of groups of a few
-#: KiB each to threads cost more than they ran: a 32-layer Llama of hidden size 64 (595 nodes,
-#: 292 groups, 5 MiB) ran in 46 ms on 2 threads, 35 ms on one.
+#: Plans allocating less on the CPU run their groups on one thread. Handing hundreds of groups
+#: of a few KiB each to threads cost more than they ran: a 32-layer Llama of hidden size 64
+#: (595 nodes, 292 groups, 5 MiB) ran in 46 ms on 2 threads, 35 ms on one. Bytes on a GPU do
+#: not count: its kernels run asynchronously whichever thread launches them, and threads only
+#: contend for the GIL and the driver's launch lock (an 8B Llama in bfloat16 on an H100: 137 ms
+#: on 16 threads, 40 ms on one, eager 39 ms).
 SERIAL_BELOW_BYTES = 16 << 20
 
 
 def run_plan(plan: Plan, constants: Mapping[str, torch.Tensor], sampler: Sampler, graph_dtype: torch.dtype,
              workers: int | None = None) -> dict[fx.Node, Any]:
     """The kept values of ``plan``, its groups run on up to ``workers`` threads (default:
-    torch's thread count; one below ``SERIAL_BELOW_BYTES`` allocated). Slices whose ops were
-    recorded under different default dtypes run on one thread (the default dtype is
+    torch's thread count; one below ``SERIAL_BELOW_BYTES`` allocated on the CPU). Slices whose
+    ops were recorded under different default dtypes run on one thread (the default dtype is
     process-global)."""
     sampler.prepare(plan.random_nodes)
-    small = plan.bytes_allocated() < SERIAL_BELOW_BYTES
+    small = plan.bytes_allocated("cpu") < SERIAL_BELOW_BYTES
     workers = workers or (1 if small else torch.get_num_threads())
     if len(plan.groups) < 2:
         return Interpreter(plan, constants, sampler, graph_dtype).run()

@@ -40,7 +40,7 @@ class PortableSampler:
     def call(self, node: fx.Node, args: tuple, kwargs: dict) -> Any:
         """Run random ``node`` whole (``args`` evaluated)."""
         stream = self.streams[node]
-        kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("generator", "default_device")}
         if node.target is call_init_function:
             qualname, tensor = args[0], args[1]
             fn = _OPAQUE.get(qualname.rsplit(".", 1)[-1])

@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 
+from fxinit.capture import init_shims
 from fxinit.capture.deferred import is_deferred_tensor, state_of
 from fxinit.capture.doors import parameter_classes
 from fxinit.capture.lazy import lazy_module_support
@@ -33,6 +34,7 @@ def _depth() -> int:
 @contextlib.contextmanager
 def _capturing(recorder: Recorder) -> Iterator[None]:
     run_pending()  # DTensor's constructor, if torch.distributed.tensor was imported while fxinit was
+    init_shims.install()  # torch 2.11's opaque init functions ask deferred tensors ``is_meta``, as later ones do
     fmode, dmode = active_modes(recorder)
     recorder.capturing = True
     _local.depth = _depth() + 1

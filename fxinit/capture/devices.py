@@ -13,6 +13,7 @@ from torch.utils._device import DeviceContext, _device_constructors
 
 from fxinit.capture.deferred import state_of
 from fxinit.capture.schema import SCALAR_FACTORIES
+from fxinit.ops import DEVICE_KWARGS
 
 CPU = torch.device("cpu")
 META = torch.device("meta")
@@ -88,6 +89,6 @@ def device_available(device: torch.device) -> bool:
 def unavailable_to_cpu(nodes: Iterable[fx.Node]) -> dict[torch.device, torch.device]:
     """The devices ``nodes`` ask for that this machine lacks, mapped to the CPU (values read
     while recording are computed there)."""
-    devices = {n.kwargs.get("device") for n in nodes if n.op == "call_function"}
+    devices = {n.kwargs.get(key) for n in nodes if n.op == "call_function" for key in DEVICE_KWARGS}
     return {d: CPU for d in devices
             if isinstance(d, torch.device) and d.type not in ("cpu", "meta") and not device_available(d)}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import types
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -27,19 +27,20 @@ class OpaqueCall:
     kwargs: dict[str, Any]  # every argument but the tensor, generator included
 
 
-def _registry() -> dict[types.CodeType, tuple[str, list[str]]]:
-    reg: dict[types.CodeType, tuple[str, list[str]]] = {}
-    for qualname in OPAQUE_INIT_FUNCTIONS:
-        try:
-            fn = resolve_init_function(qualname)
-        except AttributeError:
-            continue
-        fn = inspect.unwrap(fn)
-        reg[fn.__code__] = (qualname, list(inspect.signature(fn).parameters))
-    return reg
+_REGISTRY: dict[types.CodeType, tuple[str, list[str]]] = {}  # body -> (qualname, parameter names)
 
 
-_REGISTRY = _registry()
+def register(qualname: str, fn: Callable) -> None:
+    """Calls of ``fn``'s present body are calls of init function ``qualname`` (a body
+    ``capture.init_shims`` gave it, as well as torch's own)."""
+    _REGISTRY[fn.__code__] = (qualname, list(inspect.signature(fn).parameters))
+
+
+for _qualname in OPAQUE_INIT_FUNCTIONS:
+    try:
+        register(_qualname, inspect.unwrap(resolve_init_function(_qualname)))
+    except AttributeError:
+        continue
 
 
 def find_opaque_call(frame: types.FrameType | None, tensor: torch.Tensor) -> OpaqueCall | None:

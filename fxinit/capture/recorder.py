@@ -286,6 +286,9 @@ class Recorder(Shadows, Doors):
         kwargs = dict(call.kwargs)
         gen = kwargs.get("generator")
         node_kwargs = {k: (None if k == "generator" else v) for k, v in kwargs.items()}
+        ambient = default_device()
+        if ambient.type not in ("cpu", "meta"):
+            node_kwargs["default_device"] = ambient
         keys: dict[str, str] = {}
         absent = st.device.type not in ("meta", "cpu") and not device_available(st.device)
         if absent and call.qualname not in DRAW_NOTHING:

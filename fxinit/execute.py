@@ -25,6 +25,8 @@ from fxinit.backends.exact import ExactSampler
 from fxinit.backends.interpreter import Sampler
 from fxinit.backends.parallel import run_plan
 from fxinit.backends.streams import PortableSampler
+from fxinit.errors import DeferredInitError
+from fxinit.init_bodies import body_fingerprint
 from fxinit.passes.dead_init import dead_writes
 from fxinit.passes.ranges import Extent
 from fxinit.passes.slicing import Slicer, Target
@@ -89,11 +91,28 @@ def plan(program: Program, targets: Iterable[Target], *, rng: str = "exact", see
     ``labels``: names of the targets, for printing (default: the names of their storages)."""
     targets = list(targets)
     nodes, dead = slicer(program, eliminate_dead).required(targets, to_run=True)
+    if rng == "exact":
+        refuse_changed_init_functions(nodes)
     keys = stream_keys(op_nodes(program), program.storage_names()) if rng == "portable" else None
     return make_plan(nodes, {node for node, _ in targets}, rng=rng, seed=seed, streams=keys, output_dtype=dtype,
                      exposed=exposed, device_map=devices(nodes) if devices is not None else None, dead=dead,
                      compiles=compiles(compile) if rng == "portable" else None,
                      labels=labels if labels is not None else functools.partial(_storage_labels, program, targets))
+
+
+def refuse_changed_init_functions(nodes: Iterable[fx.Node]) -> None:
+    """Exact replay of an opaque node whose init function is not the one that ran at capture
+    (a graph saved with another torch) would give other values than eager's, silently:
+    refused, naming the function."""
+    for n in nodes:
+        recorded = n.meta.get("body")
+        if recorded and n.meta.get("opaque") and recorded != body_fingerprint(n.meta["opaque"]):
+            raise DeferredInitError(
+                f"{n.meta['opaque']} of this torch ({torch.__version__}) is not the one this init graph was "
+                f"recorded with (node {n.name}): replaying it would not give eager's values",
+                op=n.meta["opaque"], module=n.meta.get("module"), source=getattr(n.meta.get("prov"), "source", None),
+                hint="trace the model again with this torch, materialize with the torch the graph was saved "
+                     "with, or use rng='portable' (fxinit's own samplers)")
 
 
 def _storage_labels(program: Program, targets: list[Target]) -> dict[fx.Node, str]:

@@ -75,21 +75,18 @@ def resolve_init_function(qualname: str) -> Callable[..., Any]:
 DEVICE_KWARGS = ("device", "default_device")
 
 
-def call_init_function(qualname: str, tensor: torch.Tensor, default_device: torch.device | None = None,
+def call_init_function(qualname: str, tensor: torch.Tensor, *args: Any, default_device: torch.device | None = None,
                        **kwargs: Any) -> torch.Tensor:
     """Graph op: run an opaque init function in place on ``tensor``.
 
     The backend sets up the generators (the snapshots recorded at capture) around it.
     ``default_device``: the default device eager ran the function under (``with
-    torch.device("cuda")``), where it was not the CPU: what the function builds without
-    ``device=`` is built there again (``sparse_``'s ``randperm``), drawing from that device's
-    generator as eager's did.
+    torch.device("cuda")``; the CPU when not given), whatever the default device around the
+    replay: what the function builds without ``device=`` is built there again (``sparse_``'s
+    ``randperm``), drawing from that device's generator as eager's did.
     """
-    if default_device is None:
-        resolve_init_function(qualname)(tensor, **kwargs)
-    else:
-        with torch.device(default_device):
-            resolve_init_function(qualname)(tensor, **kwargs)
+    with torch.device(default_device if default_device is not None else "cpu"):
+        resolve_init_function(qualname)(tensor, *args, **kwargs)
     return tensor
 
 

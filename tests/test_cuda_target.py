@@ -222,3 +222,22 @@ def test_opaque_init_functions_replay_under_the_default_device_of_eager(tmp_path
     assert torch.equal(m.w, nn.init.dirac_(torch.empty(4, 4, 3)))
     plain = fxinit.init_graph(fxinit.trace_init(Dirac))  # no device context: nothing recorded
     assert all("default_device" not in n.kwargs for n in plain.graph.nodes)
+
+
+class Sparse(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.empty(8, 4))
+        nn.init.sparse_(self.w, 0.5)
+
+
+def test_opaque_init_functions_replay_under_the_cpu_default_they_were_recorded_with() -> None:
+    """Traced with no device context, ``sparse_``'s ``randperm`` drew from the CPU's generator;
+    replayed inside another default device (``meta`` here), it still does."""
+    torch.manual_seed(0)
+    eager = Sparse().w.detach().clone()
+    torch.manual_seed(0)
+    m = fxinit.trace_init(Sparse)
+    with torch.device("meta"):
+        fxinit.materialize(m)
+    assert torch.equal(m.w.detach(), eager)

@@ -14,10 +14,11 @@ code keeps reach it too (transformers' ``TORCH_INIT_FUNCTIONS``). A real tensor,
 included, runs torch's own code as before; so does a tensor for a device this process lacks
 (a CUDA model traced on a CPU machine), recorded op by op as before.
 
->>> import torch
->>> from fxinit.capture.init_shims import shimmed
->>> sorted(shimmed()) if torch.__version__ >= "2.12" else []  # torch 2.12 on ask the question
-[]
+>>> from fxinit.capture.init_shims import install, shimmed
+>>> install()
+>>> import torch.nn.init
+>>> all(torch.nn.init.trunc_normal_.__code__ is code for q, code in shimmed().items() if q.endswith(".trunc_normal_"))
+True
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Callable
 from fxinit.capture.deferred import is_deferred_tensor
 from fxinit.capture.devices import device_available
 from fxinit.capture.opaque import register
-from fxinit.ops import OPAQUE_INIT_FUNCTIONS, resolve_init_function
+from fxinit.init_bodies import TORCH_FUNCTIONS, original_name
 
 _LOCK = threading.Lock()
 _SHIMS: dict[str, types.CodeType] = {}  # qualname -> the body that asks ``is_meta`` first
@@ -56,13 +57,14 @@ def _asks(fn: Callable, functions: dict[str, Callable], seen: frozenset[str] = f
                if name in functions and name not in seen and functions[name] is not fn)
 
 
-def _shim_code(fn: types.FunctionType) -> types.CodeType:
+def _shim_code(fn: types.FunctionType) -> types.CodeType | None:
     """A body for ``fn``'s own function object: ask a deferred first argument ``is_meta``
-    (capture answers inside a registered init function), else call a copy of the original."""
+    (capture answers inside a registered init function), else call a copy of the original.
+    None for a signature it cannot repeat (``*args``: no torch version has one)."""
     params = list(inspect.signature(fn).parameters.values())
-    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
-        raise TypeError(f"{fn.__qualname__}: *args/**kwargs are not shimmed")
-    original = f"__fxinit_original_{fn.__name__}__"
+    if not params or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY) for p in params):
+        return None
+    original = original_name(fn)
     fn.__globals__[original] = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
                                                   fn.__closure__)
     fn.__globals__[original].__kwdefaults__ = fn.__kwdefaults__
@@ -84,26 +86,22 @@ def _shim_code(fn: types.FunctionType) -> types.CodeType:
 
 
 def install() -> None:
-    """Give each registered init function that does not ask ``is_meta`` a body that does
-    (once per process; nothing on torch 2.12 and later)."""
+    """Give each of torch's registered init functions that does not ask ``is_meta`` a body
+    that does (once per process; nothing on torch 2.12 and later)."""
     global _installed
     if _installed:
         return
     with _LOCK:
         if _installed:
             return
-        functions = {}
-        for qualname in OPAQUE_INIT_FUNCTIONS:
-            try:
-                functions[qualname] = inspect.unwrap(resolve_init_function(qualname))
-            except AttributeError:
-                continue
-        by_name = {fn.__name__: fn for fn in functions.values()}
-        need = [q for q, fn in functions.items() if not _asks(fn, by_name)]
+        by_name = {fn.__name__: fn for fn in TORCH_FUNCTIONS.values()}
+        need = [q for q, fn in TORCH_FUNCTIONS.items() if not _asks(fn, by_name)]
         for qualname in need:
-            fn = functions[qualname]
-            _SHIMS[qualname] = fn.__code__ = _shim_code(fn)
-            register(qualname, fn)
+            fn = TORCH_FUNCTIONS[qualname]
+            code = _shim_code(fn)
+            if code is not None:
+                _SHIMS[qualname] = fn.__code__ = code
+                register(qualname, fn)
         _installed = True
 
 

@@ -47,6 +47,7 @@ from fxinit.capture.shadows import SHADOW_LIMIT, Shadows
 from fxinit.capture.stepping import GeneratorStepper
 from fxinit.capture.storages import Storages, storage_key
 from fxinit.capture.trees import leaves, map_tree, tensors_in
+from fxinit.init_bodies import body_fingerprint
 from fxinit.errors import DeferredInitError
 from fxinit.ops import ALLOCATIONS, DRAW_NOTHING, call_init_function, changes_view, draws_random, resolve_init_function
 from fxinit.passes.fingerprint import fingerprint
@@ -308,6 +309,7 @@ class Recorder(Shadows, Doors):
         sid = self.storage_id(t)
         node = self._node(call_init_function, (call.qualname, st.node), node_kwargs)
         node.meta.update(reads=(sid,), mutates=(sid,), generators=keys, opaque=call.qualname,
+                         body=body_fingerprint(call.qualname),
                          overwrites=self._replaced_storage(t, []))
         self._storage(t).shadow = None
         return True

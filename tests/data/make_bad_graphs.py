@@ -48,6 +48,8 @@ REFUSALS = {
     "op_from_file.pt": "not allowed",
     "op_unknown.pt": "unknown op",
     "opaque_not_allowed.pt": "init function",
+    "opaque_body_not_a_string.pt": "body",
+    "opaque_default_device_not_a_device.pt": "default device",
     "spec_lies.pt": "declares",
     "random_without_rng.pt": "no generator snapshot",
     "forward_reference.pt": "unknown or later node",
@@ -57,7 +59,7 @@ REFUSALS = {
     "hf_config_tuple.pt": "is a tuple, not JSON data",
     "hf_config_too_deep.pt": "nested deeper than",
     "hf_config_in_schema_1.pt": "a schema 1 payload with hf_config",
-    "schema_2_without_hf_config.pt": "a schema [23] payload without hf_config",
+    "schema_2_without_hf_config.pt": "a schema [234] payload without hf_config",
     "header_layout_truncated_header.fxg": "damaged header",
     "header_layout_bitflip_body.fxg": "checksum mismatch",
     "header_layout_truncated_half.fxg": "checksum mismatch",
@@ -130,6 +132,10 @@ def cases() -> dict[str, bytes]:
         "op_unknown.pt": mutated(data, _set_target("aten.no_such_op.default")),
         "opaque_not_allowed.pt": mutated(data, lambda p: _first(
             p, lambda n: n["target"] == "fxinit.ops.call_init_function")["args"]["tuple"].__setitem__(0, "os.system")),
+        "opaque_body_not_a_string.pt": mutated(data, lambda p: _first(
+            p, lambda n: n["target"] == "fxinit.ops.call_init_function").update(body=5)),
+        "opaque_default_device_not_a_device.pt": mutated(data, lambda p: _first(
+            p, lambda n: n["target"] == "fxinit.ops.call_init_function")["kwargs"].update(default_device="cuda")),
         "spec_lies.pt": mutated(data, _declare_larger_shape),
         "random_without_rng.pt": mutated(data, lambda p: _first(p, lambda n: n["rng"]).update(rng=None)),
         "forward_reference.pt": mutated(data, lambda p: p["nodes"][1].update(

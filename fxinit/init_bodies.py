@@ -1,0 +1,74 @@
+"""The bodies of torch's opaque init functions: which code an opaque node's replay runs.
+
+An opaque node (``ops.call_init_function``) is replayed by calling the installed torch's
+``trunc_normal_``, ``orthogonal_``... Its exact values are eager's only if that function
+computes what the one that ran at capture computed: a graph saved with one torch and
+materialized with another may replay other code (torch 2.11's ``trunc_normal_`` is an inverse
+CDF, 2.13's a rejection sampler). Each opaque node keeps ``body_fingerprint`` of its function
+at capture, and exact replay under another fingerprint is refused (``execute``).
+
+>>> from fxinit.init_bodies import body_fingerprint
+>>> len(body_fingerprint("torch.nn.init.trunc_normal_"))
+16
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import types
+from typing import Any, Callable
+
+from fxinit.ops import OPAQUE_INIT_FUNCTIONS, resolve_init_function
+
+
+def _torch_functions() -> dict[str, types.FunctionType]:
+    """The registered init functions as torch defines them, read when fxinit is imported:
+    later, code may put others in their place for a while (transformers' ``no_init_weights``
+    and ``guard_torch_init_functions`` do), which are not torch's."""
+    out = {}
+    for qualname in OPAQUE_INIT_FUNCTIONS:
+        try:
+            fn = inspect.unwrap(resolve_init_function(qualname))
+        except AttributeError:
+            continue
+        if isinstance(fn, types.FunctionType) and fn.__module__ == "torch.nn.init":
+            out[qualname] = fn
+    return out
+
+
+#: qualname -> torch's function object (its body may be changed by ``capture.init_shims``)
+TORCH_FUNCTIONS = _torch_functions()
+
+
+def original_name(fn: Callable[..., Any]) -> str:
+    """The global under which ``capture.init_shims`` keeps a copy of ``fn``'s original body."""
+    return f"__fxinit_original_{fn.__name__}__"
+
+
+def original_body(fn: types.FunctionType) -> types.FunctionType:
+    """``fn`` as torch defined it: the copy of its original body where it was given another."""
+    return fn.__globals__.get(original_name(fn), fn)
+
+
+@functools.lru_cache(maxsize=None)
+def body_fingerprint(qualname: str) -> str:
+    """A hash of the source of init function ``qualname`` and of the registered init functions
+    it calls (their bytecode where the source is not there); "" for one torch does not have."""
+    functions = {q: original_body(fn) for q, fn in TORCH_FUNCTIONS.items()}
+    by_name = {fn.__name__: q for q, fn in functions.items()}
+    todo, seen, h = [qualname], set(), hashlib.sha256()
+    while todo:
+        q = todo.pop()
+        if q in seen or q not in functions:
+            continue
+        seen.add(q)
+        fn = functions[q]
+        try:
+            h.update(inspect.getsource(fn).encode())
+        except (OSError, TypeError):
+            code = fn.__code__
+            h.update(code.co_code + repr((code.co_consts, code.co_names)).encode())
+        todo.extend(by_name[name] for name in fn.__code__.co_names if name in by_name)
+    return h.hexdigest()[:16] if seen else ""

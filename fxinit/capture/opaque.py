@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from fxinit.ops import OPAQUE_INIT_FUNCTIONS, resolve_init_function
+from fxinit.init_bodies import TORCH_FUNCTIONS
 
 
 @dataclass
@@ -36,11 +36,8 @@ def register(qualname: str, fn: Callable) -> None:
     _REGISTRY[fn.__code__] = (qualname, list(inspect.signature(fn).parameters))
 
 
-for _qualname in OPAQUE_INIT_FUNCTIONS:
-    try:
-        register(_qualname, inspect.unwrap(resolve_init_function(_qualname)))
-    except AttributeError:
-        continue
+for _qualname, _fn in TORCH_FUNCTIONS.items():
+    register(_qualname, _fn)
 
 
 def find_opaque_call(frame: types.FrameType | None, tensor: torch.Tensor) -> OpaqueCall | None:

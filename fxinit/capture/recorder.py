@@ -47,8 +47,8 @@ from fxinit.capture.shadows import SHADOW_LIMIT, Shadows
 from fxinit.capture.stepping import GeneratorStepper
 from fxinit.capture.storages import Storages, storage_key
 from fxinit.capture.trees import leaves, map_tree, tensors_in
-from fxinit.init_bodies import body_fingerprint
 from fxinit.errors import DeferredInitError
+from fxinit.init_bodies import body_fingerprint
 from fxinit.ops import ALLOCATIONS, DRAW_NOTHING, call_init_function, changes_view, draws_random, resolve_init_function
 from fxinit.passes.fingerprint import fingerprint
 from fxinit.rng import default_generator_for

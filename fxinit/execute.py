@@ -91,8 +91,6 @@ def plan(program: Program, targets: Iterable[Target], *, rng: str = "exact", see
     ``labels``: names of the targets, for printing (default: the names of their storages)."""
     targets = list(targets)
     nodes, dead = slicer(program, eliminate_dead).required(targets, to_run=True)
-    if rng == "exact":
-        refuse_changed_init_functions(nodes)
     keys = stream_keys(op_nodes(program), program.storage_names()) if rng == "portable" else None
     return make_plan(nodes, {node for node, _ in targets}, rng=rng, seed=seed, streams=keys, output_dtype=dtype,
                      exposed=exposed, device_map=devices(nodes) if devices is not None else None, dead=dead,
@@ -172,4 +170,6 @@ def sampler_for(program: Program, plan: Plan) -> Sampler:
 
 def run(program: Program, plan: Plan, workers: int | None = None) -> dict[fx.Node, Any]:
     """The values of ``plan``'s kept nodes."""
+    if plan.rng == "exact":
+        refuse_changed_init_functions(plan.nodes)
     return run_plan(plan, program.constants, sampler_for(program, plan), program.default_dtype, workers)

@@ -20,25 +20,23 @@ import inspect
 import types
 from typing import Any, Callable
 
+import torch
+
 from fxinit.ops import OPAQUE_INIT_FUNCTIONS, resolve_init_function
 
 
 def _torch_functions() -> dict[str, types.FunctionType]:
-    """The registered init functions as torch defines them, read when fxinit is imported:
-    later, code may put others in their place for a while (transformers' ``no_init_weights``
-    and ``guard_torch_init_functions`` do), which are not torch's."""
     out = {}
     for qualname in OPAQUE_INIT_FUNCTIONS:
         try:
-            fn = inspect.unwrap(resolve_init_function(qualname))
+            out[qualname] = resolve_init_function(qualname)
         except AttributeError:
             continue
-        if isinstance(fn, types.FunctionType) and fn.__module__ == "torch.nn.init":
-            out[qualname] = fn
     return out
 
 
-#: qualname -> torch's function object (its body may be changed by ``capture.init_shims``)
+#: qualname -> torch's own function object (its body may be changed by ``capture.init_shims``),
+#: not what other code puts in its place for a while (``ops.resolve_init_function``)
 TORCH_FUNCTIONS = _torch_functions()
 
 
@@ -55,7 +53,9 @@ def original_body(fn: types.FunctionType) -> types.FunctionType:
 @functools.lru_cache(maxsize=None)
 def body_fingerprint(qualname: str) -> str:
     """A hash of the source of init function ``qualname`` and of the registered init functions
-    it calls (their bytecode where the source is not there); "" for one torch does not have."""
+    it calls; where a source file is not there, of the function's name and torch's version
+    (bytecode would differ between Python versions running the same torch); "" for a
+    function torch does not have."""
     functions = {q: original_body(fn) for q, fn in TORCH_FUNCTIONS.items()}
     by_name = {fn.__name__: q for q, fn in functions.items()}
     todo, seen, h = [qualname], set(), hashlib.sha256()
@@ -68,7 +68,6 @@ def body_fingerprint(qualname: str) -> str:
         try:
             h.update(inspect.getsource(fn).encode())
         except (OSError, TypeError):
-            code = fn.__code__
-            h.update(code.co_code + repr((code.co_consts, code.co_names)).encode())
+            h.update(f"{q} of torch {torch.__version__.split('+')[0]}".encode())  # one for +cpu and +cu130
         todo.extend(by_name[name] for name in fn.__code__.co_names if name in by_name)
     return h.hexdigest()[:16] if seen else ""

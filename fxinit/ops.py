@@ -8,8 +8,11 @@ is what lets a graph be checked, saved and replayed without the model's code.
 from __future__ import annotations
 
 import functools
+import gc
 import importlib
+import inspect
 import operator
+import types
 from typing import Any, Callable
 
 import torch
@@ -63,12 +66,34 @@ def per_node(fn: Callable[[fx.Node], Any]) -> Callable[[fx.Node], Any]:
     return answer
 
 
-def resolve_init_function(qualname: str) -> Callable[..., Any]:
-    """The function object an opaque node names; only the allowed set resolves."""
+def _torch_own(qualname: str) -> types.FunctionType | None:
+    """torch's own function object ``qualname``, also where other code has put another in its
+    place while fxinit is imported (transformers' ``no_init_weights`` and
+    ``guard_torch_init_functions`` do, for a while); None where torch has none."""
+    module_name, _, attr = qualname.rpartition(".")
+    fn = getattr(importlib.import_module(module_name), attr, None)
+    fn = inspect.unwrap(fn) if fn is not None else None
+    if isinstance(fn, types.FunctionType) and fn.__module__ == module_name and fn.__qualname__ == attr:
+        return fn
+    for obj in gc.get_objects():  # the stand-in's owner keeps torch's object somewhere
+        if isinstance(obj, types.FunctionType) and obj.__module__ == module_name and obj.__qualname__ == attr:
+            return obj
+    return None
+
+
+_TORCH_OWN = {q: fn for q in OPAQUE_INIT_FUNCTIONS if (fn := _torch_own(q)) is not None}
+
+
+def resolve_init_function(qualname: str) -> types.FunctionType:
+    """torch's own function object that an opaque node names (only the allowed set resolves):
+    the one that ran at capture and runs at replay, whatever another library has put in its
+    place in ``torch.nn.init`` for a while."""
     if qualname not in OPAQUE_INIT_FUNCTIONS:
         raise ValueError(f"{qualname!r} is not an init function fxinit may call")
-    module_name, _, attr = qualname.rpartition(".")
-    return getattr(importlib.import_module(module_name), attr)
+    fn = _TORCH_OWN.get(qualname)
+    if fn is None:
+        raise AttributeError(f"torch {torch.__version__} has no {qualname}")
+    return fn
 
 
 #: Node arguments naming a device, which a plan maps where the device is absent (``Plan.device_map``).

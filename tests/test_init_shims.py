@@ -169,6 +169,7 @@ def test_a_graph_recorded_with_other_init_functions_is_not_replayed_exactly(runs
     from fxinit.errors import DeferredInitError
 
     graph = fxinit.load_graph(old["graph"])
+    assert graph.stats() and repr(graph)  # looking at it is not refused
     with pytest.raises(DeferredInitError, match="trunc_normal_ of this torch .* is not the one"):
         graph.materialize(["a.weight"])
     assert _bits_equal({"b.bias": graph.materialize(["b.bias"])["b.bias"]}, {"b.bias": old["before"]["b.bias"]})
@@ -206,3 +207,66 @@ print(float(m.w.detach().abs().sum()))
     assert shims == str(["torch.nn.init._no_grad_trunc_normal_", "torch.nn.init.orthogonal_",
                          "torch.nn.init.trunc_normal_"])
     assert float(total) == 0.0
+
+
+BASE = '''
+import torch, fxinit
+from torch import nn
+
+class Opaque(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(torch.empty(8, 6)); nn.init.trunc_normal_(self.a, std=0.02)
+        self.b = nn.Parameter(torch.empty(6, 6)); nn.init.orthogonal_(self.b)
+        self.c = nn.Parameter(torch.empty(10, 5)); nn.init.sparse_(self.c, 0.3)
+        self.d = nn.Parameter(torch.empty(4, 4, 3)); nn.init.dirac_(self.d)
+
+def eager():
+    torch.manual_seed(0)
+    return {k: v.detach() for k, v in Opaque().state_dict().items()}
+
+def same(got):
+    want = eager()
+    return all(torch.equal(got[k], want[k]) for k in want)
+'''
+
+
+@pytest.mark.parametrize("context", ["no_init_weights", "guard_torch_init_functions"])
+def test_fxinit_imported_while_transformers_replaces_torchs_init_functions(tmp_path: Path, context: str) -> None:
+    """fxinit imported inside a context that puts transformers' functions in ``torch.nn.init``'s
+    place still knows torch's own: a graph saved by another process replays exactly (no false
+    refusal), and a trace in this process records and replays torch's functions."""
+    path = tmp_path / "opaque.pt"
+    _python(BASE.replace("import torch, fxinit", "import torch") + f"""
+import fxinit
+torch.manual_seed(0)
+fxinit.init_graph(fxinit.trace_init(Opaque)).save({str(path)!r})
+""")
+    out = _python(f"""
+import torch
+from transformers import initialization
+with initialization.{context}():
+    import fxinit
+""" + BASE + f"""
+print(same(fxinit.load_graph({str(path)!r}).materialize()))
+torch.manual_seed(0)
+m = fxinit.trace_init(Opaque)
+fxinit.materialize(m)
+print(same({{k: v.detach() for k, v in m.state_dict().items()}}))
+""")
+    assert out.split() == ["True", "True"]
+
+
+def test_replay_runs_torchs_functions_whatever_stands_in_their_place(tmp_path: Path) -> None:
+    """Materialized inside transformers' ``no_init_weights`` (whose ``torch.nn.init`` functions
+    do nothing), the opaque nodes still run torch's own functions: eager's values."""
+    import fxinit
+    from transformers import initialization
+
+    namespace: dict = {}
+    exec(BASE, namespace)
+    torch.manual_seed(0)
+    graph = fxinit.init_graph(fxinit.trace_init(namespace["Opaque"]))
+    with initialization.no_init_weights():
+        got = graph.materialize()
+    assert namespace["same"](got)

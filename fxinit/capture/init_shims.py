@@ -80,9 +80,9 @@ def _shim_code(fn: types.FunctionType) -> types.CodeType | None:
               f"    return {original}({call})\n")
     scratch: dict = {}
     exec(compile(source, fn.__code__.co_filename, "exec"), fn.__globals__, scratch)
-    return scratch[fn.__name__].__code__.replace(co_name=fn.__code__.co_name,
-                                                 co_qualname=fn.__code__.co_qualname,
-                                                 co_firstlineno=fn.__code__.co_firstlineno)
+    names = {"co_qualname": fn.__code__.co_qualname} if hasattr(fn.__code__, "co_qualname") else {}  # Python 3.11+
+    return scratch[fn.__name__].__code__.replace(co_name=fn.__code__.co_name, co_firstlineno=fn.__code__.co_firstlineno,
+                                                 **names)
 
 
 def install() -> None:

@@ -22,22 +22,14 @@ from typing import Any, Callable
 
 import torch
 
-from fxinit.ops import OPAQUE_INIT_FUNCTIONS, resolve_init_function
+from fxinit.ops import TORCH_FUNCTIONS
 
 
-def _torch_functions() -> dict[str, types.FunctionType]:
-    out = {}
-    for qualname in OPAQUE_INIT_FUNCTIONS:
-        try:
-            out[qualname] = resolve_init_function(qualname)
-        except AttributeError:
-            continue
-    return out
-
-
-#: qualname -> torch's own function object (its body may be changed by ``capture.init_shims``),
-#: not what other code puts in its place for a while (``ops.resolve_init_function``)
-TORCH_FUNCTIONS = _torch_functions()
+def called(fn: types.FunctionType, functions: dict[str, types.FunctionType]) -> list[str]:
+    """The qualnames of the init functions among ``functions`` that ``fn`` calls by name
+    (``trunc_normal_`` calls ``_no_grad_trunc_normal_``)."""
+    by_name = {f.__name__: q for q, f in functions.items() if f is not fn}
+    return [by_name[name] for name in fn.__code__.co_names if name in by_name]
 
 
 def original_name(fn: Callable[..., Any]) -> str:
@@ -57,7 +49,6 @@ def body_fingerprint(qualname: str) -> str:
     (bytecode would differ between Python versions running the same torch); "" for a
     function torch does not have."""
     functions = {q: original_body(fn) for q, fn in TORCH_FUNCTIONS.items()}
-    by_name = {fn.__name__: q for q, fn in functions.items()}
     todo, seen, h = [qualname], set(), hashlib.sha256()
     while todo:
         q = todo.pop()
@@ -69,5 +60,5 @@ def body_fingerprint(qualname: str) -> str:
             h.update(inspect.getsource(fn).encode())
         except (OSError, TypeError):
             h.update(f"{q} of torch {torch.__version__.split('+')[0]}".encode())  # one for +cpu and +cu130
-        todo.extend(by_name[name] for name in fn.__code__.co_names if name in by_name)
+        todo.extend(called(fn, functions))
     return h.hexdigest()[:16] if seen else ""

@@ -81,7 +81,9 @@ def _torch_own(qualname: str) -> types.FunctionType | None:
     return None
 
 
-_TORCH_OWN = {q: fn for q in OPAQUE_INIT_FUNCTIONS if (fn := _torch_own(q)) is not None}
+#: qualname -> torch's own init function object (its body may be changed by
+#: ``capture.init_shims``), not what other code puts in its place for a while
+TORCH_FUNCTIONS = {q: fn for q in OPAQUE_INIT_FUNCTIONS if (fn := _torch_own(q)) is not None}
 
 
 def resolve_init_function(qualname: str) -> types.FunctionType:
@@ -90,7 +92,7 @@ def resolve_init_function(qualname: str) -> types.FunctionType:
     place in ``torch.nn.init`` for a while."""
     if qualname not in OPAQUE_INIT_FUNCTIONS:
         raise ValueError(f"{qualname!r} is not an init function fxinit may call")
-    fn = _TORCH_OWN.get(qualname)
+    fn = TORCH_FUNCTIONS.get(qualname)
     if fn is None:
         raise AttributeError(f"torch {torch.__version__} has no {qualname}")
     return fn

@@ -26,12 +26,12 @@ from __future__ import annotations
 import inspect
 import threading
 import types
-from typing import Callable
 
 from fxinit.capture.deferred import is_deferred_tensor
 from fxinit.capture.devices import device_available
 from fxinit.capture.opaque import register
-from fxinit.init_bodies import TORCH_FUNCTIONS, original_name
+from fxinit.init_bodies import called, original_name
+from fxinit.ops import TORCH_FUNCTIONS
 
 _LOCK = threading.Lock()
 _SHIMS: dict[str, types.CodeType] = {}  # qualname -> the body that asks ``is_meta`` first
@@ -48,13 +48,11 @@ def _recordable(t: object) -> bool:
     return device.type in ("cpu", "meta") or device_available(device)
 
 
-def _asks(fn: Callable, functions: dict[str, Callable], seen: frozenset[str] = frozenset()) -> bool:
-    """Whether ``fn``, or a registered init function it calls by name, asks ``is_meta``."""
-    code = fn.__code__
-    if "is_meta" in code.co_names:
-        return True
-    return any(_asks(functions[name], functions, seen | {name}) for name in code.co_names
-               if name in functions and name not in seen and functions[name] is not fn)
+def _asks(qualname: str, seen: frozenset[str] = frozenset()) -> bool:
+    """Whether init function ``qualname``, or a registered one it calls, asks ``is_meta``."""
+    fn = TORCH_FUNCTIONS[qualname]
+    return "is_meta" in fn.__code__.co_names or any(
+        _asks(q, seen | {qualname}) for q in called(fn, TORCH_FUNCTIONS) if q not in seen)
 
 
 def _shim_code(fn: types.FunctionType) -> types.CodeType | None:
@@ -94,8 +92,7 @@ def install() -> None:
     with _LOCK:
         if _installed:
             return
-        by_name = {fn.__name__: fn for fn in TORCH_FUNCTIONS.values()}
-        need = [q for q, fn in TORCH_FUNCTIONS.items() if not _asks(fn, by_name)]
+        need = [q for q in TORCH_FUNCTIONS if not _asks(q)]
         for qualname in need:
             fn = TORCH_FUNCTIONS[qualname]
             code = _shim_code(fn)

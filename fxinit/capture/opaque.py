@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from fxinit.init_bodies import TORCH_FUNCTIONS
+from fxinit.ops import TORCH_FUNCTIONS
 
 
 @dataclass

@@ -163,7 +163,8 @@ def sampler_for(program: Program, plan: Plan) -> Sampler:
         assert plan.seed is not None
         if plan.kernels:
             return CompiledSampler(plan.seed, plan.streams, plan.kernels,
-                                   frozenset(f.fill for fs in plan.forwards.values() for f in fs))
+                                   frozenset(f.fill for fs in plan.forwards.values() for f in fs),
+                                   frozenset(plan.batches.fills))
         return PortableSampler(plan.seed, plan.streams)
     return ExactSampler(program.snapshots)
 

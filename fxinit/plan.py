@@ -66,7 +66,7 @@ class Plan:
     exposed: dict[fx.Node, Extent] = field(default_factory=dict)  # kept node -> the storage extent read of it
     labels_of: Callable[[], Mapping[fx.Node, str]] | None = None  # the names of kept nodes, found when printed
     device_map: dict[torch.device, torch.device] = field(default_factory=dict)  # unavailable -> used device
-    batches: Batches = NO_BATCHES  # small exact fills run together, and the nodes they must precede
+    batches: Batches = NO_BATCHES  # fills run together in one kernel call, and the nodes they must precede
 
     @functools.cached_property
     def labels(self) -> dict[fx.Node, str]:
@@ -181,7 +181,7 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
     unbacked = (unbacked_allocations(nodes, keep, pieces, copies, forwards.keys())
                 if any(not r for r in (*pieces.values(), *copies.values())) else frozenset())
     batches = batched_fills(nodes, rng, {*unsplit, *pieces, *chunked, *fused, *copies, *constant_parts, *unbacked},
-                            roots_shared, device_map)
+                            roots_shared, device_map, kernels)
     done_in_dtype = {r for f in fused.values() for r in f.results}
     casts = cast_points(nodes, keep - done_in_dtype - exposed.keys(), reuse) if output_dtype is not None else {}
     return Plan(

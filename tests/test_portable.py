@@ -140,6 +140,27 @@ def test_c_kernel_and_torch_ops_give_the_same_bits(monkeypatch: pytest.MonkeyPat
     assert native.portable_library() is not None
 
 
+def test_fills_batched_in_one_c_call_give_each_fills_values() -> None:
+    """``fill_batch`` (``passes.batched_fills`` on the CPU): each job its own stream, kind,
+    scale and shift, float32 and bfloat16, odd sizes; it stops at the first job it cannot
+    run (float64), which the caller then runs alone."""
+    if portable.portable_library() is None:
+        pytest.fail("fxinit's C kernel did not build here (a C compiler is part of the setup)")
+    jobs, wants = [], []
+    for k, (kind, dtype, n) in enumerate([("normal", torch.float32, 1), ("uniform", torch.bfloat16, 7),
+                                          ("normal", torch.bfloat16, 4097), ("uniform", torch.float32, 64),
+                                          ("normal", torch.float64, 8), ("normal", torch.float32, 8)]):
+        stream = portable.stream_key(5, f"w{k}/0")
+        jobs.append((torch.full((n,), float("nan"), dtype=dtype), kind, stream, 0.5 + k, -0.25 * k))
+        params = {"mean": -0.25 * k, "std": 0.5 + k} if kind == "normal" else {"low": -0.25 * k, "high": 0.5 + 0.75 * k}
+        wants.append(portable.sample(kind, stream, 0, n, dtype, "cpu", **params))
+    assert portable.fill_batch(jobs) == 4
+    for (out, *_), want in zip(jobs[:4], wants):
+        assert torch.equal(out.view(torch.int16 if out.element_size() == 2 else torch.int32),
+                           want.view(torch.int16 if want.element_size() == 2 else torch.int32))
+    assert jobs[4][0].isnan().all() and jobs[5][0].isnan().all()
+
+
 def test_pairwise_torch_ops_compute_each_elements_definition() -> None:
     """``range24`` (one word, radius, cos and sin per pair: what a GPU without a compiler runs)
     gives ``sample24``'s bits (each element on its own), at any start and length."""

@@ -177,14 +177,32 @@ def test_runs_fill_in_one_launch_with_the_streams_elements() -> None:
     for lo, hi, at in runs.tolist():
         want = portable.sample("normal", stream, lo, hi - lo, torch.bfloat16, "cpu", mean=0.0, std=0.02)
         assert torch.equal(_bits(out[at:at + hi - lo]), _bits(want)), (lo, hi)
-    short = portable_triton.MAX_RUN
+    short = portable_triton.ROW
     try:
-        portable_triton.MAX_RUN = 1000  # the cutting, on a size the interpreter runs quickly
+        portable_triton.ROW = 1000  # the cutting, on a size the interpreter runs quickly
         cut = torch.empty(2501, dtype=torch.float32)
         portable_triton.fill_runs(cut, "uniform", [[9, 2510, 0]], stream, 1.0, 0.0, interpret=True)
     finally:
-        portable_triton.MAX_RUN = short
+        portable_triton.ROW = short
     assert torch.equal(cut, portable.sample("uniform", stream, 9, 2501, torch.float32, "cpu", low=0.0, high=1.0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_many_fills_in_one_launch_each_with_its_own_stream(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model's fills of one kind and dtype in one launch (``fill_many``, for
+    ``passes.batched_fills``): each tensor its own stream, scale and shift, sizes odd and
+    even, one element, and tensors longer than a row of the launch's table (cut)."""
+    monkeypatch.setattr(portable_triton, "ROW", 2 * portable_triton.BLOCK)  # the cutting, quickly
+    for kind, params in KINDS.items():
+        sizes = (1, 2, 7, 2 * portable_triton.BLOCK, 4 * portable_triton.BLOCK + 3, 5000)
+        outs = [torch.full((n,), float("nan"), dtype=dtype) for n in sizes]
+        streams = [portable.stream_key(k, f"t{k}/0") for k in range(len(sizes))]
+        pieces = [(out, [(0, out.numel(), 0)], stream, *portable.affine(kind, params))
+                  for out, stream in zip(outs, streams)]
+        portable_triton.fill_many(kind, pieces, interpret=True)
+        for out, stream in zip(outs, streams):
+            want = portable.sample(kind, stream, 0, out.numel(), dtype, "cpu", **params)
+            assert torch.equal(_bits(out), _bits(want)), (kind, out.numel())
 
 
 def test_shards_draw_straight_from_the_triton_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,8 +219,8 @@ def test_shards_draw_straight_from_the_triton_kernel(monkeypatch: pytest.MonkeyP
     before = compiled.STATS.calls
     _same(g.materialize(rng="portable", seed=1, compile="triton"), g.materialize(rng="portable", seed=1))
     assert compiled.STATS.calls - before >= len(drawn)
-    # prepare compiled both of Triton's variants before anything ran: the fill, and the runs
-    assert {("runs" in key) for key in compiled._WARM if key[0] in {plan.kernels[f].signature for f in drawn}} \
+    # prepare compiled both of Triton's variants before anything ran: the fill, and the table
+    assert {("table" in key) for key in compiled._WARM if key[0] in {plan.kernels[f].signature for f in drawn}} \
         == {False, True}
 
 
@@ -224,11 +242,11 @@ def test_the_gpu_kernel_compiles_with_every_float_operation_rounded_on_its_own(a
     for kind, dtype, out, runs in ((1, tl.bfloat16, tl.bfloat16, False), (1, tl.float32, tl.float16, True),
                                    (0, tl.float16, tl.float32, False)):
         signature = {"out_ptr": f"*{ {tl.bfloat16: 'bf16', tl.float16: 'fp16', tl.float32: 'fp32'}[out] }",
-                     "runs_ptr": "*i64", "n": "i64", "start": "i64", "stream": "i64", "scale": "fp32", "shift": "fp32",
-                     **{k: "constexpr" for k in ("KIND", "DTYPE", "OUT", "BLOCK", "RUNS")}}
+                     "table_ptr": "*i64", "n": "i64", "start": "i64", "stream": "i64", "scale": "fp32", "shift": "fp32",
+                     **{k: "constexpr" for k in ("KIND", "DTYPE", "OUT", "BLOCK", "TABLE")}}
         source = ASTSource(fn=kernel, signature=signature,
                            constexprs={"KIND": kind, "DTYPE": dtype, "OUT": out, "BLOCK": portable_triton.BLOCK,
-                                       "RUNS": runs})
+                                       "TABLE": runs})
         ptx = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=portable_triton.OPTIONS).asm["ptx"]
         ops = Counter(re.findall(r"^\s*((?:add|sub|mul|fma|sqrt|div|rcp)\.[a-z0-9.]+)", ptx, re.M))
         floats = {op: k for op, k in ops.items() if ".f32" in op or ".f16" in op or ".bf16" in op}

@@ -73,7 +73,10 @@ def _module(steps: list[tuple[str, int, int, float]]) -> type[nn.Module]:
 
 
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_programs_of_views_and_fills_equal_eager(dtype: torch.dtype | None) -> None:
+def test_programs_of_views_and_fills_equal_eager(dtype: torch.dtype | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole, leaf by leaf in reverse, and with batched fills run as soon as each is queued."""
+    from fxinit.backends import interpreter
+
     failures = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -81,34 +84,51 @@ def test_programs_of_views_and_fills_equal_eager(dtype: torch.dtype | None) -> N
             program = _module(_program(seed))
             torch.manual_seed(seed)
             eager = program() if dtype is None else program().to(dtype)
-            for order in ("whole", "reverse"):
+            for order in ("whole", "reverse", "launch each"):
                 torch.manual_seed(seed)
                 m = fxinit.trace_init(program)
-                mods = [m] if order == "whole" else [mod for _, mod in reversed(list(m.named_modules()))]
-                for mod in mods:
-                    fxinit.materialize(mod, dtype=dtype)
+                mods = [m] if order != "reverse" else [mod for _, mod in reversed(list(m.named_modules()))]
+                with monkeypatch.context() as patch:
+                    if order == "launch each":
+                        patch.setattr(interpreter, "LAUNCH_ELEMENTS", 1)
+                    for mod in mods:
+                        fxinit.materialize(mod, dtype=dtype)
                 bad = compare_modules(m, eager)
                 if bad:
                     failures.append(f"seed {seed} {order}: {_program(seed)}: {bad[:2]}")
     assert not failures, "\n".join(failures[:5])
 
 
-def test_programs_of_views_and_fills_are_one_stream_in_portable_mode() -> None:
-    """Portable mode has no eager to compare with: whole and leaf by leaf in reverse must agree."""
+def test_programs_of_views_and_fills_are_one_stream_in_portable_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Portable mode has no eager to compare with: whole, leaf by leaf in reverse, without
+    batched fills (one C call per fill), with batches run as soon as a fill is queued, and
+    every fifth program batched through fxinit's Triton kernel (its table of fills, under
+    Triton's interpreter) must all agree."""
+    from fxinit.backends import interpreter
+    from fxinit.passes import batched_fills
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     failures = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for seed in range(100):
             program = _module(_program(seed))
             results = []
-            for order in ("whole", "reverse"):
+            ways = ["whole", "reverse", "unbatched", "launch each", *(["triton"] if seed % 5 == 0 else [])]
+            for way in ways:
                 torch.manual_seed(seed)
                 m = fxinit.trace_init(program)
-                mods = [m] if order == "whole" else [mod for _, mod in reversed(list(m.named_modules()))]
-                for mod in mods:
-                    fxinit.materialize(mod, rng="portable", seed=seed)
+                mods = [m] if way != "reverse" else [mod for _, mod in reversed(list(m.named_modules()))]
+                with monkeypatch.context() as patch:
+                    if way == "unbatched":
+                        patch.setattr(batched_fills.portable, "batchable", lambda *a: False)
+                    if way == "launch each":
+                        patch.setattr(interpreter, "LAUNCH_ELEMENTS", 1)
+                    for mod in mods:
+                        fxinit.materialize(mod, rng="portable", seed=seed, compile="triton" if way == "triton" else None)
                 results.append(m)
-            bad = compare_modules(*results)
-            if bad:
-                failures.append(f"seed {seed}: {_program(seed)}: {bad[:2]}")
+            for way, other in zip(ways[1:], results[1:]):
+                bad = compare_modules(other, results[0])
+                if bad:
+                    failures.append(f"seed {seed} {way}: {_program(seed)}: {bad[:2]}")
     assert not failures, "\n".join(failures[:5])

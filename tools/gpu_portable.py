@@ -5,7 +5,8 @@ there with ``rng="portable"``:
 
 - ``compile=None`` (fxinit's Triton kernel on CUDA) first in the process, with no warm-up:
   the default path, on the materializer's worker threads, compiling or loading its kernels
-  on the way (the crash of issue 33 was there); then again, warm;
+  on the way (the crash of issue 33 was there); then again, warm; then again with a kernel
+  launch per fill ("unbatched": no ``passes.batched_fills``), to see what batching gains;
 - ``compile=True`` (Inductor's kernels), compiled first on a small model, then timed;
 - ``compile=False`` (torch ops, no compiler);
 - every tensor of the default path's model, its first row against the CPU's (fxinit's C
@@ -47,13 +48,21 @@ def _trace(cfg: Any, device: torch.device) -> torch.nn.Module:
 
 
 def _row(label: str, cfg: Any, device: torch.device, compile: bool | str | None,
-         repeat: int = 1) -> tuple[dict, torch.nn.Module]:
-    """Materialize the traced ``cfg`` ``repeat`` times (the best time); the last model."""
+         repeat: int = 1, batched: bool = True) -> tuple[dict, torch.nn.Module]:
+    """Materialize the traced ``cfg`` ``repeat`` times (the best time); the last model.
+    ``batched=False``: every fill its own kernel call (no ``passes.batched_fills``)."""
+    from fxinit.passes import batched_fills
+
     times, compiled_before = [], STATS.seconds
+    decide = batched_fills._portable_batchable
     for _ in range(repeat):
         m = None  # the last model's memory back to the allocator's cache before the next
         m = _trace(cfg, device)
-        times.append(_timed(lambda: fxinit.materialize(m, rng="portable", compile=compile), device)[0])
+        batched_fills._portable_batchable = decide if batched else (lambda *a: False)
+        try:
+            times.append(_timed(lambda: fxinit.materialize(m, rng="portable", compile=compile), device)[0])
+        finally:
+            batched_fills._portable_batchable = decide
     row = {"row": label, "seconds": min(times), "trace_s": None, "compile": repr(compile),
            "compile_s": STATS.seconds - compiled_before, "repeats": [round(t, 4) for t in times],
            "peak": LAST_PEAK[0]}
@@ -89,6 +98,9 @@ def portable_rows(cfg: Any, small_cfg: Any, device: torch.device) -> tuple[list[
     differ = first_rows_equal_cpu(m, cfg)
     row["note"] = ("first rows bitwise equal to the CPU's" if not differ
                    else f"first rows DIFFER from the CPU's: {len(differ)} tensors, {differ[:3]}")
+    del m
+    row, m = _row("portable unbatched", cfg, device, None, repeat=3, batched=False)
+    rows.append(row)
     del m
     _empty_cache(device)
     if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") != "1":

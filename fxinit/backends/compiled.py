@@ -37,12 +37,13 @@ import torch
 import torch.fx as fx
 
 from fxinit.errors import DeferredInitError
+from fxinit.passes.batched_fills import BatchedFill
 from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes.fills import Ranges
 from fxinit.passes.kernels import Kernel, number_rounding, round_number
 from fxinit.rng import portable_triton
 from fxinit.rng.portable import sample24
-from fxinit.backends.streams import PortableSampler, sampler_params
+from fxinit.backends.streams import PortableSampler, batched_affine, sampler_params
 
 #: Below this many elements a fill runs eagerly (the same bits): a kernel call costs more.
 MIN_ELEMENTS = 2
@@ -122,17 +123,24 @@ class CompiledSampler(PortableSampler):
     as ``PortableSampler`` (on CPU, bit for bit), other random ops as there."""
 
     def __init__(self, seed: int, keys: dict[fx.Node, str], kernels: dict[fx.Node, Kernel],
-                 forwarded: frozenset[fx.Node] = frozenset()) -> None:
+                 forwarded: frozenset[fx.Node] = frozenset(), batched: frozenset[fx.Node] = frozenset()) -> None:
         super().__init__(seed, keys)
         self.kernels = kernels
-        self.forwarded = forwarded  # fills that copies draw from (``plan.forwards``): their runs variant
+        self.forwarded = forwarded  # fills that copies draw from (``plan.forwards``): the table variant
+        self.batched = batched  # fills run batched (``plan.batches``): the table variant alone
 
     def prepare(self, random_nodes: list[fx.Node]) -> None:
         """Compile every kernel the plan needs before anything runs, so that compiling is
         timed apart (``STATS``) and never happens on worker threads."""
-        runs = {k.signature for n, k in self.kernels.items() if n in self.forwarded and k.backend == "triton"}
-        for kernel in {k.signature: k for k in self.kernels.values()}.values():
-            for variant in ("fill", "runs") if kernel.signature in runs else ("fill",):
+        variants: dict[tuple, tuple[Kernel, set[str]]] = {}
+        for n, k in self.kernels.items():
+            wanted = variants.setdefault(k.signature, (k, set()))[1]
+            if n not in self.batched:
+                wanted.add("fill")
+            if k.backend == "triton" and (n in self.forwarded or n in self.batched):
+                wanted.add("table")
+        for kernel, wanted in variants.values():
+            for variant in sorted(wanted):
                 with _LOCK:  # exports plan and run on several threads
                     if (kernel.signature, variant) in _WARM:
                         continue
@@ -140,7 +148,7 @@ class CompiledSampler(PortableSampler):
                     out = torch.empty(MIN_ELEMENTS + 1, dtype=kernel.cast or kernel.dtype, device=kernel.device)
                     if variant == "fill":
                         self._run(kernel, out, 0, 0, {"scale": 1.0, "shift": 0.0})
-                    else:  # Triton's other specialization: a table of runs (``fill_runs``)
+                    else:  # Triton's other specialization: a table of rows (``fill_runs``, ``fill_many``)
                         portable_triton.fill_runs(out, kernel.kind, [(0, 2, 0)], 0, 1.0, 0.0, dtype=kernel.dtype,
                                                   interpret=out.device.type == "cpu")
                     STATS.kernels += 1
@@ -154,6 +162,24 @@ class CompiledSampler(PortableSampler):
         out, _, params = sampler_params(node, args, kwargs)
         self._fill(kernel, out.view(-1), self.streams[node], 0, params)
         return out
+
+    def fill_batch(self, fills: list[tuple[fx.Node, BatchedFill, torch.Tensor]]) -> None:
+        """Batched fills (``passes.batched_fills``): those of fxinit's Triton kernel in one
+        launch per kind, dtype and device; the others as ``PortableSampler`` runs them."""
+        launches: dict[tuple, list[portable_triton.Piece]] = {}
+        rest = []
+        for node, fill, t in fills:
+            kernel = self.kernels.get(node)
+            if kernel is None or kernel.backend != "triton":
+                rest.append((node, fill, t))
+                continue
+            launches.setdefault((kernel.kind, t.dtype, t.device), []).append(
+                (t, ((0, t.numel(), 0),), self.streams[node], *batched_affine(fill)))
+        for (kind, _, device), pieces in launches.items():
+            STATS.calls += 1
+            portable_triton.fill_many(kind, pieces, interpret=device.type == "cpu")
+        if rest:
+            super().fill_batch(rest)
 
     def fill_pieces(self, node: fx.Node, args: tuple, kwargs: dict, pieces: Ranges) -> None:
         kernel = self.kernels.get(node)

@@ -45,6 +45,7 @@ class Sampler(Protocol):
     def fill_chunks(self, node: fx.Node, args: tuple, kwargs: dict) -> None: ...
     def fill_cast(self, fused: FusedCast, out: torch.Tensor) -> None: ...
     def fill_runs(self, node: fx.Node, runs: Any, out: torch.Tensor) -> None: ...
+    def fill_batch(self, fills: list[tuple[fx.Node, BatchedFill, torch.Tensor]]) -> None: ...
 
 
 @contextlib.contextmanager
@@ -67,6 +68,12 @@ _FACTORIES = {aten.empty.memory_format: torch.empty, aten.ones.default: torch.on
               aten.full.default: torch.full}
 
 
+#: Batched fills run once the queue holds this many elements (~0.7 ms of an H100's portable
+#: kernel): a GPU then fills while the interpreter runs the nodes after them, rather than all of
+#: a model's fills waiting for the end, and an 8B model takes a few dozen launches.
+LAUNCH_ELEMENTS = 1 << 28
+
+
 def _stands_in(value: Any) -> bool:
     """Whether ``value`` is a meta tensor standing in for storage nothing needs."""
     return isinstance(value, torch.Tensor) and value.device.type == "meta"
@@ -84,6 +91,7 @@ class Interpreter:
         self.env: dict[fx.Node, Any] = {}
         self._fused_away = plan.fused_away
         self._queued: list[tuple[fx.Node, torch.Tensor]] = []  # batched fills not run yet
+        self._queued_elements = 0  # elements of those
 
     def run(self, nodes: Sequence[fx.Node] | None = None, finish: bool = True) -> dict[fx.Node, Any]:
         """Run ``nodes`` (default: the whole plan) in order; the kept values they computed.
@@ -120,16 +128,19 @@ class Interpreter:
         return kept
 
     def queue(self, n: fx.Node, fill: BatchedFill) -> torch.Tensor:
-        """A batched fill's turn: its tensor, filled when the queue runs (``finish``)."""
+        """A batched fill's turn: its tensor, filled when the queue runs (``finish``), or now
+        where the queue holds ``LAUNCH_ELEMENTS``."""
         tensor = self.env[n.args[fill.index]]
         self._queued.append((n, tensor))
+        self._queued_elements += tensor.numel()
+        if self._queued_elements >= LAUNCH_ELEMENTS:
+            self.finish()
         return tensor
 
     def finish(self) -> None:
-        """Run the queued batched fills (``passes.batched_fills``: exact mode's alone, so the
-        sampler is an ``ExactSampler``)."""
+        """Run the queued batched fills (``passes.batched_fills``) in one call of the sampler."""
         if self._queued:
-            queued, self._queued = self._queued, []
+            queued, self._queued, self._queued_elements = self._queued, [], 0
             try:
                 with torch.no_grad():
                     self.sampler.fill_batch([(n, self.plan.batches.fills[n], t) for n, t in queued])

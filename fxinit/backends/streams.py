@@ -16,6 +16,7 @@ import torch.fx as fx
 
 from fxinit.errors import DeferredInitError
 from fxinit.ops import call_init_function
+from fxinit.passes.batched_fills import BatchedFill
 from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes.fills import IN_PLACE_SAMPLERS, Ranges
 from fxinit.rng import portable
@@ -63,6 +64,13 @@ class PortableSampler:
         self.fill(out, kind, stream, 0, params)
         return out
 
+    def fill_batch(self, fills: list[tuple[fx.Node, BatchedFill, torch.Tensor]]) -> None:
+        """Run batched fills (``passes.batched_fills``) in one call to fxinit's C kernel; any it
+        cannot run (no kernel built here) runs alone."""
+        jobs = [(t, f.kind, self.streams[n], *batched_affine(f)) for n, f, t in fills]
+        for node, f, t in fills[portable.fill_batch(jobs):]:
+            self.call(node, (t, *node.args[1:]), {k: v for k, v in node.kwargs.items() if k != "generator"})
+
     def fill_pieces(self, node: fx.Node, args: tuple, kwargs: dict, pieces: Ranges) -> None:
         """Fill only ``pieces`` of ``args[0]`` (contiguous) with the stream's same elements."""
         kind, params = _sampler(node, args[0], args[1:], kwargs)
@@ -99,6 +107,12 @@ class PortableSampler:
     def fill(self, target: torch.Tensor, kind: str, stream: int, first: int, params: dict[str, Any]) -> None:
         """Element ``k`` of ``target`` gets the stream's element ``first + k`` of ``kind``."""
         fill_(target, kind, stream, first=first, **params)
+
+
+def batched_affine(fill: BatchedFill) -> tuple[float, float]:
+    """``(scale, shift)`` of a batched uniform or normal fill (``rng.portable.affine``)."""
+    a, b = fill.params
+    return affine(fill.kind, {"mean": a, "std": b} if fill.kind == "normal" else {"low": a, "high": b})
 
 
 def sampler_params(node: fx.Node, args: tuple, kwargs: dict) -> tuple[torch.Tensor, str, dict[str, float]]:

@@ -1,20 +1,27 @@
-"""Batched fills: small exact fills that run together, in one call to fxinit's fill kernels.
+"""Batched fills: small fills that run together, in one call to a fill kernel.
 
-A model initializes hundreds of small tensors, each an allocation and a fill (``empty``
-then ``normal_``). Where the tensors are small, running one node at a time costs more in
-Python than the kernel takes to fill them (issue 32: a 32-layer Llama of hidden size 64
-spends ~25 us a fill around ~4 us of sampling). A fill here is *batched*: the interpreter
-queues it when its turn comes and runs the queue in one call to ``rng.fills`` before any
-node that reads or writes the tensors queued (``Batches.flushes``), and at the end.
+A model initializes hundreds of tensors, each an allocation and a fill (``empty`` then
+``normal_``). Where the tensors are small, running one node at a time costs more in Python
+than the kernel takes to fill them (issue 32: a 32-layer Llama of hidden size 64 spends ~25 us
+a fill around ~4 us of sampling); on a GPU every fill is a launch. A fill here is *batched*:
+the interpreter queues it when its turn comes and runs the queue in one call before any node
+that reads or writes the tensors queued (``Batches.flushes``), and at the end.
 
-A fill is batched when exact mode's compiled copy of torch's sampler would run it whole
-anyway (``native_kind``: ``normal_`` or ``uniform_`` with plain numbers, from one explicit
-generator), into a whole allocation of the slice on the CPU, of a supported floating dtype,
-small enough to run as one job (``rng.fills.batchable``: fewer than ``BATCH_BELOW``
-elements, a normal fill a multiple of 16 long, as torch redraws a shorter last block), and no other pass decided how it runs (pieces,
-chunks, a fused cast, CSE, a kernel). The flush points are the nodes that use the fill or
-its allocation, and every later node that reads or writes its storage (by the capture's
-storage ids: through a view taken before the fill as well).
+A fill is batched when it is ``normal_`` or ``uniform_`` with plain numbers into a whole,
+contiguous allocation of the slice, no other pass decided how it runs (pieces, chunks, a
+fused cast, CSE, a chain in a kernel), and a kernel takes it whole:
+
+* exact mode: exact mode's compiled copy of torch's CPU sampler (``rng.fills``), drawing from
+  one explicit generator, for fills small enough to run as one job (``rng.fills.batchable``:
+  fewer than ``BATCH_BELOW`` elements, a normal fill a multiple of 16 long, as torch redraws
+  a shorter last block);
+* portable mode: fxinit's Triton kernel where the plan runs the fill with it (``plan.kernels``:
+  CUDA by default), any size, one launch per kind and dtype (``rng.portable_triton.fill_many``);
+  on the CPU fxinit's C kernel, for fills of one chunk at most (``rng.portable.batchable``).
+
+The flush points are the nodes that use the fill or its allocation, and every later node
+that reads or writes its storage (by the capture's storage ids: through a view taken before
+the fill as well).
 
 >>> import torch, fxinit
 >>> m = fxinit.trace_init(torch.nn.Linear, 64, 64)
@@ -31,18 +38,22 @@ import torch
 import torch.fx as fx
 
 from fxinit.ops import allocates, is_random
-from fxinit.passes.fills import fill_call, native_kind
+from fxinit.passes.fills import FillCall, NATIVE_FILLS, fill_call, native_kind
+from fxinit.passes.kernels import Kernel
+from fxinit.rng import portable
 from fxinit.rng.fills import batchable
+from fxinit.spec import TensorSpec
 
 
 class BatchedFill(NamedTuple):
-    """One queued fill: ``kind`` (``"normal"``, ``"uniform"``) with ``params``, into argument
-    ``index`` of its node, drawing from the generator snapshot ``key``."""
+    """One queued fill: ``kind`` (``"normal"``, ``"uniform"``) with ``params`` (torch's: mean
+    and std, or from and to), into argument ``index`` of its node, drawing from the generator
+    snapshot ``key`` (exact mode; portable mode draws from the node's stream: None)."""
 
     kind: str
     params: tuple[float, float]
     index: int
-    key: str
+    key: str | None
 
 
 @dataclass(frozen=True)
@@ -57,27 +68,30 @@ NO_BATCHES = Batches({}, frozenset())
 
 
 def batched_fills(nodes: list[fx.Node], rng: str, decided: AbstractSet[fx.Node],
-                  shared: AbstractSet[fx.Node], device_map: Mapping[torch.device, torch.device]) -> Batches:
+                  shared: AbstractSet[fx.Node], device_map: Mapping[torch.device, torch.device],
+                  kernels: Mapping[fx.Node, Kernel] | None = None) -> Batches:
     """The batches of the slice ``nodes`` (program order). ``decided``: nodes another pass
     decided how to run; ``shared``: storage roots that may share storage with another
-    (``passes.roots.shared_roots``); ``device_map``: where an absent device's nodes run."""
-    if rng != "exact":
-        return NO_BATCHES
+    (``passes.roots.shared_roots``); ``device_map``: where an absent device's nodes run;
+    ``kernels``: portable mode's compiled fills (``plan.kernels``)."""
     members = set(nodes)
+    kernels = kernels or {}
     fills: dict[fx.Node, BatchedFill] = {}
     touching: set[fx.Node] = set()
     for n in nodes:
         if not is_random(n) or n in decided:
             continue
-        call = fill_call(n)
-        native = native_kind(call) if call is not None and call.bounds is None else None
-        target = n.args[call.index] if native is not None else None
+        fill = _exact_fill(n) if rng == "exact" else _portable_fill(n)
+        target = n.args[fill.index] if fill is not None else None
         if not isinstance(target, fx.Node) or not allocates(target) or target in shared or target not in members:
             continue
         spec = target.meta.get("spec")
-        if spec is None or not _small_cpu_tensor(spec, native[0], device_map):
+        if spec is None or not spec.is_contiguous():
             continue
-        fills[n] = BatchedFill(native[0], native[1], call.index, call.key)
+        spec = spec._replace(device=device_map.get(spec.device, spec.device))
+        if not (_exact_batchable(fill, spec) if rng == "exact" else _portable_batchable(spec, kernels.get(n))):
+            continue
+        fills[n] = fill
         touching |= {target, n}
     flushes = {u for t in touching for u in t.users if u in members and u not in fills}
     # and whatever reads or writes those storages after their fill, through views taken
@@ -93,6 +107,26 @@ def batched_fills(nodes: list[fx.Node], rng: str, decided: AbstractSet[fx.Node],
     return Batches(fills, frozenset(flushes))
 
 
-def _small_cpu_tensor(spec, kind: str, device_map: Mapping[torch.device, torch.device]) -> bool:  # noqa: ANN001
-    device = device_map.get(spec.device, spec.device)
-    return device.type == "cpu" and spec.is_contiguous() and batchable(kind, spec.dtype, spec.numel)
+def _exact_fill(n: fx.Node) -> BatchedFill | None:
+    call = fill_call(n)
+    native = native_kind(call) if call is not None and call.bounds is None else None
+    return BatchedFill(native[0], native[1], call.index, call.key) if native is not None else None
+
+
+def _portable_fill(n: fx.Node) -> BatchedFill | None:
+    """``normal_``/``uniform_`` with plain numbers, whatever generator eager drew from."""
+    if n.target not in NATIVE_FILLS or any(isinstance(a, fx.Node) for a in (*n.args[1:], *n.kwargs.values())):
+        return None
+    call = FillCall(n.target, 0, tuple(n.args[1:]), {k: v for k, v in n.kwargs.items() if k != "generator"}, "")
+    native = native_kind(call)
+    return BatchedFill(native[0], native[1], 0, None) if native is not None else None
+
+
+def _exact_batchable(fill: BatchedFill, spec: TensorSpec) -> bool:
+    return spec.device.type == "cpu" and batchable(fill.kind, spec.dtype, spec.numel)
+
+
+def _portable_batchable(spec: TensorSpec, kernel: Kernel | None) -> bool:
+    if kernel is not None:  # fxinit's Triton kernel, which takes a fill whole and alone
+        return kernel.backend == "triton" and not kernel.chain and kernel.cast is None and spec.numel > 0
+    return spec.device.type == "cpu" and portable.batchable(spec.dtype, spec.numel)

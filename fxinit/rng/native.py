@@ -63,6 +63,8 @@ def portable_library() -> ctypes.CDLL | None:
     lib.fxinit_portable_fill.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
                                          ctypes.c_uint64, ctypes.c_double, ctypes.c_double]
     lib.fxinit_portable_fill.restype = None
+    lib.fxinit_portable_fill_batch.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+    lib.fxinit_portable_fill_batch.restype = None
     return lib
 
 

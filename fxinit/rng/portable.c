@@ -185,3 +185,14 @@ void fxinit_portable_unit53(double *out, int64_t n, int64_t start, uint64_t stre
   for (int64_t k = 0; k < n; k++)
     out[k] = (double)(word(stream, (uint64_t)(start + k)) >> 11) * (1.0 / 9007199254740992.0);
 }
+
+/* fxinit_portable_fill(out, kind, dtype, n, 0, stream, scale, shift) of each of `count` whole
+ * fills, in one call: jobs[5k .. 5k+4] = the address of out, kind, dtype, n, stream; params[2k],
+ * params[2k+1] = scale, shift. A model's hundreds of small fills without a call each. */
+void fxinit_portable_fill_batch(int64_t count, const int64_t *jobs, const double *params) {
+  for (int64_t k = 0; k < count; k++) {
+    const int64_t *job = jobs + 5 * k;
+    fxinit_portable_fill((void *)(intptr_t)job[0], (int)job[1], (int)job[2], job[3], 0, (uint64_t)job[4],
+                         params[2 * k], params[2 * k + 1]);
+  }
+}

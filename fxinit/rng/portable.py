@@ -358,6 +358,49 @@ def fill_runs(out: torch.Tensor, kind: str, stream: int, runs: Any, **params: fl
     return True
 
 
+#: Fills of at most this many elements run batched on the CPU (``fill_batch``): one chunk,
+#: which ``fill_`` would run on one thread as well.
+BATCH_MAX = CHUNK
+
+
+def batchable(dtype: torch.dtype, numel: int) -> bool:
+    """Whether ``fill_batch`` takes a whole uniform or normal fill of ``numel`` elements of
+    ``dtype`` on the CPU (fxinit's C kernel built here)."""
+    return dtype in _FUSED_DTYPES and 0 < numel <= BATCH_MAX and portable_library() is not None
+
+
+Job = tuple[torch.Tensor, str, int, float, float]  # out, kind, stream, scale, shift
+
+
+def fill_batch(jobs: list[Job]) -> int:
+    """``fill_(out, kind, stream)`` times ``scale`` plus ``shift`` of each ``(out, kind,
+    stream, scale, shift)`` of ``jobs`` (contiguous CPU tensors, ``batchable``), in one call
+    to the C kernel. Returns how many it filled, counted from the first (the first it cannot
+    fill stops it); the caller fills the rest otherwise."""
+    lib = portable_library()
+    packed: list[int] = []
+    params: list[float] = []
+    for out, kind, stream, scale, shift in jobs:
+        if (lib is None or kind not in _AFFINE or out.device.type != "cpu" or not out.is_contiguous()
+                or not batchable(out.dtype, out.numel())):
+            break
+        packed += (out.data_ptr(), _KINDS.index(kind), _FUSED_DTYPES.index(out.dtype), out.numel(),
+                   signed64(stream))
+        params += (float(scale), float(shift))
+    if packed:
+        import numpy as np
+
+        table, values = np.array(packed, dtype=np.int64), np.array(params, dtype=np.float64)
+        lib.fxinit_portable_fill_batch(len(params) // 2, table.ctypes.data, values.ctypes.data)
+    return len(params) // 2
+
+
+def signed64(value: int) -> int:
+    """``value`` as a signed 64-bit integer (kernels read its bits)."""
+    value &= _U64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
 _THREAD = threading.local()
 
 

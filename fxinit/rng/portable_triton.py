@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from fxinit.rng.portable import signed64
+
 #: Box-Muller pairs per program (two output elements each).
 BLOCK = 1024
 #: Triton's compile options of every launch: no ``a * b + c`` contracted into a fused multiply-add.
@@ -81,8 +83,10 @@ def fill(out: torch.Tensor, kind: str, start: int, stream: int, scale: float, sh
     _launch(out, None, ((pairs + BLOCK - 1) // BLOCK,), n, start, kind, stream, scale, shift, dtype, interpret)
 
 
-#: Elements of one run per launch at most: its blocks go on the grid's second axis (65535 at most).
-MAX_RUN = 2 * BLOCK * 32768
+#: Elements of one row of a launch's table at most (longer runs are cut): a row's blocks go on
+#: the grid's second axis, as many as the longest row needs, so rows of one length keep the
+#: blocks of shorter ones that find nothing to do few.
+ROW = 2 * BLOCK * 256
 
 
 def fill_runs(out: torch.Tensor, kind: str, runs: Any, stream: int, scale: float, shift: float,
@@ -90,26 +94,53 @@ def fill_runs(out: torch.Tensor, kind: str, runs: Any, stream: int, scale: float
     """For each row ``(lo, hi, at)`` of ``runs`` (an int64 array): elements ``lo .. hi`` of the
     fill into ``out[at ..]`` (``out`` flat and contiguous), in one launch: a rank's shard
     drawn straight from the streams of the tensors it is cut from (``plan.forwards``)."""
+    fill_many(kind, [(out, runs, stream, scale, shift)], dtype, interpret)
+
+
+Piece = tuple[torch.Tensor, Any, int, float, float]  # out, runs (lo, hi, at), stream, scale, shift
+
+
+def fill_many(kind: str, pieces: list[Piece], dtype: torch.dtype | None = None, interpret: bool = False) -> None:
+    """Every ``(out, runs, stream, scale, shift)`` of ``pieces`` as ``fill_runs`` fills it, in
+    one launch: a model's fills of one kind and dtype (``passes.batched_fills``) without a
+    launch each. The ``out`` tensors share a dtype and a device."""
     import numpy as np
 
-    runs = np.asarray(runs, dtype=np.int64).reshape(-1, 3)
-    runs = runs[runs[:, 1] > runs[:, 0]]
-    if len(runs) == 0:
+    rows = []
+    for out, runs, stream, scale, shift in pieces:
+        if not out.is_contiguous():
+            raise ValueError("the Triton fill writes contiguous tensors")
+        runs = np.asarray(runs, dtype=np.int64).reshape(-1, 3)
+        runs = runs[runs[:, 1] > runs[:, 0]]
+        # float32 bits, sign-extended: the kernel reads them back through int32
+        bits = np.array([scale, shift], dtype=np.float32).view(np.int32).astype(np.int64)
+        table = np.empty((len(runs), 6), dtype=np.int64)
+        table[:, 0] = out.data_ptr() + runs[:, 2] * out.element_size()
+        table[:, 1:3] = runs[:, :2]
+        table[:, 3] = signed64(stream)
+        table[:, 4:] = bits
+        rows.append(table)
+    table = np.concatenate(rows) if rows else np.zeros((0, 6), dtype=np.int64)
+    if len(table) == 0:
         return
-    long = runs[:, 1] - runs[:, 0] > MAX_RUN
-    if long.any():  # cut into runs of MAX_RUN elements
-        pieces = []
-        for lo, hi, at in runs[long]:
-            starts = np.arange(lo, hi, MAX_RUN, dtype=np.int64)
-            pieces.append(np.stack([starts, np.minimum(starts + MAX_RUN, hi), at + starts - lo], axis=1))
-        runs = np.concatenate([runs[~long], *pieces])
-    longest = int(((runs[:, 1] - 1) // 2 - runs[:, 0] // 2 + 1).max())  # pairs
-    table = torch.from_numpy(runs).to(out.device)
-    _launch(out, table, (len(runs), (longest + BLOCK - 1) // BLOCK), 0, 0, kind, stream, scale, shift, dtype,
+    long = table[:, 2] - table[:, 1] > ROW
+    if long.any():  # cut into rows of ROW elements
+        cut = []
+        for row in table[long]:
+            starts = np.arange(row[1], row[2], ROW, dtype=np.int64)
+            part = np.repeat(row[None], len(starts), axis=0)
+            part[:, 0] = row[0] + (starts - row[1]) * pieces[0][0].element_size()
+            part[:, 1], part[:, 2] = starts, np.minimum(starts + ROW, row[2])
+            cut.append(part)
+        table = np.concatenate([table[~long], *cut])
+    longest = int(((table[:, 2] - 1) // 2 - table[:, 1] // 2 + 1).max())  # pairs
+    out = pieces[0][0]
+    rows_on_device = torch.from_numpy(table).to(out.device)
+    _launch(out, rows_on_device, (len(table), (longest + BLOCK - 1) // BLOCK), 0, 0, kind, 0, 0.0, 0.0, dtype,
             interpret)
 
 
-def _launch(out: torch.Tensor, runs: torch.Tensor | None, grid: tuple[int, ...], n: int, start: int, kind: str,
+def _launch(out: torch.Tensor, table: torch.Tensor | None, grid: tuple[int, ...], n: int, start: int, kind: str,
             stream: int, scale: float, shift: float, dtype: torch.dtype | None, interpret: bool) -> None:
     import triton.language as tl
 
@@ -119,17 +150,11 @@ def _launch(out: torch.Tensor, runs: torch.Tensor | None, grid: tuple[int, ...],
     # the interpreter patches triton.language while it runs; Triton launches on the thread's
     # current CUDA device, which is device 0 on a new thread whatever the tensor's device
     with _LOCK if interpret else device_of(out):
-        kernel[grid](out, out if runs is None else runs, n, start, _signed64(stream), float(scale), float(shift),
+        kernel[grid](out, out if table is None else table, n, start, signed64(stream), float(scale), float(shift),
                      KIND=KINDS.index(kind), DTYPE=getattr(tl, _TL_DTYPES[dtype or out.dtype]),
-                     OUT=getattr(tl, _TL_DTYPES[out.dtype]), BLOCK=BLOCK, RUNS=runs is not None, **OPTIONS)
+                     OUT=getattr(tl, _TL_DTYPES[out.dtype]), BLOCK=BLOCK, TABLE=table is not None, **OPTIONS)
 
 
 def device_of(t: torch.Tensor) -> Any:
     """A context making ``t``'s CUDA device the current one (nothing for other devices)."""
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
-
-
-def _signed64(value: int) -> int:
-    """``value`` as a signed 64-bit integer (the kernel reads its bits)."""
-    value &= (1 << 64) - 1
-    return value - (1 << 64) if value >= 1 << 63 else value

@@ -18,24 +18,29 @@ S0, S1, S2, S3 = (tl.constexpr(_f(h)) for h in ("0x1.71de3ap-19", "-0x1.a01a02p-
                                                "-0x1.555556p-3"))
 TWO_PI_2_24, UNIT = tl.constexpr(_f("0x1.921fb6p-22")), tl.constexpr(_f("0x1p-24"))
 
-def fill(out_ptr, runs_ptr, n: tl.int64, start: tl.int64, stream: tl.int64, scale: tl.float32, shift: tl.float32,
-         KIND: tl.constexpr, DTYPE: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr, RUNS: tl.constexpr):
+def fill(out_ptr, table_ptr, n: tl.int64, start: tl.int64, stream: tl.int64, scale: tl.float32, shift: tl.float32,
+         KIND: tl.constexpr, DTYPE: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr, TABLE: tl.constexpr):
     """Elements ``start .. start + n`` of the stream into ``out[0 ..]``, block ``program_id(0)``
-    of ``BLOCK`` pairs; with ``RUNS``, run ``program_id(0)`` of ``runs_ptr`` (int64 rows
-    ``lo, hi, at``: elements ``lo .. hi`` into ``out[at ..]``), block ``program_id(1)``."""
-    if RUNS:
-        row = runs_ptr + 3 * tl.program_id(0).to(tl.int64)
-        lo = tl.load(row)
-        hi = tl.load(row + 1)
-        at = tl.load(row + 2)
+    of ``BLOCK`` pairs; with ``TABLE``, row ``program_id(0)`` of ``table_ptr`` (int64 rows
+    ``address, lo, hi, stream, scale, shift``: elements ``lo .. hi`` of that stream into the
+    tensor of ``out_ptr``'s type at ``address``, ``scale`` and ``shift`` the bits of float32s),
+    block ``program_id(1)``."""
+    if TABLE:
+        row = table_ptr + 6 * tl.program_id(0).to(tl.int64)
+        base = tl.load(row).to(out_ptr.dtype)
+        lo = tl.load(row + 1)
+        hi = tl.load(row + 2)
+        stream = tl.load(row + 3)
+        scale = tl.load(row + 4).to(tl.int32).to(tl.float32, bitcast=True)
+        shift = tl.load(row + 5).to(tl.int32).to(tl.float32, bitcast=True)
         block = tl.program_id(1).to(tl.int64)
     else:
+        base = out_ptr
         block = tl.program_id(0).to(tl.int64)
         # through uint64: Triton's interpreter types a Python int in [2^31, 2^32) as uint32 and
         # sign-extends it to int64 (on the GPU the annotations make these int64 already)
         lo = start.to(tl.uint64).to(tl.int64, bitcast=True)
         hi = lo + n.to(tl.uint64).to(tl.int64, bitcast=True)
-        at = lo - lo
     pair = (lo >> 1) + block * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     z = (pair + 1).to(tl.uint64, bitcast=True) * GOLDEN + stream.to(tl.uint64)
     z = (z ^ (z >> 30)) * M1
@@ -90,5 +95,5 @@ def fill(out_ptr, runs_ptr, n: tl.int64, start: tl.int64, stream: tl.int64, scal
         elif OUT == tl.float16:
             value = value.to(tl.float16, fp_downcast_rounding="rtne")
     element = tl.reshape(tl.join(2 * pair, 2 * pair + 1), [2 * BLOCK])  # interleaved, as the values
-    tl.store(out_ptr + at + (element - lo), value, mask=(element >= lo) & (element < hi))
+    tl.store(base + (element - lo), value, mask=(element >= lo) & (element < hi))
 

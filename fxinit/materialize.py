@@ -393,7 +393,7 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     values, bit for bit on CPU. Kernels depend only on the kind of fill and dtype (sizes,
     offsets and numbers are arguments), so a model compiles a handful; Inductor caches them
     across processes. ``None`` (default) takes the fastest: on CUDA fxinit's own Triton
-    kernel (``rng.portable_triton``: one launch a fill, no Dynamo, safe from any thread), on
+    kernel (``rng.portable_triton``: a model's fills in a few launches, no Dynamo, safe from any thread), on
     the CPU fxinit's C kernel. ``"triton"`` asks for that kernel (on CPU tensors only under
     ``TRITON_INTERPRET=1``, to check bits). Exact mode draws from torch's own generators and
     compiles nothing.

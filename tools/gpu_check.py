@@ -104,6 +104,27 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
     return seconds, out
 
 
+def kernel_seconds(fn: Callable[[], Any], device: torch.device) -> float | None:
+    """Seconds the GPU's kernels, copies and memsets ran during ``fn()`` (torch's profiler,
+    one more run): what is left of a row's time is the host's, Python per node. None on the CPU."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync(device)
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            _sync(device)
+        total = 0.0
+        for event in prof.key_averages():
+            total += getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0) or 0
+    except Exception as exc:  # noqa: BLE001 - a profiler that does not work here costs a column, not the run
+        print(f"  (no kernel time: torch's profiler failed: {type(exc).__name__}: {exc})", flush=True)
+        return None
+    return total / 1e6
+
+
 @contextlib.contextmanager
 def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
     saved = torch.get_default_dtype()
@@ -328,8 +349,14 @@ def _fxinit_row(label: str, cls: Any, cfg: Any, device: torch.device, repeat: in
             trace_s, m = _timed(lambda: fxinit.trace_init(cls, cfg), device)
         seconds, _ = _timed(lambda: fxinit.materialize(m, **options), device)
         rows.append((seconds, trace_s))
-    return {"row": label, "seconds": min(r[0] for r in rows), "trace_s": min(r[1] for r in rows),
-            "bytes": _nbytes(m), "repeats": [round(r[0], 4) for r in rows], "peak": LAST_PEAK[0]}, m
+    row = {"row": label, "seconds": min(r[0] for r in rows), "trace_s": min(r[1] for r in rows),
+           "bytes": _nbytes(m), "repeats": [round(r[0], 4) for r in rows], "peak": LAST_PEAK[0]}
+    torch.manual_seed(0)
+    with device:
+        again = fxinit.trace_init(cls, cfg)
+    row["kernels_s"] = kernel_seconds(lambda: fxinit.materialize(again, **options), device)
+    del again
+    return row, m
 
 
 def floor_seconds(m: torch.nn.Module, device: torch.device, repeat: int) -> float:
@@ -362,6 +389,12 @@ def bench(device: torch.device, size: str, exact: bool = True, timing_compiles: 
         nbytes = _nbytes(eager)
         rows.append({"row": "eager", "seconds": min(times), "trace_s": None, "bytes": nbytes,
                      "repeats": [round(t, 4) for t in times], "peak": LAST_PEAK[0]})
+        eager = None
+        with device:
+            torch.manual_seed(0)
+            rows[-1]["kernels_s"] = kernel_seconds(lambda: LlamaForCausalLM(cfg), device)
+            torch.manual_seed(0)
+            eager = LlamaForCausalLM(cfg)
         rows.append({"row": "floor (allocate, write once)", "seconds": floor_seconds(eager, device, repeat),
                      "trace_s": None, "bytes": nbytes})
         if exact:
@@ -391,17 +424,19 @@ def bench(device: torch.device, size: str, exact: bool = True, timing_compiles: 
     print(f"\n{size} Llama in bfloat16 on {device}: {nbytes / 1e9:.2f} GB of parameters and buffers; "
           f"copy bandwidth {copy / 1e9:.0f} GB/s (read + write)")
     print(f"{'row':<30}{'build s':>9}{'x eager':>8}{'x floor':>8}{'trace s':>9}{'GB/s':>8}{'of copy':>9}"
-          f"{'compile s':>10}{'peak GB':>9}  note  (build: eager construction, or materialize; best of {repeat} where "
-          "repeated, the allocator's cache warm; peak: GPU memory the build took beyond what it began with)")
+          f"{'compile s':>10}{'peak GB':>9}{'kernels s':>10}  note  (build: eager construction, or materialize; best "
+          f"of {repeat} where repeated, the allocator's cache warm; peak: GPU memory the build took beyond what it "
+          "began with; kernels: GPU time of its kernels, in one more run under torch's profiler)")
     for r in rows:
         trace = "-" if r["trace_s"] is None else f"{r['trace_s']:.3f}"
         compiled = f"{r['compile_s']:.2f}" if "compile_s" in r else "-"
         peak = "-" if r.get("peak") is None else f"{r['peak'] / 1e9:.2f}"
+        kernels = "-" if r.get("kernels_s") is None else f"{r['kernels_s']:.4f}"
         note = r.get("note", "")
         if "mismatched" in r:
             note = "bitwise equal to eager" if not r["mismatched"] else f"DIFFERS from eager: {r['mismatched'][:3]}"
         print(f"{r['row']:<30}{r['seconds']:>9.3f}{r['of_eager']:>8.2f}{r['of_floor']:>8.2f}{trace:>9}{r['gb_s']:>8.1f}"
-              f"{r['of_copy']:>8.0%}{compiled:>10}{peak:>9}  {note}", flush=True)
+              f"{r['of_copy']:>8.0%}{compiled:>10}{peak:>9}{kernels:>10}  {note}", flush=True)
     if timing_compiles:
         times = compile_times(device, ("None", "True") if device.type == "cuda" else ("True",))
         print_compile_times(times, device)

@@ -21,13 +21,14 @@ default path is the C kernel and ``compile='triton'`` runs Triton's interpreter.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,7 +37,7 @@ import torch  # noqa: E402
 
 import fxinit  # noqa: E402
 from fxinit.backends.compiled import STATS  # noqa: E402
-from gpu_check import LAST_PEAK, _timed  # noqa: E402  (tools/ is on the path: run from there, or by gpu_check)
+from gpu_check import LAST_PEAK, _timed, kernel_seconds  # noqa: E402  (tools/ is on the path: run from there, or by gpu_check)
 
 
 def _trace(cfg: Any, device: torch.device) -> torch.nn.Module:
@@ -47,25 +48,38 @@ def _trace(cfg: Any, device: torch.device) -> torch.nn.Module:
         return fxinit.trace_init(LlamaForCausalLM, cfg)
 
 
+@contextlib.contextmanager
+def _batching(batched: bool) -> Iterator[None]:
+    """Fills batched as fxinit batches them, or (False) each its own kernel call."""
+    from fxinit.passes import batched_fills
+
+    decide = batched_fills._portable_batchable
+    batched_fills._portable_batchable = decide if batched else (lambda *a: False)
+    try:
+        yield
+    finally:
+        batched_fills._portable_batchable = decide
+
+
 def _row(label: str, cfg: Any, device: torch.device, compile: bool | str | None,
          repeat: int = 1, batched: bool = True) -> tuple[dict, torch.nn.Module]:
     """Materialize the traced ``cfg`` ``repeat`` times (the best time); the last model.
     ``batched=False``: every fill its own kernel call (no ``passes.batched_fills``)."""
-    from fxinit.passes import batched_fills
-
     times, compiled_before = [], STATS.seconds
-    decide = batched_fills._portable_batchable
     for _ in range(repeat):
         m = None  # the last model's memory back to the allocator's cache before the next
         m = _trace(cfg, device)
-        batched_fills._portable_batchable = decide if batched else (lambda *a: False)
-        try:
+        with _batching(batched):
             times.append(_timed(lambda: fxinit.materialize(m, rng="portable", compile=compile), device)[0])
-        finally:
-            batched_fills._portable_batchable = decide
     row = {"row": label, "seconds": min(times), "trace_s": None, "compile": repr(compile),
            "compile_s": STATS.seconds - compiled_before, "repeats": [round(t, 4) for t in times],
            "peak": LAST_PEAK[0]}
+    if repeat > 1:  # a timed row, not a first call: its kernels' GPU time in one more run
+        again = _trace(cfg, device)
+        with _batching(batched):
+            row["kernels_s"] = kernel_seconds(lambda: fxinit.materialize(again, rng="portable", compile=compile),
+                                              device)
+        del again
     return row, m
 
 

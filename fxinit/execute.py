@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 import torch
 import torch.fx as fx
 
-from fxinit.backends.compiled import CompiledSampler, compile_available, refuse, triton_available
+from fxinit.backends.compiled import CompiledSampler, compile_available, nvrtc_available, refuse, triton_available
 from fxinit.backends.exact import ExactSampler
 from fxinit.backends.interpreter import Sampler
 from fxinit.backends.parallel import run_plan
@@ -121,32 +121,37 @@ def _storage_labels(program: Program, targets: list[Target]) -> dict[fx.Node, st
 
 def compiles(compile: bool | str | None) -> Callable[[torch.device], str | None] | None:
     """Which backend runs portable fills on a device as compiled kernels (``"triton"``,
-    ``"inductor"``) or None. ``None`` (fxinit picks, measured or known fastest): on CUDA
-    fxinit's own Triton kernel (torch ops make ~40 passes over memory per fill; the kernel
-    makes one and never enters Dynamo), on the CPU fxinit's C kernel (which beats Inductor's
-    code there: a float32 normal in 1.4 ns against 7.8 ns on one AVX2 core), and Inductor
-    only where neither exists but a C++ compiler does. ``True``: kernels torch.compile
-    (Inductor) generates; ``"triton"``: fxinit's Triton kernel (on a CPU tensor only under
-    Triton's interpreter, ``TRITON_INTERPRET=1``, to check bits); both refused with
-    ``DeferredInitError`` where they cannot run. ``False``: never (None)."""
-    if compile not in (None, True, False, "triton"):
-        raise ValueError(f"compile={compile!r}: choose True, False, None or 'triton'")
+    ``"nvrtc"``, ``"inductor"``) or None. ``None`` (fxinit picks, measured or known fastest):
+    on CUDA fxinit's own Triton kernel (torch ops make ~40 passes over memory per fill; the
+    kernel makes one and never enters Dynamo), or where Triton cannot run, fxinit's CUDA
+    kernel compiled by NVRTC (``rng.portable_cuda``: no Triton, no C++ compiler); on the CPU
+    fxinit's C kernel (which beats Inductor's code there: a float32 normal in 1.4 ns against
+    7.8 ns on one AVX2 core), and Inductor only where neither exists but a C++ compiler does.
+    ``True``: kernels torch.compile (Inductor) generates; ``"triton"``: fxinit's Triton kernel
+    (on a CPU tensor only under Triton's interpreter, ``TRITON_INTERPRET=1``, to check bits);
+    ``"nvrtc"``: fxinit's CUDA kernel (on a CPU tensor only compiled as C, with
+    ``FXINIT_NVRTC_ON_CPU=1``, to check bits); each refused with ``DeferredInitError`` where
+    it cannot run. ``False``: never (None)."""
+    if compile not in (None, True, False, "triton", "nvrtc"):
+        raise ValueError(f"compile={compile!r}: choose True, False, None, 'triton' or 'nvrtc'")
     if compile is False:
         return None
 
     def on(device: torch.device) -> str | None:
-        if compile == "triton":
-            why = triton_available(device)
+        if compile in ("triton", "nvrtc"):
+            why = (triton_available if compile == "triton" else nvrtc_available)(device)
             if why is not None:
-                raise refuse(device, why, "compile='triton'")
-            return "triton"
+                raise refuse(device, why, f"compile={compile!r}")
+            return compile
         why = compile_available(device)
         if compile is True:
             if why is not None:
                 raise refuse(device, why)
             return "inductor"
         if device.type == "cuda":
-            return "triton" if triton_available(device) is None else None
+            if triton_available(device) is None:
+                return "triton"
+            return "nvrtc" if nvrtc_available(device) is None else None
         return "inductor" if why is None and portable_library() is None else None
 
     return on

@@ -25,7 +25,7 @@ from fxinit.passes.cast_fusion import FusedCast, cast_points, fused_casts
 from fxinit.passes.cse import common_subexpressions
 from fxinit.passes.fills import Ranges, draws_alone, exact_chunks, exact_pieces, is_in_place_sampler, portable_pieces
 from fxinit.passes.inplace import in_place_chains
-from fxinit.passes.kernels import Kernel, compiled_fills, with_backend
+from fxinit.passes.kernels import TABLE_BACKENDS, Kernel, compiled_fills, with_backend
 from fxinit.passes.partition import independent_groups
 from fxinit.passes.demand import partial_constants, partial_copies, partial_fills
 from fxinit.passes.forwarding import Forward, forwarded_demand
@@ -142,7 +142,7 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
     this storage extent (their random fills fill what it needs, and they are not cast to
     ``output_dtype``: the caller casts the part it reads). ``streams``: portable mode's key
     of every random node (``passes.stream_keys``). ``compiles(device)``: the backend that
-    runs portable fills on ``device`` as compiled kernels, ``"triton"`` or ``"inductor"``, or
+    runs portable fills on ``device`` as compiled kernels (``passes.kernels.BACKENDS``), or
     None (``passes.kernels``)."""
     keep = frozenset(keep)
     members = set(nodes)
@@ -161,7 +161,7 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
         on = {d: compiles(d) for d in {k.device for k in candidates.values()}}
         kernels = {n: run for n, k in candidates.items() if on[k.device] and (run := with_backend(k, on[k.device]))}
     # nodes that run otherwise or for others too (fxinit's Triton kernel draws any piece alone)
-    unsplit = {*shared, *in_place, *(n for n, k in kernels.items() if k.backend != "triton"),
+    unsplit = {*shared, *in_place, *(n for n, k in kernels.items() if k.backend not in TABLE_BACKENDS),
                *(m for f in fused.values() for m in f.members), *(m for k in kernels.values() for m in k.chain)}
     roots_shared = shared_roots(nodes)
     demand, forwards = forwarded_demand(nodes, keep, exposed,

@@ -398,3 +398,19 @@ def test_arguments_are_checked_at_the_door() -> None:
     assert _all_deferred(m)  # nothing was computed
     fxinit.materialize(m, dtype="bfloat16")
     assert_modules_equal(m, ref)
+
+
+def test_a_kernel_that_touches_memory_itself_is_refused_by_name() -> None:
+    """``SobolEngine`` fills its state with a kernel that writes memory directly, below any op
+    the capture sees: eager builds it; fxinit refuses it by name rather than with torch's
+    message about unallocated data."""
+    class Anchors(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("points", torch.quasirandom.SobolEngine(3, scramble=True).draw(8))
+
+    Anchors()
+    refused = r"cannot defer torch\._sobol_engine_initialize_state_: its kernel reads or writes the tensor's memory"
+    with pytest.raises(fxinit.DeferredInitError, match=refused) as caught:
+        fxinit.trace_init(Anchors)
+    assert "fxinit.is_meta_init()" in str(caught.value)

@@ -199,7 +199,7 @@ def test_every_build_and_the_scalar_path_give_the_same_bits(monkeypatch: pytest.
         if {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= cpu:
             isas["avx512"] = ("-march=x86-64-v4",)
     for name, extra in isas.items():
-        flags = (*native._FLAGS, native.NO_CLONES, *extra)
+        flags = (*native.FLAGS, native.NO_CLONES, *extra)
         builds[name] = ctypes.CDLL(str(native.build(native.PORTABLE_SOURCE, flags)))
     stream, n = portable.stream_key(9, "builds"), 3000 + 37
 

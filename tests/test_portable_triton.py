@@ -15,7 +15,7 @@ import fxinit
 from fxinit import execute
 from fxinit.backends import compiled, parallel
 from fxinit.errors import DeferredInitError
-from fxinit.rng import portable, portable_triton
+from fxinit.rng import portable, portable_cuda, portable_triton
 
 pytest.importorskip("triton")
 
@@ -113,7 +113,8 @@ def test_compile_triton_on_the_cpu_needs_the_interpreter(graph: fxinit.InitGraph
 
 def test_compile_none_takes_fxinits_triton_kernel_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """The default on CUDA: no Dynamo, so nothing compiles on worker threads (issue 33's crash);
-    without Triton, torch ops; Inductor only when asked (compile=True)."""
+    without Triton, fxinit's CUDA kernel (NVRTC), else torch ops; Inductor only when asked
+    (compile=True)."""
     cuda = torch.device("cuda")
     monkeypatch.setattr(compiled, "_triton_compiles_for_cuda", lambda: True)  # torch's check wants a GPU
     assert execute.compiles(None)(cuda) == "triton"
@@ -123,9 +124,12 @@ def test_compile_none_takes_fxinits_triton_kernel_on_cuda(monkeypatch: pytest.Mo
     monkeypatch.setattr(compiled, "_triton_compiles_for_cuda", lambda: False)  # a pre-Volta GPU, a broken Triton
     assert execute.compiles(None)(cuda) is None
     monkeypatch.setattr(portable_triton, "available", lambda: "Triton is not installed")
-    assert execute.compiles(None)(cuda) is None
+    assert execute.compiles(None)(cuda) is None  # nor fxinit's CUDA kernel: no CUDA on this machine
     with pytest.raises(DeferredInitError, match="Triton is not installed"):
         execute.compiles("triton")(cuda)
+    monkeypatch.setattr(portable_cuda, "available", lambda device: None)  # NVRTC built and checked it
+    assert execute.compiles(None)(cuda) == "nvrtc"
+    assert execute.compiles("nvrtc")(cuda) == "nvrtc"
 
 
 def _unique_graphs() -> int:
@@ -282,3 +286,27 @@ def test_a_cast_the_kernel_cannot_write_runs_uncompiled(monkeypatch: pytest.Monk
     assert plan.fused_casts and not plan.kernels, str(plan)
     _same(g.materialize(rng="portable", compile="triton", dtype=torch.float64),
           g.materialize(rng="portable", compile=False, dtype=torch.float64))
+
+
+def test_fills_of_one_storage_never_share_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch fills its table's rows in no order: where dead-write elimination is off, a
+    tensor filled three times keeps the last fill's values (only the first fill, of the
+    allocation itself, is batched; the batch runs before the next writes the storage)."""
+    class Refilled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.empty(64, 64))
+            nn.init.uniform_(self.w)
+            nn.init.normal_(self.w)
+            nn.init.uniform_(self.w, -3, -2)
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    torch.manual_seed(0)
+    g = fxinit.init_graph(fxinit.trace_init(Refilled))
+    targets = list(g._targets(["w"]))
+    for compile in ("triton", None):
+        plan = execute.plan(g, targets, rng="portable", seed=3, eliminate_dead=False, compile=compile)
+        assert len(plan.batches.fills) == 1 and sum(map(bool, (n.meta.get("generators") for n in plan.nodes))) == 3
+        value = execute.run(g, plan)[targets[0][0]]
+        assert torch.equal(value, g.materialize(["w"], rng="portable", seed=3)["w"]), compile
+        assert value.max() <= -2

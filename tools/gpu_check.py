@@ -65,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import fxinit  # noqa: E402
+from fxinit.backends.compiled import nvrtc_available  # noqa: E402
 from gpu_contexts import SIZES, check_device_contexts, report  # noqa: E402
 
 BENCH_CONFIGS = {
@@ -136,23 +137,24 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 #: The portable paths checked on each device: torch ops, fxinit's Triton kernel (CUDA's default;
-#: on the CPU under Triton's interpreter), Inductor's kernels.
-PATHS = {"cuda": (False, None, True), "cpu": (False, "triton", True)}
-PATH_NAMES = {False: "torch ops", None: "default", True: "inductor", "triton": "triton"}
+#: on the CPU under Triton's interpreter), fxinit's CUDA kernel (NVRTC; on the CPU compiled as
+#: C), Inductor's kernels.
+PATHS = {"cuda": (False, None, "nvrtc", True), "cpu": (False, "triton", "nvrtc", True)}
+PATH_NAMES = {False: "torch ops", None: "default", True: "inductor", "triton": "triton", "nvrtc": "nvrtc"}
 
 
 @contextlib.contextmanager
 def _path(device: torch.device, compile: bool | str | None) -> Iterator[None]:
-    """On the CPU: torch ops instead of fxinit's C kernel (``compile=False``), and Triton's
-    interpreter for ``compile='triton'``."""
-    if device.type != "cpu" or compile not in (False, "triton"):
+    """On the CPU: torch ops instead of fxinit's C kernel (``compile=False``), Triton's
+    interpreter for ``compile='triton'``, fxinit's CUDA kernel compiled as C for ``'nvrtc'``."""
+    if device.type != "cpu" or compile not in (False, "triton", "nvrtc"):
         yield
         return
     if compile is False:
         with _torch_op_samplers():
             yield
         return
-    with _env("TRITON_INTERPRET", "1"):
+    with _env("TRITON_INTERPRET" if compile == "triton" else "FXINIT_NVRTC_ON_CPU", "1"):
         yield
 
 
@@ -281,6 +283,9 @@ def check_portable(device: torch.device, dtypes: list[torch.dtype], seed: int = 
     models = {**_nn_models(), **_transformers_models(PORTABLE_MODELS)}
     rows, ok = [], True
     paths = PATHS[device.type]
+    if device.type == "cuda" and (why := nvrtc_available(device)) is not None:
+        print(f"fxinit's CUDA kernel (compile='nvrtc') cannot run here: {why}", flush=True)
+        paths, ok = tuple(p for p in paths if p != "nvrtc"), False
     for dtype, (label, factory), compile in ((d, m, c) for d in dtypes for m in models.items() for c in paths):
         with _default_dtype(dtype):
             graph, ref = portable_values(factory, cpu, seed)
@@ -438,7 +443,7 @@ def bench(device: torch.device, size: str, exact: bool = True, timing_compiles: 
         print(f"{r['row']:<30}{r['seconds']:>9.3f}{r['of_eager']:>8.2f}{r['of_floor']:>8.2f}{trace:>9}{r['gb_s']:>8.1f}"
               f"{r['of_copy']:>8.0%}{compiled:>10}{peak:>9}{kernels:>10}  {note}", flush=True)
     if timing_compiles:
-        times = compile_times(device, ("None", "True") if device.type == "cuda" else ("True",))
+        times = compile_times(device, ("None", "nvrtc", "True") if device.type == "cuda" else ("True",))
         print_compile_times(times, device)
         rows += [{"row": f"compile={t['compile']} in a fresh process", **t} for t in times]
     return rows, same and not any(r.get("mismatched") for r in rows)

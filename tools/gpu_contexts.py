@@ -72,6 +72,10 @@ class Inits(nn.Module):
                                   nn.init.kaiming_normal_, nn.init.eye_, *(OPAQUE.values() if device_here else ())]):
             self.register_parameter(f"w{i}", nn.Parameter(init(w.clone())))
         self.dirac = nn.Parameter(nn.init.dirac_(torch.empty(4, 4, 3)))
+        with torch.no_grad():  # singular values and eigenvalues without vectors, as eager computes them
+            self.register_buffer("spectral", torch.stack([
+                torch.linalg.matrix_norm(self.w0, ord=2), torch.linalg.eigvalsh(self.w0.T @ self.w0)[-1],
+                torch.norm(self.w0, p="nuc")]))
         self.lstm = nn.LSTM(8, 16, 2)
         self.gru = nn.GRU(8, 8, bidirectional=True)
         self.emb = nn.Embedding(100, 16, padding_idx=0)

@@ -1,6 +1,7 @@
 """Compiled portable fills: fxinit's own Triton kernel (``rng.portable_triton``: CUDA, the
-default there), or kernels torch.compile (Inductor) generates for the target device (C++/OpenMP
-on CPU, Triton on CUDA: ``compile=True``), from the torch ops that define the stream.
+default there), fxinit's own CUDA kernel compiled by NVRTC (``rng.portable_cuda``: CUDA where
+Triton cannot run), or kernels torch.compile (Inductor) generates for the target device
+(C++/OpenMP on CPU, Triton on CUDA: ``compile=True``), from the torch ops that define the stream.
 
 A kernel computes ``rng.portable.sample24`` of element indices ``start ..``, times a scale
 plus a shift, rounds to the tensor's dtype, applies the element-wise chain the plan put in it
@@ -10,7 +11,9 @@ arguments, so a model compiles one kernel per distinct ``Kernel.signature`` (a h
 whatever its number of layers; Triton's and Inductor's caches keep them across processes.
 
 Bits: each operation must stay rounded on its own, as the C kernel and eager torch ops
-compute it. fxinit's Triton kernel is launched with ``enable_fp_fusion=False``. Inductor's C++
+compute it. fxinit's Triton kernel is launched with ``enable_fp_fusion=False``, its CUDA kernel
+compiled with ``--fmad=false`` (and checked against the torch-op twin on its GPU before its
+first fill). Inductor's C++
 backend compiles with ``-ffp-contract=off`` (no fused multiply-add) and vectorizes with
 correctly rounded ``sqrt``; its Triton kernels are compiled with ``emulate_precision_casts``
 (which turns ``enable_fp_fusion`` off and keeps every rounding to bfloat16/float16) and with
@@ -20,7 +23,7 @@ Threads: Dynamo refuses to run a compiled function while any thread is inside an
 which its own compilation is; and a worker thread's grad mode differs from the caller's, which
 made Dynamo recompile there. So every call of an Inductor kernel runs under ``torch.no_grad``
 and holds one lock (its work is parallel inside: OpenMP on CPU, the GPU on CUDA).
-fxinit's Triton kernel is a plain launch.
+fxinit's own kernels are plain launches.
 """
 
 from __future__ import annotations
@@ -40,9 +43,9 @@ from fxinit.errors import DeferredInitError
 from fxinit.passes.batched_fills import BatchedFill
 from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes.fills import Ranges
-from fxinit.passes.kernels import Kernel, number_rounding, round_number
-from fxinit.rng import portable_triton
-from fxinit.rng.portable import sample24
+from fxinit.passes.kernels import TABLE_BACKENDS, Kernel, number_rounding, round_number
+from fxinit.rng import portable_cuda, portable_triton
+from fxinit.rng.portable import Piece, sample24
 from fxinit.backends.streams import PortableSampler, batched_affine, sampler_params
 
 #: Below this many elements a fill runs eagerly (the same bits): a kernel call costs more.
@@ -138,8 +141,10 @@ class CompiledSampler(PortableSampler):
             if n not in self.batched:
                 wanted.add("fill")
             if k.backend == "triton" and (n in self.forwarded or n in self.batched):
-                wanted.add("table")
+                wanted.add("table")  # Triton's other specialization
         for kernel, wanted in variants.values():
+            if kernel.backend == "nvrtc":  # one kernel for every variant, compiled and checked when planned
+                continue
             for variant in sorted(wanted):
                 with _LOCK:  # exports plan and run on several threads
                     if (kernel.signature, variant) in _WARM:
@@ -166,18 +171,17 @@ class CompiledSampler(PortableSampler):
     def fill_batch(self, fills: list[tuple[fx.Node, BatchedFill, torch.Tensor]]) -> None:
         """Batched fills (``passes.batched_fills``): those of fxinit's Triton kernel in one
         launch per kind, dtype and device; the others as ``PortableSampler`` runs them."""
-        launches: dict[tuple, list[portable_triton.Piece]] = {}
+        launches: dict[tuple, list[Piece]] = {}
         rest = []
         for node, fill, t in fills:
             kernel = self.kernels.get(node)
-            if kernel is None or kernel.backend != "triton":
+            if kernel is None or kernel.backend not in TABLE_BACKENDS:
                 rest.append((node, fill, t))
                 continue
-            launches.setdefault((kernel.kind, t.dtype, t.device), []).append(
+            launches.setdefault((kernel.backend, kernel.kind, t.dtype, t.device), []).append(
                 (t, ((0, t.numel(), 0),), self.streams[node], *batched_affine(fill)))
-        for (kind, _, device), pieces in launches.items():
-            STATS.calls += 1
-            portable_triton.fill_many(kind, pieces, interpret=device.type == "cpu")
+        for (backend, kind, dtype, _), pieces in launches.items():
+            fill_table(backend, kind, pieces, dtype)
         if rest:
             super().fill_batch(rest)
 
@@ -191,15 +195,14 @@ class CompiledSampler(PortableSampler):
             self._fill(kernel, flat[lo:hi], self.streams[node], lo, params)
 
     def fill_runs(self, node: fx.Node, runs: Any, out: torch.Tensor) -> None:
-        """A copy's draws (``plan.forwards``): by fxinit's Triton kernel in one launch."""
+        """A copy's draws (``plan.forwards``): by fxinit's own kernel in one launch."""
         kernel = self.kernels.get(node)
-        if kernel is None or kernel.backend != "triton":
+        if kernel is None or kernel.backend not in TABLE_BACKENDS:
             return super().fill_runs(node, runs, out)
         target = torch.empty(node.args[0].meta["spec"].shape, dtype=kernel.dtype, device="meta")
         _, _, params = sampler_params(node, (target, *node.args[1:]), dict(node.kwargs))
-        STATS.calls += 1
-        portable_triton.fill_runs(out, kernel.kind, runs, self.streams[node], float(params["scale"]),
-                                  float(params["shift"]), dtype=kernel.dtype, interpret=out.device.type == "cpu")
+        fill_table(kernel.backend, kernel.kind, [(out, runs, self.streams[node], float(params["scale"]),
+                                                  float(params["shift"]))], kernel.dtype)
 
     def fill_cast(self, fused: FusedCast, out: torch.Tensor) -> None:
         kernel = self.kernels.get(fused.fill)
@@ -226,10 +229,23 @@ class CompiledSampler(PortableSampler):
             portable_triton.fill(flat, kernel.kind, first, stream, float(params["scale"]), float(params["shift"]),
                                  dtype=kernel.dtype, interpret=device.type == "cpu")
             return
+        if kernel.backend == "nvrtc":
+            portable_cuda.fill_many(kernel.kind, [(flat, ((first, first + flat.numel(), 0),), stream,
+                                                   float(params["scale"]), float(params["shift"]))], kernel.dtype)
+            return
         with _LOCK, torch.no_grad():
             compiled(kernel)(flat, torch.tensor(first, dtype=torch.int64, device=device),
                              torch.tensor(stream, dtype=torch.int64, device=device),
                              float(params["scale"]), float(params["shift"]), *_numbers(kernel))
+
+
+def fill_table(backend: str, kind: str, pieces: list[Piece], dtype: torch.dtype) -> None:
+    """``pieces`` (``rng.portable.fill_table``) in one launch of fxinit's ``backend`` kernel."""
+    STATS.calls += 1
+    if backend == "triton":
+        portable_triton.fill_many(kind, pieces, dtype, interpret=pieces[0][0].device.type == "cpu")
+    else:
+        portable_cuda.fill_many(kind, pieces, dtype)
 
 
 _WARM: set[tuple] = set()  # (signature, variant) compiled in this process
@@ -295,8 +311,26 @@ def _triton_compiles_for_cuda() -> bool:
         return False
 
 
+def nvrtc_available(device: torch.device) -> str | None:
+    """Why fxinit's CUDA kernel cannot fill tensors on ``device`` here, or None if it can (the
+    first answer on a device compiles or loads the kernel and checks its bits there: that
+    time counts as compiling, ``STATS``)."""
+    with _LOCK:
+        started = time.perf_counter()
+        why = portable_cuda.available(device)
+        if (device.type, device.index) not in _NVRTC_TIMED:
+            _NVRTC_TIMED.add((device.type, device.index))
+            STATS.kernels += why is None
+            STATS.seconds += time.perf_counter() - started
+    return why
+
+
+_NVRTC_TIMED: set[tuple] = set()
+
+
 def refuse(device: torch.device, why: str, asked: str = "compile=True") -> DeferredInitError:
-    what = (f"fxinit's Triton kernel cannot fill {device} tensors" if asked == "compile='triton'"
-            else f"torch.compile cannot generate kernels for {device}")
+    what = {"compile='triton'": f"fxinit's Triton kernel cannot fill {device} tensors",
+            "compile='nvrtc'": f"fxinit's CUDA kernel cannot fill {device} tensors"}.get(
+                asked, f"torch.compile cannot generate kernels for {device}")
     return DeferredInitError(f"{asked}: {what} here ({why})",
                              hint="materialize with compile=None (fxinit picks) or compile=False")

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch._C import TensorBase
 
+from fxinit.capture.grad_branches import eager_branches, entry_points
 from fxinit.capture.moves import parse_move, with_index
 from fxinit.capture.post_import import run_pending
 from fxinit.errors import DeferredInitError
@@ -257,8 +258,33 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
                     return func(*args, **kwargs)
             finally:
                 _recorder_of(args, kwargs).autocast = False
-    with torch._C.DisableTorchFunctionSubclass():
-        return func(*args, **kwargs)
+    try:
+        if func in entry_points():  # spectral composites: eager's path, not the one for subclasses
+            with eager_branches(), torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+    except RuntimeError as exc:
+        if isinstance(exc, DeferredInitError) or _META_DATA_ACCESS not in str(exc):
+            raise
+        raise _recorder_of(args, kwargs).fail(  # a kernel that reads memory itself, below any op fxinit sees
+            f"fxinit cannot defer {_torch_name(func)}: its kernel reads or writes the tensor's "
+            "memory directly, which a deferred tensor does not have yet",
+            op=getattr(func, "__name__", str(func)),
+            hint="build this tensor after fxinit.materialize, or guard this code with "
+                 "`if not fxinit.is_meta_init():`") from exc
+
+
+#: torch's message for a kernel that touched the data of a tensor without storage (meta)
+_META_DATA_ACCESS = "data is not allocated yet"
+
+
+def _torch_name(func: Any) -> str:
+    """``torch.x`` or ``Tensor.x``, as user code calls ``func``."""
+    qualname = getattr(func, "__qualname__", None) or str(func)
+    owner, _, name = qualname.rpartition(".")
+    return {"_VariableFunctionsClass": f"torch.{name}", "TensorBase": f"Tensor.{name}",
+            "Tensor": f"Tensor.{name}"}.get(owner, qualname)
 
 
 def _lift_real_tensors(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

@@ -39,7 +39,7 @@ import torch.fx as fx
 
 from fxinit.ops import allocates, is_random
 from fxinit.passes.fills import FillCall, NATIVE_FILLS, fill_call, native_kind
-from fxinit.passes.kernels import Kernel
+from fxinit.passes.kernels import TABLE_BACKENDS, Kernel
 from fxinit.rng import portable
 from fxinit.rng.fills import batchable
 from fxinit.spec import TensorSpec
@@ -78,9 +78,12 @@ def batched_fills(nodes: list[fx.Node], rng: str, decided: AbstractSet[fx.Node],
     kernels = kernels or {}
     fills: dict[fx.Node, BatchedFill] = {}
     touching: set[fx.Node] = set()
+    queued: set[int] = set()  # storages a batched fill writes
     for n in nodes:
         if not is_random(n) or n in decided:
             continue
+        if not queued.isdisjoint(n.meta.get("mutates", ())):
+            continue  # a second fill of a storage (dead-write elimination off): in order, after the batch
         fill = _exact_fill(n) if rng == "exact" else _portable_fill(n)
         target = n.args[fill.index] if fill is not None else None
         if not isinstance(target, fx.Node) or not allocates(target) or target in shared or target not in members:
@@ -92,6 +95,7 @@ def batched_fills(nodes: list[fx.Node], rng: str, decided: AbstractSet[fx.Node],
         if not (_exact_batchable(fill, spec) if rng == "exact" else _portable_batchable(spec, kernels.get(n))):
             continue
         fills[n] = fill
+        queued.update(n.meta.get("mutates", ()))
         touching |= {target, n}
     flushes = {u for t in touching for u in t.users if u in members and u not in fills}
     # and whatever reads or writes those storages after their fill, through views taken
@@ -127,6 +131,6 @@ def _exact_batchable(fill: BatchedFill, spec: TensorSpec) -> bool:
 
 
 def _portable_batchable(spec: TensorSpec, kernel: Kernel | None) -> bool:
-    if kernel is not None:  # fxinit's Triton kernel, which takes a fill whole and alone
-        return kernel.backend == "triton" and not kernel.chain and kernel.cast is None and spec.numel > 0
+    if kernel is not None:  # fxinit's own kernels take a table of fills
+        return kernel.backend in TABLE_BACKENDS and not kernel.chain and kernel.cast is None and spec.numel > 0
     return spec.device.type == "cpu" and portable.batchable(spec.dtype, spec.numel)

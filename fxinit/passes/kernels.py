@@ -24,6 +24,7 @@ import torch.fx as fx
 from fxinit.ops import is_random
 from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes.fills import IN_PLACE_SAMPLERS, is_in_place_sampler
+from fxinit.rng.portable_cuda import DTYPES as CUDA_DTYPES
 from fxinit.rng.portable_triton import DTYPES as TRITON_DTYPES
 from fxinit.spec import TensorSpec
 
@@ -54,7 +55,7 @@ class Kernel:
     device: torch.device
     chain: tuple[fx.Node, ...] = ()
     cast: torch.dtype | None = None
-    backend: str = "inductor"  # or "triton": fxinit's own kernel (``rng.portable_triton``), no chain
+    backend: str = "inductor"  # or one of fxinit's own kernels, ``TABLE_BACKENDS``: no chain
 
     @property
     def signature(self) -> tuple:
@@ -64,18 +65,24 @@ class Kernel:
                 tuple(_chain_signature(n) for n in self.chain))
 
 
-BACKENDS = ("triton", "inductor")
+BACKENDS = ("triton", "nvrtc", "inductor")
+#: fxinit's own kernels (``rng.portable_triton``, ``rng.portable_cuda``): a fill with its scale,
+#: shift and cast, no chain; any piece of a fill alone; a table of fills in one launch.
+TABLE_BACKENDS = ("triton", "nvrtc")
 
 
 def with_backend(kernel: Kernel, backend: str) -> Kernel | None:
     """``kernel`` run by ``backend``, or None where that backend cannot: fxinit's Triton kernel
-    computes a fill, its scale and shift and a cast into float32, bfloat16 or float16, not a
-    chain (the chain's ops then run on their own, as nodes)."""
+    computes a fill, its scale and shift and a cast into float32, bfloat16 or float16, its
+    CUDA kernel the same in float32 and bfloat16, neither a chain (the chain's ops then run
+    on their own, as nodes)."""
     if backend not in BACKENDS:
         raise ValueError(f"no compiled-fill backend {backend!r}")
     if backend == "triton" and (kernel.cast or kernel.dtype) not in TRITON_DTYPES:
         return None
-    return replace(kernel, backend=backend, chain=() if backend == "triton" else kernel.chain)
+    if backend == "nvrtc" and not {kernel.dtype, kernel.cast or kernel.dtype} <= set(CUDA_DTYPES):
+        return None
+    return replace(kernel, backend=backend, chain=() if backend in TABLE_BACKENDS else kernel.chain)
 
 
 def _chain_signature(n: fx.Node) -> tuple:

@@ -25,7 +25,7 @@ PORTABLE_SOURCE = Path(__file__).with_name("portable.c")
 # no contraction into fused multiply-adds: the portable samplers must round each float
 # operation on its own, as torch ops do; errno-free math lets sqrt vectorize (it stays
 # correctly rounded)
-_FLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno")
+FLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno")
 
 
 def cache_dir() -> Path:
@@ -71,7 +71,7 @@ def portable_library() -> ctypes.CDLL | None:
 def _load(source: Path) -> ctypes.CDLL | None:
     if os.environ.get("FXINIT_NO_NATIVE") == "1":
         return None
-    for flags in (_FLAGS, (*_FLAGS, NO_CLONES)):  # compilers that cannot clone for newer CPUs
+    for flags in (FLAGS, (*FLAGS, NO_CLONES)):  # compilers that cannot clone for newer CPUs
         try:
             return ctypes.CDLL(str(build(source, flags)))
         except (OSError, subprocess.SubprocessError):
@@ -82,7 +82,7 @@ def _load(source: Path) -> ctypes.CDLL | None:
 NO_CLONES = "-DFXINIT_NO_CLONES"  # one plain version of each kernel, no AVX2/AVX-512 clones
 
 
-def build(source_path: Path, flags: tuple[str, ...] = _FLAGS) -> Path:
+def build(source_path: Path, flags: tuple[str, ...] = FLAGS) -> Path:
     """The shared library of ``source_path`` built with ``flags``, from the cache if there."""
     source = source_path.read_bytes()
     for header in re.findall(rb'#include "([^"]+)"', source):  # headers beside it: part of what is built

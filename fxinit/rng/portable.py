@@ -401,6 +401,48 @@ def signed64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
+Piece = tuple[torch.Tensor, Any, int, float, float]  # out, runs (lo, hi, at), stream, scale, shift
+
+
+def fill_table(pieces: list[Piece], row_elements: int) -> Any:
+    """The table a GPU fill kernel reads (fxinit's Triton and CUDA kernels): for each
+    ``(out, runs, stream, scale, shift)`` of ``pieces`` and each run ``(lo, hi, at)`` of its
+    ``runs`` (elements ``lo .. hi`` of the stream go to ``out[at ..]``, ``out`` flat and
+    contiguous), int64 rows ``(address, lo, hi, stream, scale, shift)``, ``scale`` and
+    ``shift`` the bits of float32s (sign-extended), runs longer than ``row_elements`` cut into
+    rows of that many elements, empty runs dropped."""
+    import numpy as np
+
+    rows = []
+    for out, runs, stream, scale, shift in pieces:
+        if not out.is_contiguous():
+            raise ValueError("fxinit's fill kernels write contiguous tensors")
+        runs = np.asarray(runs, dtype=np.int64).reshape(-1, 3)
+        runs = runs[runs[:, 1] > runs[:, 0]]
+        cuts = (runs[:, 1] - runs[:, 0] + row_elements - 1) // row_elements  # rows of each run
+        run = np.repeat(runs, cuts, axis=0)
+        offset = (np.arange(len(run), dtype=np.int64) - np.repeat(np.cumsum(cuts) - cuts, cuts)) * row_elements
+        part = np.empty((len(run), 6), dtype=np.int64)
+        part[:, 0] = out.data_ptr() + (run[:, 2] + offset) * out.element_size()
+        part[:, 1] = run[:, 0] + offset
+        part[:, 2] = np.minimum(part[:, 1] + row_elements, run[:, 1])
+        part[:, 3] = signed64(stream)
+        with np.errstate(over="ignore"):  # a scale past float32's range is an infinity, as torch rounds it
+            part[:, 4:] = np.array([scale, shift], dtype=np.float32).view(np.int32).astype(np.int64)
+        rows.append(part)
+    return np.concatenate(rows) if rows else np.zeros((0, 6), dtype=np.int64)
+
+
+def on_device(table: Any, device: torch.device) -> torch.Tensor:
+    """``fill_table``'s ``table`` on ``device``, without waiting for the GPU: a copy from pinned
+    memory, asynchronous (torch's pinned-memory allocator keeps the memory until the copy ran;
+    a copy from pageable memory would wait for every kernel queued before it)."""
+    rows = torch.from_numpy(table)
+    if device.type != "cuda":
+        return rows.to(device)
+    return rows.pin_memory().to(device, non_blocking=True)
+
+
 _THREAD = threading.local()
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from fxinit.rng.portable import signed64
+from fxinit.rng.portable import Piece, fill_table, on_device, signed64
 
 #: Box-Muller pairs per program (two output elements each).
 BLOCK = 1024
@@ -97,47 +97,17 @@ def fill_runs(out: torch.Tensor, kind: str, runs: Any, stream: int, scale: float
     fill_many(kind, [(out, runs, stream, scale, shift)], dtype, interpret)
 
 
-Piece = tuple[torch.Tensor, Any, int, float, float]  # out, runs (lo, hi, at), stream, scale, shift
-
-
 def fill_many(kind: str, pieces: list[Piece], dtype: torch.dtype | None = None, interpret: bool = False) -> None:
     """Every ``(out, runs, stream, scale, shift)`` of ``pieces`` as ``fill_runs`` fills it, in
     one launch: a model's fills of one kind and dtype (``passes.batched_fills``) without a
     launch each. The ``out`` tensors share a dtype and a device."""
-    import numpy as np
-
-    rows = []
-    for out, runs, stream, scale, shift in pieces:
-        if not out.is_contiguous():
-            raise ValueError("the Triton fill writes contiguous tensors")
-        runs = np.asarray(runs, dtype=np.int64).reshape(-1, 3)
-        runs = runs[runs[:, 1] > runs[:, 0]]
-        # float32 bits, sign-extended: the kernel reads them back through int32
-        bits = np.array([scale, shift], dtype=np.float32).view(np.int32).astype(np.int64)
-        table = np.empty((len(runs), 6), dtype=np.int64)
-        table[:, 0] = out.data_ptr() + runs[:, 2] * out.element_size()
-        table[:, 1:3] = runs[:, :2]
-        table[:, 3] = signed64(stream)
-        table[:, 4:] = bits
-        rows.append(table)
-    table = np.concatenate(rows) if rows else np.zeros((0, 6), dtype=np.int64)
+    table = fill_table(pieces, ROW)
     if len(table) == 0:
         return
-    long = table[:, 2] - table[:, 1] > ROW
-    if long.any():  # cut into rows of ROW elements
-        cut = []
-        for row in table[long]:
-            starts = np.arange(row[1], row[2], ROW, dtype=np.int64)
-            part = np.repeat(row[None], len(starts), axis=0)
-            part[:, 0] = row[0] + (starts - row[1]) * pieces[0][0].element_size()
-            part[:, 1], part[:, 2] = starts, np.minimum(starts + ROW, row[2])
-            cut.append(part)
-        table = np.concatenate([table[~long], *cut])
     longest = int(((table[:, 2] - 1) // 2 - table[:, 1] // 2 + 1).max())  # pairs
     out = pieces[0][0]
-    rows_on_device = torch.from_numpy(table).to(out.device)
-    _launch(out, rows_on_device, (len(table), (longest + BLOCK - 1) // BLOCK), 0, 0, kind, 0, 0.0, 0.0, dtype,
-            interpret)
+    _launch(out, on_device(table, out.device), (len(table), (longest + BLOCK - 1) // BLOCK), 0, 0, kind, 0, 0.0,
+            0.0, dtype, interpret)
 
 
 def _launch(out: torch.Tensor, table: torch.Tensor | None, grid: tuple[int, ...], n: int, start: int, kind: str,

@@ -2,7 +2,8 @@
 eigenvalues without vectors unless autograd may need them, and while fxinit records, C++ took
 every input for one that might (``capture.grad_branches``). Each case runs under
 ``torch.no_grad()`` (eager: values only) and with gradients on a parameter (eager: the vectors'
-path), inside the constructor and as an init step after the trace."""
+path), inside the constructor and as an init step after the trace; functions that ask for
+vectors, and torch.linalg's others, must stay as torch runs them."""
 
 from __future__ import annotations
 
@@ -29,6 +30,17 @@ CASES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "cond": lambda w: torch.linalg.cond(w).reshape(1),
     "svd_values_only": lambda w: torch.svd(w, compute_uv=False).S,
     "batched_svdvals": lambda w: torch.linalg.svdvals(w.reshape(9, 11, 11)[:, :, :7]),
+    "aten_svdvals": lambda w: torch.ops.aten.linalg_svdvals(w),
+    "aten_eigvalsh": lambda w: torch.ops.aten.linalg_eigvalsh.default(w @ w.T),
+    "matrix_rank_hermitian": lambda w: torch.linalg.matrix_rank(w @ w.T, hermitian=True).float().reshape(1),
+    # functions that ask for vectors themselves keep them
+    "svd_values": lambda w: torch.linalg.svd(w).S,
+    "torch_svd_values": lambda w: torch.svd(w).S,
+    "eigh_values": lambda w: torch.linalg.eigh(w @ w.T).eigenvalues,
+    "pinv": lambda w: torch.linalg.pinv(w),
+    "pinv_hermitian": lambda w: torch.linalg.pinv(w @ w.T, hermitian=True),
+    # and torch.linalg's other functions run as torch runs them
+    "linalg_matmul": lambda w: torch.linalg.matmul(w[0], w.reshape(3, 33, 11)),
 }
 
 
@@ -61,18 +73,19 @@ def test_a_spectral_init_step_after_the_trace_equals_eager() -> None:
     assert_same_as_eager(lambda: nn.Sequential(nn.Linear(24, 40), nn.Linear(40, 8)), seeds=(0,), post=rescale)
 
 
-def test_other_threads_and_real_tensors_keep_torchs_own_path() -> None:
-    """The kernels stay registered with torch's Python dispatcher: used by anyone else (here,
-    outside a recording), they run torch's own composite, so values stay torch's."""
-    from torch._dispatch.python import enable_python_dispatcher
+def test_a_forward_mode_gradient_takes_the_vectors_path_as_in_eager() -> None:
+    """Eager's test also counts a forward-mode gradient on the input (``dual_level``)."""
+    import torch.autograd.forward_ad as fwAD
 
-    from fxinit.capture import grad_branches
+    class Dual(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, 8))
+            with torch.no_grad(), fwAD.dual_level():
+                dual = fwAD.make_dual(self.w.detach(), torch.ones(8, 8))
+                values = fwAD.unpack_dual(torch.linalg.svdvals(dual))
+                self.register_buffer("s", values.primal.clone())
+                self.register_buffer("ds", values.tangent.clone())
+                self.register_buffer("e", torch.view_as_real(torch.linalg.eigvals(self.w.detach())))
 
-    torch.manual_seed(0)
-    fxinit.materialize(fxinit.trace_init(Spectral, "svdvals", False))  # registers the kernels
-    assert grad_branches._registered()
-    a = torch.randn(20, 20)
-    plain = torch.linalg.svdvals(a), torch.linalg.eigvalsh(a @ a.T), torch.linalg.eigvals(a)
-    with enable_python_dispatcher():
-        routed = torch.linalg.svdvals(a), torch.linalg.eigvalsh(a @ a.T), torch.linalg.eigvals(a)
-    assert all(torch.equal(x, y) for x, y in zip(plain, routed))
+    assert_same_as_eager(Dual, seeds=(0,))

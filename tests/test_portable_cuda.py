@@ -131,3 +131,18 @@ def test_the_source_has_portable_cs_constants() -> None:
     constants = [set(re.findall(r"-?0x1\.[0-9a-f]+p-?\d+f", (here / name).read_text()))
                  for name in ("portable.c", "portable_cuda.cu")]
     assert constants[0] and constants[0] == constants[1]
+
+
+def test_compile_nvrtc_on_the_materializers_threads(on_cpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Groups on worker threads launch side by side (the C build keeps its grid indices per thread)."""
+    from fxinit.backends import parallel
+
+    monkeypatch.setattr(parallel, "SERIAL_BELOW_BYTES", 0)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    torch.manual_seed(0)
+    g = fxinit.init_graph(fxinit.trace_init(lambda: torch.nn.Sequential(*(torch.nn.Linear(256, 256)
+                                                                           for _ in range(8)))))
+    want = g.materialize(rng="portable", seed=1, compile=False)
+    for _ in range(3):
+        got = g.materialize(rng="portable", seed=1, compile="nvrtc")
+        assert [k for k in want if not torch.equal(got[k], want[k])] == []

@@ -1,24 +1,28 @@
-"""Composite ops that choose their computation by whether autograd may need it, run as eager
-runs them.
+"""Composite ops that choose their computation by whether autograd may need it, recorded as
+eager runs them.
 
 torch's spectral composites compute only what a caller needs unless the input "may require a
 forward or backward gradient" (``_may_require_fw_or_bw_grad`` in ``BatchLinearAlgebra.cpp``):
-``linalg_svdvals`` asks LAPACK for singular vectors too only then, ``linalg_eigvalsh`` for
-eigenvectors, and ``linalg_eigvals`` runs ``linalg_eig`` instead of ``_linalg_eigvals``. The
-values differ in their last bits between the two paths. The test counts any tensor subclass,
-and any active dispatch mode, as possibly needing gradients, so while fxinit records, C++
-always takes the vectors' path: ``linalg.matrix_norm(w, ord=2)`` in a constructor under
-``torch.no_grad()`` gave other values than eager's (found by a hunt through ``torch.linalg``).
+``linalg_svdvals`` asks LAPACK for singular vectors too only then (``_linalg_svd``'s
+``compute_uv``), ``linalg_eigvalsh`` for eigenvectors (``_linalg_eigh``'s ``compute_v``), and
+``linalg_eigvals`` runs ``linalg_eig`` instead of ``_linalg_eigvals``. The values differ in
+their last bits between the two paths. The test counts any tensor subclass, and any active
+dispatch mode, as possibly needing gradients, so while fxinit records, C++ always took the
+vectors' path: ``w /= linalg.matrix_norm(w, ord=2)`` under ``torch.no_grad()`` in a
+constructor gave other values than eager's (found by a hunt through ``torch.linalg``).
 
-Eager's choice is ``torch.is_grad_enabled() and input.requires_grad`` (a deferred tensor keeps
-eager's ``requires_grad``; forward-mode AD plays no part in a constructor). fxinit makes it
-where C++ makes it: Python kernels for the three composites' ``CompositeImplicitAutograd``
-key, which torch's Python dispatcher runs in place of the C++ ones, so a composite reached
-from C++ (``matrix_norm``, ``cond``, ``matrix_rank``, ``torch.norm(p="nuc")``,
-``torch.svd(compute_uv=False)``) takes eager's path too. The Python dispatcher is on only
-around calls of the functions that can reach them (``ENTRY_POINTS``: it routes every op
-through Python, ~20% of a trace's time were it on throughout); elsewhere, and on threads that
-are not recording, the kernels run torch's own C++ composite.
+Eager's answer is ``torch.is_grad_enabled() and input.requires_grad``, or a forward-mode
+gradient on the input. fxinit gives it at the two places it can see:
+
+* a call of a function whose spectral work is values only (``VALUES_ONLY``: ``svdvals``,
+  ``eigvalsh``, the matrix norms, ``cond``, ``matrix_rank``, ``svd(compute_uv=False)``; each
+  reaches ``_linalg_svd``/``_linalg_eigh`` only through ``linalg_svdvals``/``linalg_eigvalsh``,
+  by torch's C++) runs inside ``values_only()``, and there the recorder takes the
+  ``compute_uv``/``compute_v`` eager would have passed (``eager_arguments``);
+* ``linalg.eigvals``, which only user code calls, becomes ``_linalg_eigvals`` where eager's
+  answer is no (``eigvals_call``).
+
+Functions that ask for vectors themselves (``linalg.svd``, ``eigh``, ``pinv``) are left alone.
 """
 
 from __future__ import annotations
@@ -29,80 +33,87 @@ import threading
 from typing import Any, Callable, Iterator
 
 import torch
-from torch._C import DispatchKey
 
 aten = torch.ops.aten
-_CIA = DispatchKey.CompositeImplicitAutograd
 _LOCAL = threading.local()
 
 
-def _eager_needs_grad(t: torch.Tensor) -> bool:
-    """torch's ``_may_require_fw_or_bw_grad`` as eager construction answers it."""
-    return torch.is_grad_enabled() and t.requires_grad
+def eager_needs_grad(t: torch.Tensor, forward: bool) -> bool:
+    """torch's ``_may_require_fw_or_bw_grad`` as eager construction answers it (a deferred
+    tensor keeps eager's ``requires_grad``); ``forward``: the call's inputs carry forward-mode
+    gradients (``has_tangent``), which the ops in between pass on."""
+    return (torch.is_grad_enabled() and t.requires_grad) or forward
 
 
-def _svdvals(A: torch.Tensor, *, driver: str | None = None) -> torch.Tensor:
-    if not _on():
-        return aten.linalg_svdvals.default._op_dk(_CIA, A, driver=driver)
-    return aten._linalg_svd.default(A, False, _eager_needs_grad(A), driver=driver)[1]
+def has_tangent(args: tuple, kwargs: dict) -> bool:
+    """Whether a tensor argument carries a forward-mode gradient (only inside ``dual_level``)."""
+    from torch.autograd import forward_ad
 
-
-def _eigvalsh(A: torch.Tensor, UPLO: str = "L") -> torch.Tensor:
-    if not _on():
-        return aten.linalg_eigvalsh.default._op_dk(_CIA, A, UPLO)
-    return aten._linalg_eigh.default(A, UPLO, _eager_needs_grad(A))[0]
-
-
-def _eigvals(A: torch.Tensor) -> torch.Tensor:
-    if not _on():
-        return aten.linalg_eigvals.default._op_dk(_CIA, A)
-    return aten.linalg_eig.default(A)[0] if _eager_needs_grad(A) else aten._linalg_eigvals.default(A)
-
-
-KERNELS: dict[Any, Callable[..., Any]] = {
-    aten.linalg_svdvals.default: _svdvals,
-    aten.linalg_eigvalsh.default: _eigvalsh,
-    aten.linalg_eigvals.default: _eigvals,
-}
-
-
-def _on() -> bool:
-    return getattr(_LOCAL, "depth", 0) > 0
+    if forward_ad._current_level < 0:
+        return False
+    return any(isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None
+               for t in (*args, *kwargs.values()))
 
 
 @functools.lru_cache(maxsize=None)
-def entry_points() -> frozenset[Any]:
-    """The functions a recorded call of which may reach the composites of ``KERNELS``: every
-    function of ``torch.linalg`` and the norms and SVDs outside it."""
-    found = [getattr(torch.linalg, name) for name in dir(torch.linalg) if not name.startswith("_")]
-    found += [torch.norm, torch.functional.norm, torch.Tensor.norm, torch.nuclear_norm, torch.svd, torch.Tensor.svd,
-              torch.pinverse, torch.Tensor.pinverse]
-    return frozenset(f for f in found if callable(f) and not isinstance(f, type))
+def _values_only() -> frozenset[Any]:
+    functions = [torch.linalg.svdvals, torch.linalg.eigvalsh, torch.linalg.matrix_norm, torch.linalg.norm,
+                 torch.linalg.cond, torch.linalg.matrix_rank, torch.norm, torch.functional.norm, torch.Tensor.norm,
+                 torch.nuclear_norm]
+    for packet in (aten.linalg_svdvals, aten.linalg_eigvalsh, aten.linalg_matrix_norm, aten.linalg_norm,
+                   aten.linalg_cond, aten.linalg_matrix_rank, aten.nuclear_norm, aten.norm):
+        functions += [packet, *(getattr(packet, name) for name in packet.overloads())]
+    return frozenset(functions)
 
 
-_REGISTERING = threading.Lock()
+_SVD = (torch.svd, torch.Tensor.svd, aten.svd, aten.svd.default)
 
 
-@functools.lru_cache(maxsize=1)
-def _registered() -> bool:
-    """The kernels, registered once with torch's Python dispatcher (they run torch's own
-    composite on any thread that is not inside ``eager_branches``)."""
-    with _REGISTERING:
-        for op, kernel in KERNELS.items():
-            if _CIA not in op.py_kernels:
-                op.py_impl(_CIA)(kernel)
-    return True
+def values_only_call(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether ``func(*args, **kwargs)`` reaches torch's spectral composites for values alone."""
+    if func in _SVD:  # compute_uv=False: linalg_svdvals
+        return kwargs.get("compute_uv", args[2] if len(args) > 2 else True) is False
+    return func in _values_only()
 
 
 @contextlib.contextmanager
-def eager_branches() -> Iterator[None]:
-    """Inside: the composites of ``KERNELS`` take eager's path on this thread."""
-    from torch._dispatch.python import enable_python_dispatcher
-
-    _registered()
-    _LOCAL.depth = getattr(_LOCAL, "depth", 0) + 1
+def values_only(args: tuple, kwargs: dict) -> Iterator[None]:
+    """Inside, on this thread: ``eager_arguments`` gives eager's flags for a call of
+    ``(args, kwargs)``."""
+    saved = getattr(_LOCAL, "forward", None)
+    _LOCAL.forward = has_tangent(args, kwargs)
     try:
-        with enable_python_dispatcher():
-            yield
+        yield
     finally:
-        _LOCAL.depth -= 1
+        _LOCAL.forward = saved
+
+
+#: op -> the position and name of its flag for vectors
+_FLAGS = {aten._linalg_svd.default: (2, "compute_uv"), aten._linalg_eigh.default: (2, "compute_v")}
+
+
+def eager_arguments(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``func``'s arguments with the vectors' flag eager's composite passed, inside
+    ``values_only()`` (elsewhere, and for other ops, as they are)."""
+    flag = _FLAGS.get(func)
+    forward = getattr(_LOCAL, "forward", None)
+    if flag is None or forward is None:
+        return args, kwargs
+    at, name = flag
+    wanted = eager_needs_grad(args[0], forward)
+    if name in kwargs or len(args) <= at:
+        return args, {**kwargs, name: wanted}
+    return (*args[:at], wanted, *args[at + 1:]), kwargs
+
+
+_EIGVALS = (torch.linalg.eigvals, aten.linalg_eigvals, aten.linalg_eigvals.default)
+
+
+def eigvals_call(func: Any, args: tuple, kwargs: dict) -> Callable[[], Any] | None:
+    """``linalg.eigvals(A)`` as eager runs it where autograd needs nothing: ``_linalg_eigvals``
+    (None: run ``func`` as it is)."""
+    if func not in _EIGVALS or len(args) != 1 or kwargs or not isinstance(args[0], torch.Tensor):
+        return None
+    if eager_needs_grad(args[0], has_tangent(args, kwargs)):
+        return None
+    return lambda: aten._linalg_eigvals.default(args[0])

@@ -35,6 +35,7 @@ from fxinit import execute
 from fxinit.capture.deferred import STATE_ATTR, DeferredState, DeferredTensor, is_deferred_tensor, state_of
 from fxinit.capture.devices import CPU, META, default_device, device_available, output_device
 from fxinit.capture.doors import Doors, open_doors_after_trace
+from fxinit.capture.grad_branches import eager_arguments
 from fxinit.capture.names import TraceNames
 from fxinit.capture.opaque import find_opaque_call
 from fxinit.capture.provenance import called_from, current_provenance, format_source, module_path_from_stack, user_frame
@@ -355,6 +356,7 @@ class Recorder(Shadows, Doors):
     # ------------------------------------------------------------------ the op
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         self._check_live()
+        args, kwargs = eager_arguments(func, args, kwargs)  # capture.grad_branches
         if getattr(func, "namespace", None) in COLLECTIVE_NAMESPACES:
             raise self.fail(
                 f"fxinit cannot record the collective {func} on a deferred tensor: replaying communication would need "

@@ -22,7 +22,7 @@
 #define DEVICE static inline
 #define KERNEL
 typedef struct { unsigned int x, y, z; } fxinit_dim3;
-static fxinit_dim3 blockIdx, threadIdx, blockDim;
+static __thread fxinit_dim3 blockIdx, threadIdx, blockDim; /* per thread: launches may run side by side */
 static inline unsigned int __float_as_uint(float v) { unsigned int u; memcpy(&u, &v, 4); return u; }
 static inline float __uint_as_float(unsigned int u) { float v; memcpy(&v, &u, 4); return v; }
 static inline float __fsqrt_rn(float v) { return sqrtf(v); }

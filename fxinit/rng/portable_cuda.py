@@ -11,7 +11,7 @@ bindings of NVRTC and the driver (``torch.cuda._utils``).
 Before its first fill on a device, the kernel fills a sample (both kinds, float32 and
 bfloat16, a fused cast, odd bounds, a start past 2**31) and compares it, bit for bit, with
 the torch-op twin on the same device (``self_check``); a kernel that differs is never used
-(``available`` says why). On a machine without a GPU the same source compiles as C and runs
+(``available`` says why). Its cubin is cached by source, architecture, options and NVRTC version. On a machine without a GPU the same source compiles as C and runs
 its grid in a loop (``FXINIT_ON_CPU``): ``tests/test_portable_cuda.py`` checks its bits there.
 """
 
@@ -132,8 +132,8 @@ def _launcher(device: torch.device) -> Launch:
         props = torch.cuda.get_device_properties(device)
         arch = f"{props.major}{props.minor}"
         source = SOURCE.read_bytes()
-        tag = hashlib.sha256(source + arch.encode() + " ".join(OPTIONS).encode()
-                             + str(torch.version.cuda).encode()).hexdigest()[:16]
+        tag = hashlib.sha256(source + arch.encode() + " ".join(OPTIONS).encode() + _nvrtc_version().encode()
+                             ).hexdigest()[:16]
         path = cache_dir() / f"portable_cuda-sm{arch}-{tag}.cubin"
         if path.exists():
             cubin = path.read_bytes()
@@ -181,6 +181,13 @@ def compiled(arch: str, ptx: bool = False) -> bytes:
         return out.raw
     finally:
         nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
+
+
+def _nvrtc_version() -> str:
+    """NVRTC's version, part of the cubin cache's key."""
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    _nvrtc().nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    return f"{major.value}.{minor.value}"
 
 
 def _nvrtc() -> ctypes.CDLL:

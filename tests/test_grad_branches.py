@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 import fxinit
-from tests.conftest import assert_same_as_eager
+from tests.conftest import assert_same_as_eager, compare_modules
 
 CASES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "svdvals": lambda w: torch.linalg.svdvals(w),
@@ -89,3 +89,22 @@ def test_a_forward_mode_gradient_takes_the_vectors_path_as_in_eager() -> None:
                 self.register_buffer("e", torch.view_as_real(torch.linalg.eigvals(self.w.detach())))
 
     assert_same_as_eager(Dual, seeds=(0,))
+
+
+def test_real_tensors_computed_while_recording_take_eagers_path() -> None:
+    """A tensor from numpy is real, but fxinit's dispatch mode is active while it records, and
+    C++ counts that as possibly needing gradients too."""
+    import numpy as np
+
+    class FromData(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            a = torch.from_numpy(np.random.default_rng(0).standard_normal((33, 33)).astype(np.float32))
+            self.register_buffer("s", torch.linalg.svdvals(a))
+            self.register_buffer("n", torch.linalg.matrix_norm(a, ord=2).reshape(1))
+            self.register_buffer("e", torch.linalg.eigvalsh(a @ a.T))
+            self.register_buffer("v", torch.view_as_real(torch.linalg.eigvals(a)))
+
+    eager = FromData()
+    traced = fxinit.materialize(fxinit.trace_init(FromData))  # its buffers stay real tensors
+    assert compare_modules(traced, eager) == []

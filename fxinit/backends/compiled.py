@@ -169,8 +169,10 @@ class CompiledSampler(PortableSampler):
         return out
 
     def fill_batch(self, fills: list[tuple[fx.Node, BatchedFill, torch.Tensor]]) -> None:
-        """Batched fills (``passes.batched_fills``): those of fxinit's Triton kernel in one
-        launch per kind, dtype and device; the others as ``PortableSampler`` runs them."""
+        """Batched fills (``passes.batched_fills``): those of fxinit's own kernels in one launch
+        per kernel, kind, dtype and device; the others as ``PortableSampler`` runs them. A
+        launch fills its rows in no order, and the launches need none: the queued fills write
+        storages of their own (``batched_fills`` queues no second fill of a storage)."""
         launches: dict[tuple, list[Piece]] = {}
         rest = []
         for node, fill, t in fills:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch._C import TensorBase
 
-from fxinit.capture.grad_branches import eigvals_call, values_only, values_only_call
+from fxinit.capture.grad_branches import run_as_eager
 from fxinit.capture.moves import parse_move, with_index
 from fxinit.capture.post_import import run_pending
 from fxinit.errors import DeferredInitError
@@ -259,12 +259,8 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
             finally:
                 _recorder_of(args, kwargs).autocast = False
     try:
-        if values_only_call(func, args, kwargs):  # spectral composites: eager's path (capture.grad_branches)
-            with values_only(args, kwargs), torch._C.DisableTorchFunctionSubclass():
-                return func(*args, **kwargs)
-        eigvals = eigvals_call(func, args, kwargs)
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **kwargs) if eigvals is None else eigvals()
+        with torch._C.DisableTorchFunctionSubclass():  # spectral composites: eager's path (capture.grad_branches)
+            return run_as_eager(func, args, kwargs, lambda: func(*args, **kwargs))
     except RuntimeError as exc:
         if isinstance(exc, DeferredInitError) or _META_DATA_ACCESS not in str(exc):
             raise

@@ -14,7 +14,7 @@ constructor gave other values than eager's (found by a hunt through ``torch.lina
 Eager's answer is ``torch.is_grad_enabled() and input.requires_grad``, or a forward-mode
 gradient on the input. fxinit gives it at the two places it can see:
 
-* a call of a function whose spectral work is values only (``VALUES_ONLY``: ``svdvals``,
+* a call of a function whose spectral work is values only (``_values_only``: ``svdvals``,
   ``eigvalsh``, the matrix norms, ``cond``, ``matrix_rank``, ``svd(compute_uv=False)``; each
   reaches ``_linalg_svd``/``_linalg_eigh`` only through ``linalg_svdvals``/``linalg_eigvalsh``,
   by torch's C++) runs inside ``values_only()``, and there the recorder takes the
@@ -23,6 +23,8 @@ gradient on the input. fxinit gives it at the two places it can see:
   answer is no (``eigvals_call``).
 
 Functions that ask for vectors themselves (``linalg.svd``, ``eigh``, ``pinv``) are left alone.
+Both apply to deferred and real tensors alike: while fxinit records, its dispatch mode is active,
+and C++ takes a real tensor for one that may need gradients as well (``run_as_eager``).
 """
 
 from __future__ import annotations
@@ -117,3 +119,13 @@ def eigvals_call(func: Any, args: tuple, kwargs: dict) -> Callable[[], Any] | No
     if eager_needs_grad(args[0], has_tangent(args, kwargs)):
         return None
     return lambda: aten._linalg_eigvals.default(args[0])
+
+
+def run_as_eager(func: Any, args: tuple, kwargs: dict, call: Callable[[], Any]) -> Any:
+    """``call()``, which runs ``func(*args, **kwargs)``, taking the spectral branches eager's
+    C++ takes (the capture function mode's calls, ``DeferredTensor``'s after the trace)."""
+    if values_only_call(func, args, kwargs):
+        with values_only(args, kwargs):
+            return call()
+    eigvals = eigvals_call(func, args, kwargs)
+    return call() if eigvals is None else eigvals()

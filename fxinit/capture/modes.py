@@ -20,6 +20,7 @@ from fxinit.capture.deferred import (PROPERTY_CALL, DeferredTensor, deferred_tor
                                      is_deferred_tensor, state_of)
 from fxinit.capture.branches import dropout_call
 from fxinit.capture.devices import context_constructors, default_device
+from fxinit.capture.grad_branches import run_as_eager
 from fxinit.capture.moves import MOVES, device_of_number, parse_move, with_index
 from fxinit.capture.recorder import Recorder
 
@@ -123,7 +124,8 @@ class CaptureFunctionMode(TorchFunctionMode):
                 kwargs = {**kwargs, "device": "meta"}
                 with recorder.intended_device(with_index(torch.device(device))):  # "cuda": the current one
                     return func(*args, **kwargs)
-            return _call(func, types, args, kwargs)
+            # real tensors too: under the capture's dispatch mode C++ takes them for ones that may need gradients
+            return run_as_eager(func, args, kwargs, lambda: _call(func, types, args, kwargs))
         finally:
             if outermost:
                 recorder.call_site = recorder.composite_device = None

@@ -15,9 +15,10 @@ fused cast, CSE, a chain in a kernel), and a kernel takes it whole:
   one explicit generator, for fills small enough to run as one job (``rng.fills.batchable``:
   fewer than ``BATCH_BELOW`` elements, a normal fill a multiple of 16 long, as torch redraws
   a shorter last block);
-* portable mode: fxinit's Triton kernel where the plan runs the fill with it (``plan.kernels``:
-  CUDA by default), any size, one launch per kind and dtype (``rng.portable_triton.fill_many``);
-  on the CPU fxinit's C kernel, for fills of one chunk at most (``rng.portable.batchable``).
+* portable mode: fxinit's own GPU kernels where the plan runs the fill with one of them
+  (``plan.kernels``: Triton's on CUDA by default, or the CUDA kernel NVRTC builds), any size,
+  one launch per kind and dtype over a table of fills (``rng.portable.fill_table``); on the
+  CPU fxinit's C kernel, for fills of one chunk at most (``rng.portable.batchable``).
 
 The flush points are the nodes that use the fill or its allocation, and every later node
 that reads or writes its storage (by the capture's storage ids: through a view taken before

@@ -393,10 +393,12 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     values, bit for bit on CPU. Kernels depend only on the kind of fill and dtype (sizes,
     offsets and numbers are arguments), so a model compiles a handful; Inductor caches them
     across processes. ``None`` (default) takes the fastest: on CUDA fxinit's own Triton
-    kernel (``rng.portable_triton``: a model's fills in a few launches, no Dynamo, safe from any thread), on
-    the CPU fxinit's C kernel. ``"triton"`` asks for that kernel (on CPU tensors only under
-    ``TRITON_INTERPRET=1``, to check bits). Exact mode draws from torch's own generators and
-    compiles nothing.
+    kernel (``rng.portable_triton``: a model's fills in a few launches, no Dynamo, safe from
+    any thread), or where Triton cannot run its CUDA kernel built by NVRTC
+    (``rng.portable_cuda``), on the CPU fxinit's C kernel. ``"triton"`` and ``"nvrtc"`` ask
+    for those kernels (on CPU tensors only under ``TRITON_INTERPRET=1``, or compiled as C
+    with ``FXINIT_NVRTC_ON_CPU=1``, to check bits). Exact mode draws from torch's own
+    generators and compiles nothing.
     """
     if rng not in ("exact", "portable"):
         raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")

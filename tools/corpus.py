@@ -7,6 +7,7 @@
     python tools/corpus.py --device cuda --jobs 1 # eager and trace under `with torch.device("cuda")`
     python tools/corpus.py --from-pretrained     # AutoModel.from_pretrained of a partial checkpoint
     python tools/corpus.py --rng portable --compile  # compiled portable fills against the C kernel
+    FXINIT_NVRTC_ON_CPU=1 python tools/corpus.py --rng portable --compile nvrtc  # fxinit's CUDA kernel, as C
 
 For each architecture (``AutoModel.from_config`` on a tiny config), seed and default
 dtype it builds the eager reference, then with fxinit: trace + materialize whole, and
@@ -253,11 +254,12 @@ def check_model(model_type: str, seed: int = 0, dtype: str = "float32", variant:
 
 @_in_default_dtype
 def check_model_portable(model_type: str, seed: int = 0, dtype: str = "float32", variant: str = "tiny",
-                         orders: tuple[str, ...] = ("whole", "reverse"), compile: bool = False) -> dict[str, Any]:
+                         orders: tuple[str, ...] = ("whole", "reverse"), compile: bool | str = False) -> dict[str, Any]:
     """Portable mode: materializing the module (whole, or leaf by leaf in reverse) gives the
     values its init graph gives for all tensors at once; "unsupported: ..." when a
     random op has no portable sampler. ``compile``: the module is materialized with
-    compiled kernels (``compile=True``), the reference without (fxinit's C kernel)."""
+    compiled kernels (``compile=True``, or fxinit's own ``"nvrtc"``/``"triton"``), the
+    reference without (fxinit's C kernel)."""
     import torch
     from transformers import AutoModel
 
@@ -294,7 +296,7 @@ def check_model_portable(model_type: str, seed: int = 0, dtype: str = "float32",
 def check_model_settings(model_type: str, settings: list[tuple[int, str]], variant: str,
                          orders: tuple[str, ...], rng: str = "exact", cast: str | None = None,
                          device: str | None = None, pretrained: bool = False,
-                         compile: bool = False) -> list[dict[str, Any]]:
+                         compile: bool | str = False) -> list[dict[str, Any]]:
     """``check_model`` (or ``check_model_portable``) for several (seed, dtype) settings in
     one process (one import of the model)."""
     if rng == "exact":
@@ -442,9 +444,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write per-check results here")
     ap.add_argument("--rng", choices=["exact", "portable"], default="exact",
                     help="portable: check order independence of the portable stream instead of eager equality")
-    ap.add_argument("--compile", action="store_true",
-                    help="with --rng portable: materialize with compile=True (kernels torch.compile generates) and "
-                         "check them bit for bit against fxinit's C kernel")
+    ap.add_argument("--compile", nargs="?", const=True, default=False, choices=[True, "nvrtc", "triton"],
+                    help="with --rng portable: materialize with compile=True (kernels torch.compile generates), or "
+                         "with fxinit's own kernel ('nvrtc': the CUDA kernel, compiled as C with "
+                         "FXINIT_NVRTC_ON_CPU=1 on the CPU; 'triton': under TRITON_INTERPRET=1), against the C "
+                         "kernel's values")
     ap.add_argument("--cast", choices=["bfloat16", "float16", "float32", "float64"],
                     help="materialize with dtype=CAST and compare with eager followed by Module.to(CAST)")
     ap.add_argument("--device", help="build eager and trace under `with torch.device(DEVICE)` (cuda: on the GPU)")

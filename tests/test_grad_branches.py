@@ -108,3 +108,18 @@ def test_real_tensors_computed_while_recording_take_eagers_path() -> None:
     eager = FromData()
     traced = fxinit.materialize(fxinit.trace_init(FromData))  # its buffers stay real tensors
     assert compare_modules(traced, eager) == []
+
+
+def test_eigenvectors_have_the_cpu_kernels_layout() -> None:
+    """torch's meta kernel gives ``linalg_eig``'s eigenvectors row-major, the CPU kernel
+    column-major (``capture.layouts``): code that depends on the layout takes eager's path."""
+    class Eig(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(2, 5, 5))
+            with torch.no_grad():
+                vectors = torch.linalg.eig(self.w)[1]
+                self.register_buffer("flat", torch.view_as_real(vectors).contiguous().view(-1))
+                self.register_buffer("vectors", torch.view_as_real(vectors))
+
+    assert_same_as_eager(Eig, seeds=(0,))

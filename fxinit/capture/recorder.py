@@ -36,6 +36,7 @@ from fxinit.capture.deferred import STATE_ATTR, DeferredState, DeferredTensor, i
 from fxinit.capture.devices import CPU, META, default_device, device_available, output_device
 from fxinit.capture.doors import Doors, open_doors_after_trace
 from fxinit.capture.grad_branches import eager_arguments
+from fxinit.capture.layouts import eager_layout
 from fxinit.capture.names import TraceNames
 from fxinit.capture.opaque import find_opaque_call
 from fxinit.capture.provenance import called_from, current_provenance, format_source, module_path_from_stack, user_frame
@@ -409,7 +410,7 @@ class Recorder(Shadows, Doors):
             return self.via_values(func, args, kwargs, inputs, data_dependent=False, cause=exc)
         if not (mout.layout is torch.strided if isinstance(mout, torch.Tensor) else is_strided_result(mout)):
             return non_strided_result(self, func, args, kwargs, inputs)
-        return self._record(func, args, kwargs, inputs, mout, device)
+        return self._record(func, args, kwargs, inputs, eager_layout(func, mout, device), device)
 
     def _own_inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor] | None:
         """The deferred tensors among the arguments if all tensors there are this trace's."""

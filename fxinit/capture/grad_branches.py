@@ -124,8 +124,16 @@ def eigvals_call(func: Any, args: tuple, kwargs: dict) -> Callable[[], Any] | No
 def run_as_eager(func: Any, args: tuple, kwargs: dict, call: Callable[[], Any]) -> Any:
     """``call()``, which runs ``func(*args, **kwargs)``, taking the spectral branches eager's
     C++ takes (the capture function mode's calls, ``DeferredTensor``'s after the trace)."""
+    if func not in _spectral():  # nearly every call: one lookup
+        return call()
     if values_only_call(func, args, kwargs):
         with values_only(args, kwargs):
             return call()
     eigvals = eigvals_call(func, args, kwargs)
     return call() if eigvals is None else eigvals()
+
+
+@functools.lru_cache(maxsize=None)
+def _spectral() -> frozenset[Any]:
+    """Every function ``run_as_eager`` may treat otherwise than torch does."""
+    return _values_only() | frozenset(_SVD) | frozenset(_EIGVALS)

@@ -433,6 +433,11 @@ def fill_table(pieces: list[Piece], row_elements: int) -> Any:
     return np.concatenate(rows) if rows else np.zeros((0, 6), dtype=np.int64)
 
 
+def table_pairs(table: Any) -> int:
+    """The Box-Muller pairs of ``fill_table``'s longest row (what a launch's blocks must cover)."""
+    return int(((table[:, 2] - 1) // 2 - table[:, 1] // 2 + 1).max())
+
+
 def on_device(table: Any, device: torch.device) -> torch.Tensor:
     """``fill_table``'s ``table`` on ``device``, without waiting for the GPU: a copy from pinned
     memory, asynchronous (torch's pinned-memory allocator keeps the memory until the copy ran;

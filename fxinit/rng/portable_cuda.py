@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 
 from fxinit.rng.native import cache_dir
-from fxinit.rng.portable import Piece, fill_table, on_device, sample
+from fxinit.rng.portable import Piece, fill_table, on_device, sample, table_pairs
 
 SOURCE = Path(__file__).with_name("portable_cuda.cu")
 KERNEL = "fxinit_portable_fill_table"
@@ -56,7 +56,7 @@ def fill_many(kind: str, pieces: list[Piece], dtype: torch.dtype | None = None, 
     out = pieces[0][0]
     if out.dtype not in DTYPES or (dtype or out.dtype) not in DTYPES:
         raise ValueError(f"fxinit's CUDA kernel writes {', '.join(map(str, DTYPES))} tensors, not {out.dtype}")
-    longest = int(((table[:, 2] - 1) // 2 - table[:, 1] // 2 + 1).max())  # pairs
+    longest = table_pairs(table)
     if launch is None:
         why = available(out.device)
         if why is not None:

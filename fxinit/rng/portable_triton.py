@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from fxinit.rng.portable import Piece, fill_table, on_device, signed64
+from fxinit.rng.portable import Piece, fill_table, on_device, signed64, table_pairs
 
 #: Box-Muller pairs per program (two output elements each).
 BLOCK = 1024
@@ -104,7 +104,7 @@ def fill_many(kind: str, pieces: list[Piece], dtype: torch.dtype | None = None, 
     table = fill_table(pieces, ROW)
     if len(table) == 0:
         return
-    longest = int(((table[:, 2] - 1) // 2 - table[:, 1] // 2 + 1).max())  # pairs
+    longest = table_pairs(table)
     out = pieces[0][0]
     _launch(out, on_device(table, out.device), (len(table), (longest + BLOCK - 1) // BLOCK), 0, 0, kind, 0, 0.0,
             0.0, dtype, interpret)

@@ -97,9 +97,11 @@ _FLAGS = {aten._linalg_svd.default: (2, "compute_uv"), aten._linalg_eigh.default
 def eager_arguments(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """``func``'s arguments with the vectors' flag eager's composite passed, inside
     ``values_only()`` (elsewhere, and for other ops, as they are)."""
-    flag = _FLAGS.get(func)
     forward = getattr(_LOCAL, "forward", None)
-    if flag is None or forward is None:
+    if forward is None:  # outside values_only(): every op of a recording, without hashing it
+        return args, kwargs
+    flag = _FLAGS.get(func)
+    if flag is None:
         return args, kwargs
     at, name = flag
     wanted = eager_needs_grad(args[0], forward)

@@ -24,11 +24,15 @@ def _column_major(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided(t.shape, layout.stride())
 
 
-#: op -> what the CPU kernel's outputs look like, from the meta kernel's
-_CPU = {aten.linalg_eig.default: lambda out: (out[0], _column_major(out[1]))}
+#: (op, what the CPU kernel's outputs look like from the meta kernel's)
+_CPU = ((aten.linalg_eig.default, lambda out: (out[0], _column_major(out[1]))),)
 
 
 def eager_layout(func: Any, out: Any, device: torch.device) -> Any:
-    """The meta outputs ``out`` of ``func`` with the strides eager's kernel gives on ``device``."""
-    fix = _CPU.get(func) if device.type == "cpu" else None
-    return out if fix is None else fix(out)
+    """The meta outputs ``out`` of ``func`` with the strides eager's kernel gives on ``device``
+    (ops compared by identity: this runs for every recorded op, and an OpOverload hashes in Python)."""
+    if device.type == "cpu":
+        for op, fix in _CPU:
+            if func is op:
+                return fix(out)
+    return out

@@ -5,8 +5,10 @@ kernel's. Where they differ, code that depends on the layout takes another path 
 recording (``.contiguous()`` copies or not, ``.view`` works or not), and materialize fails on a
 view the real tensor does not allow. Found so far (torch 2.11-2.13, in a review of the
 spectral ops): ``linalg_eig``'s eigenvectors, batched column-major on the CPU (LAPACK's
-layout), row-major from the meta kernel. The layout of other devices is not known here and
-is left as the meta kernel gives it.
+layout), row-major from the meta kernel. On CUDA they are row-major, as the meta kernel gives
+them: ``linalg_eig_out`` (aten/src/ATen/native/BatchLinearAlgebra.cpp) computes a CUDA input's
+on the CPU into a temporary and copies it into the output, which it resizes contiguous
+(``vectors_tmp_needed |= vectors.is_cuda()``).
 """
 
 from __future__ import annotations

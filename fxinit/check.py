@@ -215,7 +215,25 @@ def compare_tensors(name: str, got: torch.Tensor, want: torch.Tensor) -> Diverge
                                           f"{want.stride()} offset {want.storage_offset()} in eager construction")
     if want.is_meta:
         return None  # no values on either side
+    if getattr(type(want), "__tensor_flatten__", None) is not None and not hasattr(want, "_local_tensor"):
+        return _compare_inner(name, got, want)
     return _compare_values(name, got.detach(), want.detach())
+
+
+def _compare_inner(name: str, got: torch.Tensor, want: torch.Tensor) -> Divergence | None:
+    """A wrapper tensor subclass (torchao's ``NF4Tensor``), whose own ops may not include
+    comparing: the same inner tensors and the same flattening context, each inner tensor
+    compared as a tensor (``name.quantized_data``)."""
+    (inner_got, ctx_got), (inner_want, ctx_want) = got.__tensor_flatten__(), want.__tensor_flatten__()
+    if list(inner_got) != list(inner_want):
+        return Divergence(name, "type", f"inner tensors {list(inner_got)} here, {list(inner_want)} in eager construction")
+    if repr(ctx_got) != repr(ctx_want):
+        return Divergence(name, "type", f"flattening context {ctx_got!r} here, {ctx_want!r} in eager construction")
+    for attr in inner_want:
+        d = compare_tensors(f"{name}.{attr}", getattr(got, attr), getattr(want, attr))
+        if d is not None:
+            return d
+    return None
 
 
 def provenance(name: str, graph: InitGraph | None, nodes: dict[str, fx.Node]) -> tuple[str | None, str | None]:
@@ -304,6 +322,8 @@ def _graph_or_none(model: torch.nn.Module) -> InitGraph | None:
     try:
         return init_graph(model)
     except ValueError:  # nothing deferred: a module without tensors
+        return None
+    except DeferredInitError:  # no graph of it (wrapper subclasses): materialize says what it refuses
         return None
 
 

@@ -20,7 +20,7 @@ from fxinit.entries import Entry, model_entries
 from fxinit.errors import DeferredInitError
 from fxinit.execute import slicer
 from fxinit.graph import InitGraph
-from fxinit.reachable import left_behind
+from fxinit.reachable import left_behind, module_walk
 from fxinit.spec import OutputInfo, TensorSpec
 
 
@@ -47,6 +47,15 @@ def init_graph(module: torch.nn.Module, carry_real: bool = True, entries: list[E
                                    persistent=e.persistent)
     if not named:
         raise ValueError("this module has no deferred tensors (was it built with fxinit.trace_init?)")
+    wrapped = [f"{path}.{name}" if path else name for path, _, kind, name, t in module_walk(module)
+               if kind == "inner" and is_deferred_tensor(t)]
+    if wrapped:
+        raise DeferredInitError(
+            f"{len(wrapped)} deferred tensor(s) of this model are inside wrapper tensor subclasses "
+            f"({', '.join(wrapped[:3])}{' ...' if len(wrapped) > 3 else ''}): an init graph names plain tensors, "
+            "and only the subclass's own code can build the object around them",
+            hint="materialize the model (fxinit.materialize), or take the init graph before the step that wraps them "
+                 "(quantization)")
     left = left_behind(module)
     if left:
         raise DeferredInitError(

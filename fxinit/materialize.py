@@ -30,7 +30,7 @@ from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materiali
 from fxinit.errors import DeferredInitError
 from fxinit.execute import slicer
 from fxinit.module_to import Location, buffer_slots_apart, separate_buffer_slots, takes_dtype
-from fxinit.reachable import Slot, left_behind, module_slots, module_walk
+from fxinit.reachable import Slot, inner_tensors, left_behind, module_slots, module_walk
 from fxinit.spec import dtype_after_to
 
 _TRACED_SEED = -(1 << 70)  # marker: the portable stream uses the seed each trace saw
@@ -106,7 +106,43 @@ def is_deferred(obj: torch.nn.Module | torch.Tensor) -> bool:
     """True if ``obj`` (a module, recursively, or a tensor) still has deferred tensors."""
     if isinstance(obj, torch.nn.Module):
         return bool(_deferred_in_module(obj)[0]) or bool(deferred_dtensors(obj))
-    return is_deferred_tensor(obj) or is_deferred_dtensor(obj)
+    return is_deferred_tensor(obj) or is_deferred_dtensor(obj) or bool(_deferred_inside(obj))
+
+
+def _deferred_inside(t: torch.Tensor) -> list[torch.Tensor]:
+    """The deferred tensors inside ``t``, a wrapper tensor subclass (``reachable.inner_tensors``)."""
+    return list({id(x): x for _, x in inner_tensors(t, "") if is_deferred_tensor(x)}.values())
+
+
+def _inner_slots(tensors: list[torch.Tensor], where: dict[int, list[Location]]) -> list[tuple[torch.Tensor, str]]:
+    """``(tensor, name)`` of the deferred tensors held inside wrapper subclasses (``"inner"``
+    slots), named with their module's path."""
+    found = []
+    for t in tensors:
+        for mod, name, kind in where.get(id(t), ()):
+            if kind == "inner":
+                path = state_of(t).recorder.module_paths().get(id(mod))
+                found.append((t, f"{path}.{name}" if path else name))
+    return found
+
+
+def _refuse_changing_wrappers(inner: list[tuple[torch.Tensor, str]], device: torch.device | None,
+                              dtype: torch.dtype | None, state_dict: Any) -> None:
+    """Tensors inside a wrapper subclass (``inner``, by name: torchao's ``NF4Tensor``) are
+    filled in place, in the subclass object eager's code built around them, which keeps the
+    device and dtype it was built with. What would change those, or load into the subclass,
+    is that subclass's own code in eager (``.to``, ``copy_``): refused, not imitated."""
+    changed = [name for t, name in inner if dtype is not None or state_dict is not None or (
+        device is not None and device.type != "meta" and (
+            device.type != state_of(t).device.type or device.index not in (None, state_of(t).device.index)))]
+    if not changed:
+        return
+    what = "dtype=" if dtype is not None else "state_dict=" if state_dict is not None else f"device={str(device)!r}"
+    more = f", and {len(changed) - 1} more" if len(changed) > 1 else ""
+    raise DeferredInitError(
+        f"materialize({what}) would change the tensors inside a wrapper tensor subclass ({changed[0]}{more}): "
+        "in eager that is the subclass's own code (.to, load_state_dict), which fxinit does not imitate",
+        hint="materialize without it, then call model.to(...) or load_state_dict(...) as after eager construction")
 
 
 def _device_map(nodes: list[fx.Node], target: torch.device | None) -> dict[torch.device, torch.device]:
@@ -214,7 +250,7 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
                 ) from exc
             warnings.warn(f"fxinit: could not swap in place ({exc}); replaced the module attribute instead, "
                           "so other references to the old object stay deferred", stacklevel=3)
-            if any(kind in ("container", "hook") for _, _, kind in places):
+            if any(kind in ("container", "hook", "inner") for _, _, kind in places):
                 raise DeferredInitError(
                     f"fxinit could not swap the materialized value into a tensor kept in a container or a hook "
                     f"({places[0][1]}): {exc}", hint="drop other references to the deferred tensor") from exc
@@ -413,10 +449,15 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     elif is_deferred_tensor(obj):
         tensors, where = [obj], {}
     elif isinstance(obj, torch.Tensor):
-        return obj
+        tensors, where = _deferred_inside(obj), {}
+        if not tensors:
+            return obj
     else:
         raise TypeError(f"materialize expects an nn.Module or a tensor, got {type(obj).__name__}")
     sharded = deferred_dtensors(obj) if isinstance(obj, torch.nn.Module) else {}
+    inner = _inner_slots(tensors, where) if isinstance(obj, torch.nn.Module) else [
+        (t, name) for name, t in inner_tensors(obj, type(obj).__name__) if is_deferred_tensor(t)]
+    _refuse_changing_wrappers(inner, device, dtype, state_dict)
     if isinstance(obj, torch.nn.Module) and init:
         _refuse_left_behind(obj, walked[id(obj)])
     loaded = None
@@ -465,6 +506,18 @@ def _cast_real(module: torch.nn.Module, dtype: torch.dtype) -> None:
 
 
 def _refuse_left_behind(module: torch.nn.Module, walk: list[Slot] | None = None) -> None:
+    walk = module_walk(module) if walk is None else walk
+    meta_wrappers = [(path, name, t) for path, _, kind, name, t in walk if kind in ("_parameters", "_buffers")
+                     and not is_deferred_tensor(t) and t.is_meta and _deferred_inside(t)]
+    if meta_wrappers:
+        path, name, t = meta_wrappers[0]
+        raise DeferredInitError(
+            f"{type(t).__name__} {f'{path}.{name}' if path else name} is a wrapper tensor subclass around deferred "
+            "tensors that says it is on 'meta': its code read a deferred tensor's device inside __torch_dispatch__, "
+            "where fxinit cannot report the intended device (torch turns __torch_function__ off there), so eager's "
+            "device is unknown",
+            hint="build the wrapper with the device of the tensor it wraps as seen outside __torch_dispatch__ "
+                 "(torchao's NF4Tensor does), or quantize after materializing")
     left = left_behind(module, walk)
     if left:
         raise DeferredInitError(

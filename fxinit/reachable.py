@@ -72,18 +72,38 @@ def _tensor_hooks(t: torch.Tensor, key: str) -> Iterable[tuple[str, torch.Tensor
             yield from captured(fn, f"{key}.{name}[{i}]")
 
 
+def inner_tensors(t: torch.Tensor, key: str, depth: int = 0) -> Iterable[tuple[str, torch.Tensor]]:
+    """``(path, tensor)`` for the tensors inside ``t`` where it is a wrapper tensor subclass
+    (``__tensor_flatten__``: torchao's ``NF4Tensor`` of a QLoRA base weight, the quantized
+    tensors of ``torchao.quantize_``), recursively, named like ``weight.quantized_data``. Not a
+    DTensor's local tensor: ``fxinit.distributed`` materializes DTensors as DTensors."""
+    flatten = getattr(type(t), "__tensor_flatten__", None)
+    if flatten is None or depth > 3 or is_deferred_tensor(t) or hasattr(t, "_local_tensor"):
+        return
+    for attr in flatten(t)[0]:
+        x = getattr(t, attr, None)
+        if isinstance(x, torch.Tensor):
+            yield f"{key}.{attr}", x
+            yield from inner_tensors(x, f"{key}.{attr}", depth + 1)
+
+
 def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
     """``(kind, name, value)`` for what one module holds: its parameters and buffers
     (``"_parameters"``, ``"_buffers"``), its other tensor attributes (``"__dict__"``), the leaves of
-    its list, tuple and dict attributes (``"container"``, named like ``anchors[0]``), and the
+    its list, tuple and dict attributes (``"container"``, named like ``anchors[0]``), the
     tensors held by callables: its own and its tensors' hooks, and functions kept as
-    attributes (``"hook"``, named like ``weight._backward_hooks[0].<mask>``)."""
+    attributes (``"hook"``, named like ``weight._backward_hooks[0].<mask>``), and the tensors
+    inside those of its tensors that are wrapper subclasses (``"inner"``, named like
+    ``weight.quantized_data``: ``inner_tensors``)."""
     for kind in ("_parameters", "_buffers"):
         for name, t in getattr(mod, kind).items():
             yield kind, name, t
             if t is not None:
                 for path, x in _tensor_hooks(t, name):
                     yield "hook", path, x
+                if hasattr(type(t), "__tensor_flatten__"):
+                    for path, x in inner_tensors(t, name):
+                        yield "inner", path, x
     for name, v in vars(mod).items():
         if name in _MODULE_OWN:  # nn.Module's own bookkeeping: a hook dict is the only one that can hold a tensor
             if v and name in _HOOK_DICTS:
@@ -95,6 +115,9 @@ def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
         if tv in CONTAINERS:
             for key, x in contained(v):
                 yield "container", name + key, x
+                if hasattr(type(x), "__tensor_flatten__"):
+                    for path, inner in inner_tensors(x, name + key):
+                        yield "inner", path, inner
         elif tv in _CALLABLES:
             for path, x in captured(v, name):
                 yield "hook", path, x
@@ -102,6 +125,9 @@ def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
             yield "__dict__", name, v
             for path, x in _tensor_hooks(v, name):
                 yield "hook", path, x
+            if hasattr(tv, "__tensor_flatten__"):
+                for path, x in inner_tensors(v, name):
+                    yield "inner", path, x
         elif name.endswith("_hooks") and isinstance(v, dict) and v:  # register_forward_hook & co.
             for i, fn in enumerate(v.values()):
                 for path, x in captured(fn, f"{name}[{i}]"):

@@ -1,0 +1,198 @@
+"""Wrapper tensor subclasses around deferred tensors (``reachable.inner_tensors``).
+
+torchtune's QLoRA base weights are torchao ``NF4Tensor`` parameters: ``to_nf4(weight)`` in
+``__init__`` builds a wrapper subclass (``__tensor_flatten__``) around tensors computed from the
+deferred weight, and ``torchao.quantize_`` does the same to a built model. The wrapper object
+is no deferred tensor itself, so materialize once left its inner tensors deferred while
+``is_deferred`` said False (found by a hunt on torchtune 0.6.1). ``Scaled`` below is such a
+subclass in a few lines (int8 values and a scale, computed in ``__init__``); the tests compare
+with eager construction through ``fxinit.check``, which compares wrapper subclasses inner
+tensor by inner tensor (their own ops may not include comparing).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils._pytree import tree_map
+
+import fxinit
+from fxinit.check import compare_tensors
+from fxinit.errors import DeferredInitError
+
+
+class Scaled(torch.Tensor):
+    """``q * scale``: int8 values and a float scale, dequantized for any op but ``detach``."""
+
+    @staticmethod
+    def __new__(cls, q: torch.Tensor, scale: torch.Tensor, device: torch.device | None = None) -> "Scaled":
+        return torch.Tensor._make_wrapper_subclass(cls, q.shape, dtype=scale.dtype,
+                                                   device=q.device if device is None else device)
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, device: torch.device | None = None) -> None:
+        self.q, self.scale = q, scale
+
+    def __tensor_flatten__(self) -> tuple[list[str], dict]:
+        return ["q", "scale"], {}
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict, ctx: dict, size: torch.Size, stride: tuple) -> "Scaled":
+        return Scaled(inner["q"], inner["scale"])
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if func is torch.ops.aten.detach.default:  # on its own device, as torchao's NF4Tensor does
+            return cls(args[0].q.detach(), args[0].scale.detach(), args[0].device)
+        dequantized = tree_map(lambda x: x.q.to(x.scale.dtype) * x.scale if isinstance(x, Scaled) else x,
+                               (args, kwargs or {}))
+        return func(*dequantized[0], **dequantized[1])
+
+
+def quantized(w: torch.Tensor) -> Scaled:
+    scale = w.detach().abs().amax() / 127
+    return Scaled(torch.round(w.detach() / scale).to(torch.int8), scale)
+
+
+class QuantLinear(nn.Module):
+    """A frozen quantized base weight, a trainable bias, and an inner subclass in a buffer."""
+
+    def __init__(self, n: int = 16, m: int = 8) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(quantized(torch.randn(m, n)), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(m))
+        self.register_buffer("codebook", quantized(torch.linspace(-1, 1, 16) * torch.rand(16)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.t() + self.bias
+
+
+class Held(nn.Module):
+    """Wrapper subclasses as a plain attribute and in a list attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = quantized(torch.randn(5))
+        self.tables = [quantized(torch.randn(3)), torch.ones(2)]
+
+
+class Nested(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = QuantLinear()
+        self.b = nn.Sequential(QuantLinear(8, 4), nn.Linear(4, 4))
+
+
+def test_wrapper_subclasses_held_as_attributes() -> None:
+    report = fxinit.check(Held)
+    assert report.ok and report.tensors_checked == 3, report
+    m = fxinit.trace_init(Held)
+    fxinit.materialize(m)
+    assert not fxinit.is_deferred(m.table.q) and not fxinit.is_deferred(m.tables[0].scale)
+
+
+@pytest.mark.parametrize("model", [QuantLinear, Nested])
+def test_tensors_inside_wrapper_subclasses_materialize_exactly(model) -> None:
+    report = fxinit.check(model)
+    assert report.ok, report
+    torch.manual_seed(0)
+    m = fxinit.trace_init(model)
+    assert fxinit.is_deferred(m)
+    first = m.get_submodule("a" if model is Nested else "")
+    assert fxinit.is_deferred(first.weight) and type(first.weight) is Scaled
+    fxinit.materialize(first)  # a part first, then the rest
+    assert not fxinit.is_deferred(first.weight) and not fxinit.is_deferred(first.codebook.q)
+    fxinit.materialize(m)
+    assert not fxinit.is_deferred(m)
+    torch.manual_seed(0)
+    eager = model()
+    x = torch.randn(3, 16)
+    assert torch.equal(m(x) if model is QuantLinear else m.a(x), eager(x) if model is QuantLinear else eager.a(x))
+
+
+def test_a_wrapper_tensor_materializes_alone() -> None:
+    torch.manual_seed(0)
+    m = fxinit.trace_init(QuantLinear)
+    weight = m.weight
+    assert fxinit.materialize(weight) is weight and not fxinit.is_deferred(weight)
+    torch.manual_seed(0)
+    assert compare_tensors("weight", weight, QuantLinear().weight) is None
+    assert fxinit.is_deferred(m)  # the rest is still deferred
+
+
+def test_quantizing_after_the_trace() -> None:
+    """A step after the trace that swaps in wrapper subclasses (as ``torchao.quantize_`` does)."""
+    def quantize(model: nn.Module) -> None:
+        for mod in model.modules():
+            if isinstance(mod, nn.Linear):
+                mod.weight = nn.Parameter(quantized(mod.weight), requires_grad=False)
+
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+    quantize(eager)
+    torch.manual_seed(0)
+    m = fxinit.trace_init(nn.Sequential, nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+    quantize(m)
+    fxinit.materialize(m)
+    for name in ("0.weight", "2.weight", "0.bias"):
+        got, want = m.get_parameter(name), eager.get_parameter(name)
+        assert compare_tensors(name, got, want) is None, name
+
+
+def test_the_comparison_sees_inner_tensors() -> None:
+    torch.manual_seed(0)
+    a = QuantLinear()
+    torch.manual_seed(0)
+    b = QuantLinear()
+    assert compare_tensors("weight", a.weight, b.weight) is None
+    b.weight.q[0, 0] += 1
+    d = compare_tensors("weight", a.weight, b.weight)
+    assert d is not None and d.name == "weight.q" and d.what == "values"
+
+
+@pytest.mark.parametrize("kwargs, what", [
+    (dict(dtype=torch.bfloat16), "dtype="),
+    (dict(state_dict={}), "state_dict="),
+    (dict(device="meta"), None),  # no values anywhere: nothing to imitate
+])
+def test_changing_a_wrapper_subclass_is_refused_by_name(kwargs, what) -> None:
+    m = fxinit.trace_init(Nested)
+    if what is None:
+        fxinit.materialize(m, **kwargs)
+        assert m.a.weight.q.is_meta
+        return
+    with pytest.raises(DeferredInitError, match=rf"materialize\({what}\).*\(a\.weight\.q, and 7 more\)"):
+        fxinit.materialize(m, **kwargs)
+    assert fxinit.is_deferred(m.a.weight)  # nothing was done
+
+
+class AsksInside(Scaled):
+    """Builds ``detach``'s result on the device its inner tensor reports inside
+    ``__torch_dispatch__``, where torch turns ``__torch_function__`` off: a deferred tensor says
+    'meta' there."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if func is torch.ops.aten.detach.default:
+            return cls(args[0].q.detach(), args[0].scale.detach())
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+class AsksInsideLinear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        w = torch.randn(4, 4)
+        self.weight = nn.Parameter(AsksInside(w.to(torch.int8), w.abs().amax()), requires_grad=False)
+
+
+def test_a_wrapper_built_on_meta_is_refused_by_name() -> None:
+    assert AsksInsideLinear().weight.device.type == "cpu"  # eager's
+    m = fxinit.trace_init(AsksInsideLinear)
+    with pytest.raises(DeferredInitError, match=r"AsksInside weight is a wrapper tensor subclass .* on 'meta'"):
+        fxinit.materialize(m)
+
+
+def test_init_graph_refuses_wrapper_subclasses() -> None:
+    m = fxinit.trace_init(Nested)
+    with pytest.raises(DeferredInitError, match=r"inside wrapper tensor subclasses \(a\.weight\.q, a\.weight\.scale"):
+        fxinit.init_graph(m)

@@ -7,10 +7,14 @@ value like any other, as a leaf. Here, before the swap, each such tensor is matc
 recorded ops that made it from parameters (``plan_links``); after the swap those ops run
 again on the real parameters with autograd on (``relink``): the same aten ops on the same
 values, so the same bits (checked against the value materialize computed), and eager's
-``grad_fn``. A view of a parameter is rebuilt as a view of the real parameter, whatever was
-written into it since (a view sees those writes in eager too). A tensor whose ops cannot be
-replayed so (its parameters written since it was computed, a random or in-place op or a
-constant on the way) keeps its value, as a leaf: docs/failure-modes.md says so.
+``grad_fn``. The other inputs of those ops are taken as eager's ops took them: constants the
+capture holds (an index ``torch.tensor([1, 5])``), value factories (``torch.full``) run again,
+and tensors materialized in the same call (prune's ``weight_mask``), each only where no op
+writes it after the tensor was computed (constants and factories: nowhere), so that the
+value taken is the value eager's op read. A view of a parameter is rebuilt as a view of the
+real parameter, whatever was written into it since (a view sees those writes in eager too).
+A tensor whose ops cannot be replayed so (its parameters written since it was computed, a
+random or in-place op on the way) keeps its value, as a leaf: docs/failure-modes.md says so.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.capture.deferred import dressed_as, is_deferred_tensor, plain_attributes, state_of
+from fxinit.passes.roots import storage_root
 
 _MAX_OPS = 64  # a longer recipe is not the kind of tensor this is for
 
@@ -35,6 +40,16 @@ class Link:
     leaves: dict[fx.Node, torch.Tensor]
 
 
+@dataclass
+class _Inputs:
+    """What the replayed ops of one trace may start from (``_replay_link``)."""
+
+    parameters: dict[fx.Node, torch.Tensor]  # by their current node
+    held: dict[fx.Node, torch.Tensor]  # other tensors materialized in this call, by their current node
+    constants: dict[str, torch.Tensor]  # the capture's constants, by get_attr target
+    written: dict[fx.Node, int]  # storage roots written in place: the position of their last write
+
+
 def plan_links(tensors: list[torch.Tensor]) -> list[Link]:
     """The links of the derived tensors among ``tensors`` that can be rebuilt (before the swap)."""
     with plain_attributes():
@@ -42,13 +57,13 @@ def plan_links(tensors: list[torch.Tensor]) -> list[Link]:
     if not derived:
         return []
     links = []
-    by_recorder: dict[int, dict[fx.Node, torch.Tensor]] = {}
+    by_recorder: dict[int, _Inputs] = {}
     for t in derived:
         rec = state_of(t).recorder
         if id(rec) not in by_recorder:
-            by_recorder[id(rec)] = _parameters(rec, tensors)
-        parameters = by_recorder[id(rec)]
-        link = _view_link(t, parameters) or _replay_link(t, parameters)
+            by_recorder[id(rec)] = _inputs(rec, tensors)
+        inputs = by_recorder[id(rec)]
+        link = _view_link(t, inputs.parameters) or _replay_link(t, inputs)
         if link is not None:
             links.append(link)
     return links
@@ -91,17 +106,26 @@ def autograd_leaves(t: torch.Tensor) -> list[torch.Tensor]:
     return list(out.values())
 
 
-def _parameters(rec: Any, tensors: list[torch.Tensor]) -> dict[fx.Node, torch.Tensor]:
-    """Leaf tensors that require grad, by their current node: the parameters of the traced
-    model (and any other such tensor being materialized)."""
-    found: dict[fx.Node, torch.Tensor] = {}
+def _inputs(rec: Any, tensors: list[torch.Tensor]) -> _Inputs:
+    """Leaf tensors that require grad (the parameters of the traced model, and any other such
+    tensor being materialized), the other tensors being materialized, and where the trace
+    writes in place."""
+    parameters: dict[fx.Node, torch.Tensor] = {}
+    held: dict[fx.Node, torch.Tensor] = {}
     candidates = list(tensors)
     if rec.root is not None:
         candidates += list(rec.root.parameters())
-    for p in candidates:
-        if is_deferred_tensor(p) and p.requires_grad and p.grad_fn is None:
-            found.setdefault(state_of(p).node, p)
-    return found
+    with plain_attributes():
+        for p in candidates:
+            if is_deferred_tensor(p) and p.grad_fn is None:
+                (parameters if p.requires_grad else held).setdefault(state_of(p).node, p)
+    written: dict[fx.Node, int] = {}
+    for n in rec.graph.nodes:
+        if n.meta.get("mutates"):
+            for x in n.all_input_nodes:
+                root = storage_root(x)
+                written[root] = max(written.get(root, -1), n.meta["pos"])
+    return _Inputs(parameters, held, rec.constants, written)
 
 
 def _view_link(t: torch.Tensor, parameters: dict[fx.Node, torch.Tensor]) -> Link | None:
@@ -118,26 +142,42 @@ def _view_link(t: torch.Tensor, parameters: dict[fx.Node, torch.Tensor]) -> Link
     return Link(t, chain[::-1], {node: t._base})
 
 
-def _replay_link(t: torch.Tensor, parameters: dict[fx.Node, torch.Tensor]) -> Link | None:
-    """Ops from parameters (at their current values) to ``t``: pure, not random, no constants."""
+def _replay_link(t: torch.Tensor, inputs: _Inputs) -> Link | None:
+    """Pure, not random ops from parameters (at their current values) to ``t``, and the other
+    inputs they took as eager's ops took them (see the module doc)."""
     needed: dict[fx.Node, None] = {}
     leaves: dict[fx.Node, torch.Tensor] = {}
+    made = state_of(t).node.meta["pos"]
     todo = [state_of(t).node]
     while todo:
         node = todo.pop()
         if node in needed or node in leaves:
             continue
-        if node in parameters:
-            leaves[node] = parameters[node]
+        if node in inputs.parameters:
+            leaves[node] = inputs.parameters[node]
+            continue
+        if node in inputs.held and inputs.written.get(storage_root(node), -1) < made:
+            leaves[node] = inputs.held[node]
+            continue
+        if node.op == "get_attr" and node.target in inputs.constants and storage_root(node) not in inputs.written:
+            leaves[node] = inputs.constants[node.target]
             continue
         if node.op != "call_function" or node.meta.get("generators") or node.meta.get("mutates") \
-                or not node.all_input_nodes or len(needed) >= _MAX_OPS:
+                or len(needed) >= _MAX_OPS:
+            return None
+        if not node.all_input_nodes and (getattr(node.target, "overloadpacket", None) not in _VALUE_FACTORIES
+                                         or node in inputs.written):
             return None
         needed[node] = None
         todo.extend(node.all_input_nodes)
-    if not leaves:
+    if not any(p in inputs.parameters for p in leaves):
         return None
     return Link(t, sorted(needed, key=lambda n: n.meta["pos"]), leaves)
+
+
+#: Ops without tensor inputs that run again to the same values (``empty`` does not).
+_VALUE_FACTORIES = frozenset(getattr(torch.ops.aten, name) for name in (
+    "full", "zeros", "ones", "arange", "linspace", "logspace", "eye", "scalar_tensor"))
 
 
 def _run(link: Link) -> torch.Tensor:

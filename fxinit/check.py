@@ -44,7 +44,8 @@ class Divergence:
     """How one tensor of fxinit's build differs from eager construction's.
 
     ``what``: ``"values"``, ``"shape"``, ``"dtype"``, ``"device"``, ``"stride"``,
-    ``"type"`` (Parameter or not, exact class), ``"requires_grad"``, ``"deferred"`` (still
+    ``"type"`` (Parameter or not, exact class), ``"requires_grad"``, ``"grad_fn"`` (computed
+    with autograd in one build only, or by another op), ``"deferred"`` (still
     deferred after ``materialize``), ``"meta"`` (a plain meta tensor where eager has data),
     ``"tie"`` (shared with other names in one build only), ``"missing"`` (eager has the
     name, fxinit's build does not) or ``"extra"`` (the other way round)."""
@@ -199,7 +200,7 @@ def compare_builds(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) 
 
 def compare_tensors(name: str, got: torch.Tensor, want: torch.Tensor) -> Divergence | None:
     """None if ``got`` (fxinit's) is ``want`` (eager's) in class, shape, dtype, device,
-    ``requires_grad``, strides and bits (NaNs equal where they are the same NaN at the same
+    ``requires_grad``, the kind of its ``grad_fn``, strides and bits (NaNs equal where they are the same NaN at the same
     place; ``-0.0`` is not ``0.0``); else how it differs."""
     if is_deferred_tensor(got):
         return Divergence(name, "deferred", "still deferred after fxinit.materialize")
@@ -207,7 +208,8 @@ def compare_tensors(name: str, got: torch.Tensor, want: torch.Tensor) -> Diverge
         return Divergence(name, "meta", "a meta tensor (no data) where eager construction has values")
     for what, a, b in (("type", _class(got), _class(want)), ("shape", tuple(got.shape), tuple(want.shape)),
                        ("dtype", got.dtype, want.dtype), ("device", got.device, want.device),
-                       ("requires_grad", got.requires_grad, want.requires_grad)):
+                       ("requires_grad", got.requires_grad, want.requires_grad),
+                       ("grad_fn", _grad_fn(got), _grad_fn(want))):
         if a != b:
             return Divergence(name, what, f"{a} here, {b} in eager construction")
     if got.layout == torch.strided and (got.stride(), got.storage_offset()) != (want.stride(), want.storage_offset()):
@@ -294,6 +296,11 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     if t.is_floating_point():
         return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
     return t
+
+
+def _grad_fn(t: torch.Tensor) -> str:
+    """The kind of autograd node that made ``t`` (``MulBackward0``), or "no grad_fn"."""
+    return type(t.grad_fn).__name__ if t.grad_fn is not None else "no grad_fn"
 
 
 def _class(t: torch.Tensor) -> str:

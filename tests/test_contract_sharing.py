@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.utils.prune as prune
 
 import fxinit
 from fxinit.errors import DeferredInitError
@@ -130,6 +131,38 @@ def test_tensors_computed_with_autograd_from_parameters_keep_their_gradient_path
         assert want is not None and got is not None and same_bits(got, want), name
     assert type(traced.row.grad_fn).__name__ == type(eager.row.grad_fn).__name__ == "SelectBackward0"
     assert _shares(traced.row, traced.w)
+
+
+def test_gradient_paths_through_constants_factories_and_buffers() -> None:
+    """The ops from a parameter to a kept tensor may take other inputs: an index tensor (a
+    constant of the capture), a factory's tensor, prune's ``weight_mask`` buffer. They are
+    taken as eager's ops took them, so the kept tensor has eager's ``grad_fn`` (found by a
+    hunt: it was a leaf, and a backward through it never reached the parameter)."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.e = nn.Embedding(10, 4)
+            self.rows = self.e.weight[torch.tensor([1, 5])]
+            self.scaled = self.e.weight * torch.full((4,), 2.0)
+            self.lin = nn.Linear(4, 3)
+            c = torch.empty(3, 4)
+            c.fill_(3.0)
+            self.late = self.lin.weight * c  # a factory written after it was made: no replay of `empty`
+
+    def post(m: nn.Module) -> None:
+        prune.l1_unstructured(m.lin, "weight", amount=0.3)  # weight = weight_orig * weight_mask
+
+    eager, traced = _both(M, post)
+    for name, kind in (("rows", "IndexBackward0"), ("scaled", "MulBackward0"), ("lin.weight", "MulBackward0")):
+        got, want = traced.get_submodule(name.rpartition(".")[0]), eager.get_submodule(name.rpartition(".")[0])
+        got, want = getattr(got, name.rpartition(".")[2]), getattr(want, name.rpartition(".")[2])
+        assert same_bits(got, want) and type(got.grad_fn).__name__ == type(want.grad_fn).__name__ == kind, name
+    assert traced.late.grad_fn is None and eager.late.grad_fn is not None  # the documented limit
+    for m in (eager, traced):
+        (m.rows.sum() + m.scaled.sum() + m.lin.weight.pow(2).sum()).backward()
+    for name in ("e.weight", "lin.weight_orig"):
+        got, want = traced.get_parameter(name).grad, eager.get_parameter(name).grad
+        assert want is not None and got is not None and same_bits(got, want), name
 
 
 class FromNumpyOfAView(nn.Module):

@@ -21,10 +21,12 @@ import sys
 import types
 from typing import Any
 
+import numpy as np
 import torch
 from torch._C import TensorBase
 
 from fxinit.capture.grad_branches import run_as_eager
+from fxinit.capture.indices import as_index
 from fxinit.capture.moves import parse_move, with_index
 from fxinit.capture.post_import import run_pending
 from fxinit.errors import DeferredInitError
@@ -61,6 +63,8 @@ DATA_PROPERTY = property(_get_data, _set_data, doc=_DATA.__doc__)
 _DATA_DESCRIPTORS = (_DATA, DATA_PROPERTY)
 _AUTOCAST_ON = torch._C._is_any_autocast_enabled
 _SETITEM = torch.Tensor.__setitem__
+_GETITEM = torch.Tensor.__getitem__
+_INDEX_SEQUENCES = (list, tuple, np.ndarray)
 _HOOK_SLOTS = [getattr(TensorBase, name) for name in ("_backward_hooks", "_post_accumulate_grad_hooks")
                if hasattr(TensorBase, name)]
 _RAW_ACCESS = {
@@ -205,6 +209,8 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
     """DeferredTensor's ``__torch_function__``. The capture function mode calls it directly
     when deferred tensors are the only overloaded arguments, which saves torch's trip back
     through the subclass layer."""
+    if (func is _SETITEM or func is _GETITEM) and len(args) > 1 and type(args[1]) in _INDEX_SEQUENCES:
+        args = (args[0], as_index(args[1]), *args[2:])  # not as torch would make them, on meta
     if type(func) is PROPERTY_CALL:
         if func.__name__ in ("__get__", "__set__"):
             handled = _property(func.__name__, func.__self__, args)

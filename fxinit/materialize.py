@@ -40,7 +40,9 @@ def _module_tensors(mod: torch.nn.Module, buffers_only: bool = False) -> Iterabl
     """(kind, name, tensor) for a module's own deferred parameters, buffers, tensor attributes
     and tensors in list, tuple and dict attributes (kind ``"container"``)."""
     if buffers_only:
-        return [("_buffers", name, t) for name, t in mod._buffers.items() if is_deferred_tensor(t)]
+        return [(kind, name, t) for buffer, b in mod._buffers.items()
+                for kind, name, t in [("_buffers", buffer, b), *(("inner", path, x) for path, x in inner_tensors(b, buffer))]
+                if is_deferred_tensor(t)]
     return [(kind, name, t) for kind, name, t in module_slots(mod) if is_deferred_tensor(t)]
 
 
@@ -126,6 +128,27 @@ def _inner_slots(tensors: list[torch.Tensor], where: dict[int, list[Location]]) 
     return found
 
 
+def _same_device(asked: torch.device, recorded: torch.device) -> bool:
+    """``asked`` names ``recorded`` (``cpu:0`` is the CPU; ``cuda`` the current CUDA device)."""
+    return asked.type == recorded.type and (asked.type == "cpu" or asked.index in (None, recorded.index))
+
+
+def _refuse_meta_wrappers(slots: Iterable[tuple[str, Any]]) -> None:
+    """A wrapper tensor subclass around deferred tensors that says it is on meta (``(name,
+    tensor)`` of ``slots``): its own code built it on the device a deferred tensor reported
+    inside ``__torch_dispatch__``, where torch turns ``__torch_function__`` off and a deferred
+    tensor is meta underneath. Eager's device is unknown: refused, whatever is asked."""
+    for name, t in slots:
+        if isinstance(t, torch.Tensor) and not is_deferred_tensor(t) and hasattr(type(t), "__tensor_flatten__") \
+                and t.is_meta and _deferred_inside(t):
+            raise DeferredInitError(
+                f"{type(t).__name__} {name} is a wrapper tensor subclass around deferred tensors that says it is on "
+                "'meta': its code read a deferred tensor's device inside __torch_dispatch__, where fxinit cannot "
+                "report the intended device (torch turns __torch_function__ off there), so eager's device is unknown",
+                hint="build the wrapper with the device of the tensor it wraps as seen outside __torch_dispatch__ "
+                     "(torchao's NF4Tensor does), or wrap after materializing")
+
+
 def _refuse_changing_wrappers(inner: list[tuple[torch.Tensor, str]], device: torch.device | None,
                               dtype: torch.dtype | None, state_dict: Any) -> None:
     """Tensors inside a wrapper subclass (``inner``, by name: torchao's ``NF4Tensor``) are
@@ -133,8 +156,7 @@ def _refuse_changing_wrappers(inner: list[tuple[torch.Tensor, str]], device: tor
     device and dtype it was built with. What would change those, or load into the subclass,
     is that subclass's own code in eager (``.to``, ``copy_``): refused, not imitated."""
     changed = [name for t, name in inner if dtype is not None or state_dict is not None or (
-        device is not None and device.type != "meta" and (
-            device.type != state_of(t).device.type or device.index not in (None, state_of(t).device.index)))]
+        device is not None and device.type != "meta" and not _same_device(device, state_of(t).device))]
     if not changed:
         return
     what = "dtype=" if dtype is not None else "state_dict=" if state_dict is not None else f"device={str(device)!r}"
@@ -455,8 +477,12 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     else:
         raise TypeError(f"materialize expects an nn.Module or a tensor, got {type(obj).__name__}")
     sharded = deferred_dtensors(obj) if isinstance(obj, torch.nn.Module) else {}
-    inner = _inner_slots(tensors, where) if isinstance(obj, torch.nn.Module) else [
-        (t, name) for name, t in inner_tensors(obj, type(obj).__name__) if is_deferred_tensor(t)]
+    if isinstance(obj, torch.nn.Module):
+        _refuse_meta_wrappers((f"{path}.{name}" if path else name, t) for path, _, _, name, t in walked[id(obj)])
+        inner = _inner_slots(tensors, where)
+    else:
+        _refuse_meta_wrappers([(type(obj).__name__, obj)])
+        inner = [(t, name) for name, t in inner_tensors(obj, type(obj).__name__) if is_deferred_tensor(t)]
     _refuse_changing_wrappers(inner, device, dtype, state_dict)
     if isinstance(obj, torch.nn.Module) and init:
         _refuse_left_behind(obj, walked[id(obj)])
@@ -506,18 +532,6 @@ def _cast_real(module: torch.nn.Module, dtype: torch.dtype) -> None:
 
 
 def _refuse_left_behind(module: torch.nn.Module, walk: list[Slot] | None = None) -> None:
-    walk = module_walk(module) if walk is None else walk
-    meta_wrappers = [(path, name, t) for path, _, kind, name, t in walk if kind in ("_parameters", "_buffers")
-                     and not is_deferred_tensor(t) and t.is_meta and _deferred_inside(t)]
-    if meta_wrappers:
-        path, name, t = meta_wrappers[0]
-        raise DeferredInitError(
-            f"{type(t).__name__} {f'{path}.{name}' if path else name} is a wrapper tensor subclass around deferred "
-            "tensors that says it is on 'meta': its code read a deferred tensor's device inside __torch_dispatch__, "
-            "where fxinit cannot report the intended device (torch turns __torch_function__ off there), so eager's "
-            "device is unknown",
-            hint="build the wrapper with the device of the tensor it wraps as seen outside __torch_dispatch__ "
-                 "(torchao's NF4Tensor does), or quantize after materializing")
     left = left_behind(module, walk)
     if left:
         raise DeferredInitError(
@@ -548,6 +562,7 @@ def materialize_module(module: torch.nn.Module, buffers_only: bool = False,
             visit(child)
 
     visit(module)
+    _refuse_meta_wrappers((f"{path}.{name}" if path else name, t) for path, _, _, name, t in module_walk(module))
     _materialize_tensors(list(tensors.values()), where, None, True)
     return module
 

@@ -72,19 +72,38 @@ def _tensor_hooks(t: torch.Tensor, key: str) -> Iterable[tuple[str, torch.Tensor
             yield from captured(fn, f"{key}.{name}[{i}]")
 
 
-def inner_tensors(t: torch.Tensor, key: str, depth: int = 0) -> Iterable[tuple[str, torch.Tensor]]:
+def inner_tensors(t: torch.Tensor, key: str, seen: set[int] | None = None) -> Iterable[tuple[str, torch.Tensor]]:
     """``(path, tensor)`` for the tensors inside ``t`` where it is a wrapper tensor subclass
     (``__tensor_flatten__``: torchao's ``NF4Tensor`` of a QLoRA base weight, the quantized
-    tensors of ``torchao.quantize_``), recursively, named like ``weight.quantized_data``. Not a
-    DTensor's local tensor: ``fxinit.distributed`` materializes DTensors as DTensors."""
+    tensors of ``torchao.quantize_``), at any depth, named like ``weight.quantized_data``; also
+    inside a DTensor's local tensor where that is such a wrapper (FSDP2 over QLoRA), but not a
+    DTensor's deferred local tensor itself: ``fxinit.distributed`` materializes those DTensors
+    as DTensors."""
     flatten = getattr(type(t), "__tensor_flatten__", None)
-    if flatten is None or depth > 3 or is_deferred_tensor(t) or hasattr(t, "_local_tensor"):
+    if flatten is None or is_deferred_tensor(t):
+        return
+    seen = set() if seen is None else seen
+    if id(t) in seen:
+        return
+    seen.add(id(t))
+    local = getattr(t, "_local_tensor", None)
+    if local is not None:
+        if isinstance(local, torch.Tensor) and not is_deferred_tensor(local):
+            yield from inner_tensors(local, f"{key}._local_tensor", seen)
         return
     for attr in flatten(t)[0]:
         x = getattr(t, attr, None)
         if isinstance(x, torch.Tensor):
             yield f"{key}.{attr}", x
-            yield from inner_tensors(x, f"{key}.{attr}", depth + 1)
+            yield from inner_tensors(x, f"{key}.{attr}", seen)
+
+
+def _with_inner(kind: str, name: str, t: Any) -> Iterator[tuple[str, str, Any]]:
+    """``(kind, name, t)`` and the ``"inner"`` slots of the tensors inside ``t``."""
+    yield kind, name, t
+    if hasattr(type(t), "__tensor_flatten__"):
+        for path, x in inner_tensors(t, name):
+            yield "inner", path, x
 
 
 def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
@@ -100,7 +119,7 @@ def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
             yield kind, name, t
             if t is not None:
                 for path, x in _tensor_hooks(t, name):
-                    yield "hook", path, x
+                    yield from _with_inner("hook", path, x)
                 if hasattr(type(t), "__tensor_flatten__"):
                     for path, x in inner_tensors(t, name):
                         yield "inner", path, x
@@ -109,29 +128,23 @@ def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
             if v and name in _HOOK_DICTS:
                 for i, fn in enumerate(v.values()):
                     for path, x in captured(fn, f"{name}[{i}]"):
-                        yield "hook", path, x
+                        yield from _with_inner("hook", path, x)
             continue
         tv = type(v)
         if tv in CONTAINERS:
             for key, x in contained(v):
-                yield "container", name + key, x
-                if hasattr(type(x), "__tensor_flatten__"):
-                    for path, inner in inner_tensors(x, name + key):
-                        yield "inner", path, inner
+                yield from _with_inner("container", name + key, x)
         elif tv in _CALLABLES:
             for path, x in captured(v, name):
-                yield "hook", path, x
+                yield from _with_inner("hook", path, x)
         elif isinstance(v, torch.Tensor):
-            yield "__dict__", name, v
+            yield from _with_inner("__dict__", name, v)
             for path, x in _tensor_hooks(v, name):
-                yield "hook", path, x
-            if hasattr(tv, "__tensor_flatten__"):
-                for path, x in inner_tensors(v, name):
-                    yield "inner", path, x
+                yield from _with_inner("hook", path, x)
         elif name.endswith("_hooks") and isinstance(v, dict) and v:  # register_forward_hook & co.
             for i, fn in enumerate(v.values()):
                 for path, x in captured(fn, f"{name}[{i}]"):
-                    yield "hook", path, x
+                    yield from _with_inner("hook", path, x)
 
 
 _CALLABLES = (types.FunctionType, types.MethodType, functools.partial)

@@ -427,10 +427,15 @@ class Recorder(Shadows, Doors):
         def lift(x: Any) -> Any:
             if isinstance(x, torch.Tensor) and not is_deferred_tensor(x):
                 if x.device.type == "meta":
+                    dispatcher = _subclass_dispatch()
                     raise self.fail(
-                        "a plain meta tensor (not created under fxinit) was mixed into a deferred computation",
+                        "a plain meta tensor (not created under fxinit) was mixed into a deferred computation"
+                        + (f", inside {dispatcher}: a tensor subclass's own code, where a deferred tensor says it is "
+                           "on 'meta' (torch turns __torch_function__ off there)" if dispatcher else ""),
                         op=str(func),
-                        hint="a tensor built on the meta device after trace_init (by hand, or by torch.distributed, "
+                        hint="wrap (quantize) after materializing, or build inside __torch_dispatch__ on the device "
+                             "of the wrapper itself" if dispatcher else
+                             "a tensor built on the meta device after trace_init (by hand, or by torch.distributed, "
                              "which sees deferred tensors as meta) has no value; build it on a real device, or run "
                              "that code inside `with fxinit.recording(model):`",
                     )
@@ -567,3 +572,20 @@ def _node_name(graph: fx.Graph, target: Any) -> str | None:
             return None
         name = _NAMES[target] = to_str(target)
     return name
+
+
+def _subclass_dispatch() -> str | None:
+    """``Class.__torch_dispatch__`` of the tensor subclass (not fxinit's) whose dispatch code is
+    running further up this thread's stack, or None."""
+    frame = sys._getframe(2)
+    for _ in range(40):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "__torch_dispatch__" and not frame.f_code.co_filename.startswith(_FXINIT_DIR):
+            owner = frame.f_locals.get("cls")
+            return f"{getattr(owner, '__name__', '?')}.__torch_dispatch__"
+        frame = frame.f_back
+    return None
+
+
+_FXINIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

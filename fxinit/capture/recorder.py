@@ -435,9 +435,11 @@ class Recorder(Shadows, Doors):
                         op=str(func),
                         hint="wrap (quantize) after materializing, or build inside __torch_dispatch__ on the device "
                              "of the wrapper itself" if dispatcher else
-                             "a tensor built on the meta device after trace_init (by hand, or by torch.distributed, "
-                             "which sees deferred tensors as meta) has no value; build it on a real device, or run "
-                             "that code inside `with fxinit.recording(model):`",
+                             "a tensor built on the meta device after trace_init has no value: by hand, by "
+                             "torch.distributed (which sees deferred tensors as meta), or by a composite op that builds "
+                             "helper tensors like its input (torch.quantile, torch.cov, F.cosine_similarity, "
+                             "torch.svd_lowrank); run that init step inside `with fxinit.recording(model):`, where it "
+                             "is recorded as in the constructor, or build the tensor on a real device",
                     )
                 return self.lift(x)
             if is_deferred_tensor(x) and state_of(x).recorder is not self:

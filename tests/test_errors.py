@@ -438,3 +438,28 @@ def test_composites_after_the_trace_point_to_recording() -> None:
         step(m)
     fxinit.materialize(m)
     assert torch.equal(m.weight, eager.weight)
+
+
+def test_a_deferred_number_formats_as_eagers() -> None:
+    """``f"{t:.4f}"`` of a 0-dim deferred tensor (a logging line in a constructor) is its number,
+    as in eager; it raised a TypeError."""
+    notes = {}
+
+    class Logged(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 6)
+            notes[fxinit.is_meta_init()] = f"{self.lin.weight.sum():.6f} {self.lin.bias[0]:+.3e}"
+
+    torch.manual_seed(0)
+    Logged()
+    torch.manual_seed(0)
+    fxinit.trace_init(Logged)
+    assert notes[True] == notes[False]
+
+
+def test_lobpcg_after_the_trace_is_refused_with_the_way_out() -> None:
+    m = fxinit.trace_init(nn.Linear, 6, 6)
+    with pytest.raises(fxinit.DeferredInitError, match="(?s)after the trace read a value.*fxinit.recording"):
+        with torch.no_grad():
+            torch.lobpcg(m.weight @ m.weight.T, k=1)

@@ -64,6 +64,7 @@ _DATA_DESCRIPTORS = (_DATA, DATA_PROPERTY)
 _AUTOCAST_ON = torch._C._is_any_autocast_enabled
 _SETITEM = torch.Tensor.__setitem__
 _GETITEM = torch.Tensor.__getitem__
+_FORMAT = torch.Tensor.__format__
 _INDEX_SEQUENCES = (list, tuple, np.ndarray)
 _HOOK_SLOTS = [getattr(TensorBase, name) for name in ("_backward_hooks", "_post_accumulate_grad_hooks")
                if hasattr(TensorBase, name)]
@@ -248,6 +249,9 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
         result = _maybe_noop_move(func, args, kwargs)
         if result is not None:
             return result
+    elif func is _FORMAT and len(args) == 2 and is_deferred_tensor(args[0]) and args[0].__class__ is DeferredTensor \
+            and state_of(args[0]).device.type != "meta" and args[0].dim() == 0:
+        return args[0].item().__format__(args[1])  # eager formats a plain 0-dim tensor as its number
     elif func is TensorBase.new_tensor:
         return _recorder_of(args, kwargs).new_tensor(args[0], *args[1:], **kwargs)
     elif func in _SHAPED_LIKE and len(args) == 2 and not kwargs and not is_deferred_tensor(args[0]):
@@ -268,6 +272,14 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
         with torch._C.DisableTorchFunctionSubclass():  # spectral composites: eager's path (capture.grad_branches)
             return run_as_eager(func, args, kwargs, lambda: func(*args, **kwargs))
     except RuntimeError as exc:
+        if not isinstance(exc, DeferredInitError) and _META_VALUE_READ in str(exc) and \
+                not _recorder_of(args, kwargs).capturing:
+            raise _recorder_of(args, kwargs).fail(  # torch.lobpcg after the trace: helpers like its input, on meta
+                f"{_torch_name(func)} after the trace read a value of a tensor it built like its input, on the meta "
+                "storage of a deferred tensor",
+                op=getattr(func, "__name__", str(func)),
+                hint="run this init step inside `with fxinit.recording(model):`, where it is recorded as in the "
+                     "constructor") from exc
         if isinstance(exc, DeferredInitError) or _META_DATA_ACCESS not in str(exc):
             raise
         raise _recorder_of(args, kwargs).fail(  # a kernel that reads memory itself, below any op fxinit sees
@@ -280,6 +292,8 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
 
 #: torch's message for a kernel that touched the data of a tensor without storage (meta)
 _META_DATA_ACCESS = "data is not allocated yet"
+#: torch's message for ``.item()`` of a meta tensor
+_META_VALUE_READ = "cannot be called on meta tensors"
 
 
 def _torch_name(func: Any) -> str:

@@ -23,6 +23,7 @@ import logging
 import os
 import random
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Sequence
@@ -32,7 +33,6 @@ import torch
 
 from fxinit.rng.mt19937 import JUMP_MIN_TWISTS, CpuState, advance
 from fxinit.rng.native import _load, cache_dir
-from fxinit.rng.threads import pool, run_ranges, table_ranges
 
 _SOURCE = Path(__file__).with_name("fills.c")
 _OPS = {"uniform": 0, "normal": 1}
@@ -120,6 +120,27 @@ def _jobs(kind: str, dtype: torch.dtype, n: int, start: int, total: int, threads
     return jobs + tail
 
 
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _forget_pool() -> None:
+    """A forked child has the pool object but none of its threads: it makes its own."""
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="fxinit-fill")
+        return _POOL
+
+
 def _kernel(op: int, dtype: int, path: int, ptr: int, job: _Job, words: np.ndarray, consumed: int,
             p0: float, p1: float) -> int:
     lib = library()
@@ -144,7 +165,7 @@ def _fill(kind: str, out: torch.Tensor, state: torch.Tensor, params: tuple[float
 
     if len(jobs) == 1:
         return one(0) == 0
-    futures = [pool().submit(one, i) for i in range(1, len(jobs))]
+    futures = [_pool().submit(one, i) for i in range(1, len(jobs))]
     rc = one(0)
     return all(f.result() == 0 for f in futures) and rc == 0
 
@@ -346,14 +367,12 @@ def batchable(kind: str, dtype: torch.dtype, numel: int) -> bool:
         kind == "uniform" or numel % 16 == 0)
 
 
-def native_fill_batch(fills: Sequence[tuple[str, torch.Tensor, torch.Tensor, tuple[float, float]]],
-                      threads: int | None = None) -> int:
-    """``native_fill(kind, out, state, params)`` of each ``(kind, out, state, params)``, in
-    one call to the kernel a thread (``threads``, default torch's: ``rng.threads``): a model's
-    hundreds of small fills without a call each. Each ``out`` must be a contiguous CPU
-    tensor of fewer than ``BATCH_BELOW`` elements, and for normal a multiple of 16 of them.
-    Returns how many it filled, counted from the first (the first it cannot fill stops it);
-    the caller fills the rest otherwise."""
+def native_fill_batch(fills: Sequence[tuple[str, torch.Tensor, torch.Tensor, tuple[float, float]]]) -> int:
+    """``native_fill(kind, out, state, params)`` of each ``(kind, out, state, params)``, in order,
+    in one call to the kernel: a model's hundreds of small fills without a call each. Each
+    ``out`` must be a contiguous CPU tensor of fewer than ``BATCH_BELOW`` elements, and for
+    normal a multiple of 16 of them. Returns how many it filled, counted from the first
+    (the first it cannot fill stops it); the caller fills the rest otherwise."""
     lib = library()
     jobs: list[int] = []
     params: list[float] = []
@@ -367,13 +386,7 @@ def native_fill_batch(fills: Sequence[tuple[str, torch.Tensor, torch.Tensor, tup
     if not jobs:
         return 0
     packed, values = np.array(jobs, dtype=np.int64), np.array(params, dtype=np.float64)
-    rows, params_at = packed.ctypes.data, values.ctypes.data
-
-    def call(lo: int, hi: int) -> int:
-        return int(lib.fxinit_fill_batch(hi - lo, rows + 6 * 8 * lo, params_at + 2 * 8 * lo))
-
-    threads = torch.get_num_threads() if threads is None else max(1, int(threads))
-    return run_ranges(call, table_ranges(jobs[4::6], threads, MIN_PER_THREAD))
+    return int(lib.fxinit_fill_batch(len(jobs) // 6, packed.ctypes.data, values.ctypes.data))
 
 
 #: A run of a fill's elements drawn into scattered places (``native_fill_runs``) starts at a
@@ -427,7 +440,7 @@ def native_fill_runs(kind: str, out: torch.Tensor, state: torch.Tensor, params: 
 
     if len(jobs) <= 1 or threads == 1:
         return all(one(job) == 0 for job in jobs)
-    futures = [pool().submit(one, job) for job in jobs[1:]]
+    futures = [_pool().submit(one, job) for job in jobs[1:]]
     rc = one(jobs[0])
     return all(f.result() == 0 for f in futures) and rc == 0
 

@@ -44,7 +44,6 @@ from typing import Any, Iterator
 import torch
 
 from fxinit.rng.native import portable_library
-from fxinit.rng.threads import run_ranges, table_ranges
 
 GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed 64-bit integer
 _M1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -373,14 +372,10 @@ def batchable(dtype: torch.dtype, numel: int) -> bool:
 Job = tuple[torch.Tensor, str, int, float, float]  # out, kind, stream, scale, shift
 
 
-#: Elements of a table of small fills below which one more thread costs more than it saves.
-BATCH_PER_THREAD = 1 << 16
-
-
 def fill_batch(jobs: list[Job]) -> int:
     """``fill_(out, kind, stream)`` times ``scale`` plus ``shift`` of each ``(out, kind,
     stream, scale, shift)`` of ``jobs`` (contiguous CPU tensors, ``batchable``), in one call
-    to the C kernel a thread (``rng.threads``). Returns how many it filled, counted from the first (the first it cannot
+    to the C kernel. Returns how many it filled, counted from the first (the first it cannot
     fill stops it); the caller fills the rest otherwise."""
     lib = portable_library()
     packed: list[int] = []
@@ -396,14 +391,7 @@ def fill_batch(jobs: list[Job]) -> int:
         import numpy as np
 
         table, values = np.array(packed, dtype=np.int64), np.array(params, dtype=np.float64)
-        rows, params_at = table.ctypes.data, values.ctypes.data
-
-        def call(lo: int, hi: int) -> int:
-            lib.fxinit_portable_fill_batch(hi - lo, rows + 5 * 8 * lo, params_at + 2 * 8 * lo)
-            return hi - lo
-
-        threads = 1 if fills_are_serial() else torch.get_num_threads()
-        run_ranges(call, table_ranges(packed[3::5], threads, BATCH_PER_THREAD))
+        lib.fxinit_portable_fill_batch(len(params) // 2, table.ctypes.data, values.ctypes.data)
     return len(params) // 2
 
 

@@ -19,6 +19,7 @@ random or in-place op on the way) keeps its value, as a leaf: docs/failure-modes
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,23 +71,30 @@ def plan_links(tensors: list[torch.Tensor]) -> list[Link]:
 
 
 def relink(links: list[Link]) -> None:
-    """Rebuild each planned tensor from the now real parameters (after the swap)."""
-    for link in links:
+    """Rebuild each planned tensor from the now real parameters (after the swap), the ones
+    computed last first: an older ``grad_fn`` of a later tensor holds the earlier tensors it
+    read, and swapping those waits until it is gone."""
+    for link in sorted(links, key=lambda link: -link.nodes[-1].meta["pos"] if link.nodes else 0):
         if any(is_deferred_tensor(p) or p.grad_fn is not None for p in link.leaves.values()):
             continue  # its parameters were not materialized by this call
         t = link.tensor
+        if t.is_meta:
+            continue  # no values to check the replay against
         try:
             with torch.enable_grad():
                 value = _run(link)
+            same = _same(value, t)
         except Exception:  # noqa: BLE001 - the tensor keeps its (right) value as a leaf
             continue
-        if not _same(value, t):
+        if not same:
             continue
         new = dressed_as(t, value, keep_autograd=True)
         try:
             torch.utils.swap_tensors(t, new)
-        except RuntimeError:
-            continue
+        except RuntimeError as exc:
+            warnings.warn(f"fxinit: a tensor computed with autograd from parameters keeps its value but not its "
+                          f"grad_fn ({exc}): compute it after materialize to have eager's", stacklevel=4)
+        del new
 
 
 def autograd_leaves(t: torch.Tensor) -> list[torch.Tensor]:
@@ -159,7 +167,8 @@ def _replay_link(t: torch.Tensor, inputs: _Inputs) -> Link | None:
         if node in inputs.held and inputs.written.get(storage_root(node), -1) < made:
             leaves[node] = inputs.held[node]
             continue
-        if node.op == "get_attr" and node.target in inputs.constants and storage_root(node) not in inputs.written:
+        if node.op == "get_attr" and node.target in inputs.constants and storage_root(node) not in inputs.written \
+                and not inputs.constants[node.target].requires_grad:  # a copy of the caller's tensor: no path to it
             leaves[node] = inputs.constants[node.target]
             continue
         if node.op != "call_function" or node.meta.get("generators") or node.meta.get("mutates") \

@@ -256,9 +256,11 @@ def _move(values: list[torch.Tensor], device: torch.device) -> list[torch.Tensor
 def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dict[int, list[Location]]) -> None:
     # Tensors computed with autograd (a weight_norm'ed ``weight``) hold references to the
     # parameters they came from, and views (``x = w[1:3]``) to their base: swapping them
-    # first releases those references.
+    # first releases those references; the ones computed last first, as they may hold
+    # earlier ones (``t = w * b`` holds ``b = w * 2``).
     with plain_attributes():
-        order = sorted(range(len(tensors)), key=lambda i: (tensors[i].grad_fn is None, not tensors[i]._is_view()))
+        order = sorted(range(len(tensors)), key=lambda i: (tensors[i].grad_fn is None, not tensors[i]._is_view(),
+                                                           -state_of(tensors[i]).node.meta.get("pos", 0)))
     for t, v in ((tensors[i], values[i]) for i in order):
         new = dressed_as(t, v)
         try:

@@ -158,11 +158,29 @@ def test_gradient_paths_through_constants_factories_and_buffers() -> None:
         got, want = getattr(got, name.rpartition(".")[2]), getattr(want, name.rpartition(".")[2])
         assert same_bits(got, want) and type(got.grad_fn).__name__ == type(want.grad_fn).__name__ == kind, name
     assert traced.late.grad_fn is None and eager.late.grad_fn is not None  # the documented limit
+    fxinit.materialize(fxinit.trace_init(M), device="meta")  # nothing to replay on meta: no error
     for m in (eager, traced):
         (m.rows.sum() + m.scaled.sum() + m.lin.weight.pow(2).sum()).backward()
     for name in ("e.weight", "lin.weight_orig"):
         got, want = traced.get_parameter(name).grad, eager.get_parameter(name).grad
         assert want is not None and got is not None and same_bits(got, want), name
+
+
+def test_a_kept_tensor_computed_from_another_kept_one() -> None:
+    """``t = w * b`` with ``b = w * 2`` kept too: ``t``'s recorded ``grad_fn`` holds ``b``, so ``t``
+    is swapped first (found by a review: ``b`` stayed a leaf)."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(3))
+            self.register_buffer("b", self.w * 2)
+            self.t = self.w * self.b
+
+    eager, traced = _both(M)
+    for m in (eager, traced):
+        (m.b.sum() + m.t.sum()).backward()
+        assert type(m.b.grad_fn).__name__ == type(m.t.grad_fn).__name__ == "MulBackward0"
+    assert same_bits(traced.w.grad, eager.w.grad)
 
 
 class FromNumpyOfAView(nn.Module):

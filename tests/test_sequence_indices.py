@@ -8,6 +8,8 @@ constructor and in an init step after the trace, under the CPU default and a dev
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,8 @@ import torch.nn as nn
 
 import fxinit
 from conftest import assert_same_as_eager
+
+Index = collections.namedtuple("Index", "rows cols")  # a tuple to torch
 
 # each edits w (10 x 4) in place and keeps a value read through an index
 EDITS = {
@@ -29,6 +33,9 @@ EDITS = {
     "numpy int32": lambda w: w.__setitem__(np.array([4, 9], dtype=np.int32), 5.0),
     "numpy bool": lambda w: w.__setitem__(np.arange(10) % 3 == 0, 6.0),
     "negative": lambda w: w.__setitem__([-1, -3], 8.0),
+    "range": lambda w: w.__setitem__((range(2), slice(1, None)), 9.0),
+    "namedtuple": lambda w: w.__setitem__(Index([0, 7], slice(None)), 1.25),
+    "list of 0-dim tensors": lambda w: w.__setitem__(([torch.tensor(1), torch.tensor(4)], slice(2)), 0.5),
 }
 READS = {
     "getitem list": lambda w: w[[1, 5, 7]] * 2,

@@ -65,7 +65,7 @@ _AUTOCAST_ON = torch._C._is_any_autocast_enabled
 _SETITEM = torch.Tensor.__setitem__
 _GETITEM = torch.Tensor.__getitem__
 _FORMAT = torch.Tensor.__format__
-_INDEX_SEQUENCES = (list, tuple, np.ndarray)
+_INDEX_SEQUENCES = (list, tuple, range, np.ndarray)
 _HOOK_SLOTS = [getattr(TensorBase, name) for name in ("_backward_hooks", "_post_accumulate_grad_hooks")
                if hasattr(TensorBase, name)]
 _RAW_ACCESS = {
@@ -210,7 +210,7 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
     """DeferredTensor's ``__torch_function__``. The capture function mode calls it directly
     when deferred tensors are the only overloaded arguments, which saves torch's trip back
     through the subclass layer."""
-    if (func is _SETITEM or func is _GETITEM) and len(args) > 1 and type(args[1]) in _INDEX_SEQUENCES:
+    if (func is _SETITEM or func is _GETITEM) and len(args) > 1 and isinstance(args[1], _INDEX_SEQUENCES):
         args = (args[0], as_index(args[1]), *args[2:])  # not as torch would make them, on meta
     if type(func) is PROPERTY_CALL:
         if func.__name__ in ("__get__", "__set__"):

@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
-_SEQUENCES = (list, tuple, np.ndarray)
+#: what torch's ``PySequence_Check`` finds among indices (strings aside: torch refuses them)
+_SEQUENCES = (list, tuple, range, np.ndarray)
 _TUPLE_BELOW = 32  # torch's (and NumPy's) heuristic looks at lists this short only
 _INDEX_DTYPES = (torch.int64, torch.bool, torch.uint8)
 
@@ -39,13 +40,14 @@ _INDEX_DTYPES = (torch.int64, torch.bool, torch.uint8)
 def as_index(index: Any) -> Any:
     """``index`` (what ``w[index]`` was given) with its Python sequences as CPU index tensors,
     or ``index`` itself where it holds none."""
-    if type(index) is list:
+    if isinstance(index, np.ndarray):
+        return _index_tensor(index)
+    if not isinstance(index, tuple):  # a namedtuple is a tuple to torch too
+        if not isinstance(index, _SEQUENCES):
+            return index
         if len(index) >= _TUPLE_BELOW or not _LISTS_AS_TUPLES or not any(_tuple_item(x) for x in index):
             return _index_tensor(index)
-        index = tuple(index)
-    elif type(index) is np.ndarray:
-        return _index_tensor(index)
-    if type(index) is not tuple or not any(isinstance(x, _SEQUENCES) for x in index):
+    if not any(isinstance(x, _SEQUENCES) for x in index):
         return index
     return tuple(_index_tensor(x) if isinstance(x, _SEQUENCES) else x for x in index)
 
@@ -69,7 +71,9 @@ def _index_tensor(seq: Any) -> Any:
     """``seq`` as the index tensor torch makes of it (on the CPU), or ``seq`` where torch's
     own conversion should speak (it would refuse it, or it holds tensors)."""
     if not isinstance(seq, np.ndarray) and any(isinstance(x, torch.Tensor) for x in seq):
-        return seq
+        if not all(isinstance(x, torch.Tensor) and x.dim() == 0 for x in seq):
+            return seq  # larger tensors: torch's conversion speaks
+        seq = [x.item() for x in seq]  # their numbers, as torch reads them (a deferred one's exactly)
     try:
         t = torch.as_tensor(seq, device="cpu") if isinstance(seq, np.ndarray) else torch.tensor(seq, device="cpu")
     except (TypeError, ValueError, RuntimeError):

@@ -74,8 +74,7 @@ def _tensor_hooks(t: torch.Tensor, key: str) -> Iterable[tuple[str, torch.Tensor
 
 def inner_tensors(t: torch.Tensor, key: str, seen: set[int] | None = None) -> Iterable[tuple[str, torch.Tensor]]:
     """``(path, tensor)`` for the tensors inside ``t`` where it is a wrapper tensor subclass
-    (``__tensor_flatten__``: torchao's ``NF4Tensor`` of a QLoRA base weight, the quantized
-    tensors of ``torchao.quantize_``), at any depth, named like ``weight.quantized_data``; also
+    (``__tensor_flatten__``: torchao's ``NF4Tensor`` of a QLoRA base weight), at any depth, named like ``weight.quantized_data``; also
     inside a DTensor's local tensor where that is such a wrapper (FSDP2 over QLoRA), but not a
     DTensor's deferred local tensor itself: ``fxinit.distributed`` materializes those DTensors
     as DTensors."""

@@ -243,20 +243,12 @@ def test_opaque_init_functions_replay_under_the_cpu_default_they_were_recorded_w
     assert torch.equal(m.w.detach(), eager)
 
 
-class Eig(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.randn(2, 5, 5))
-        with torch.no_grad():
-            vectors = torch.linalg.eig(self.w)[1]
-            self.register_buffer("flat", torch.view_as_real(vectors).contiguous().view(-1))
-
-
 def test_eigenvectors_built_for_cuda_are_row_major() -> None:
     """On CUDA ``linalg_eig`` computes on the CPU and copies into an output it resizes
     contiguous (``linalg_eig_out``, BatchLinearAlgebra.cpp), so its eigenvectors are row-major
     there, unlike the CPU kernel's column-major ones (``capture.layouts``): the recording keeps
     the meta kernel's layout, and ``.contiguous()`` copies nothing, as on the GPU."""
+    from test_grad_branches import Eig
     layouts = {}
     for device in ("cpu", "cuda"):
         with torch.device(device):

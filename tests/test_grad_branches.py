@@ -110,16 +110,20 @@ def test_real_tensors_computed_while_recording_take_eagers_path() -> None:
     assert compare_modules(traced, eager) == []
 
 
+class Eig(nn.Module):
+    """Code that depends on the layout of ``linalg_eig``'s eigenvectors (``.contiguous()``
+    copies or not)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(2, 5, 5))
+        with torch.no_grad():
+            vectors = torch.linalg.eig(self.w)[1]
+            self.register_buffer("flat", torch.view_as_real(vectors).contiguous().view(-1))
+            self.register_buffer("vectors", torch.view_as_real(vectors))
+
+
 def test_eigenvectors_have_the_cpu_kernels_layout() -> None:
     """torch's meta kernel gives ``linalg_eig``'s eigenvectors row-major, the CPU kernel
     column-major (``capture.layouts``): code that depends on the layout takes eager's path."""
-    class Eig(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.w = nn.Parameter(torch.randn(2, 5, 5))
-            with torch.no_grad():
-                vectors = torch.linalg.eig(self.w)[1]
-                self.register_buffer("flat", torch.view_as_real(vectors).contiguous().view(-1))
-                self.register_buffer("vectors", torch.view_as_real(vectors))
-
     assert_same_as_eager(Eig, seeds=(0,))

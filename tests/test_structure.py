@@ -107,9 +107,9 @@ def test_doctests_of_new_modules() -> None:
     import doctest
 
     from fxinit import module_to
-    from fxinit.capture import post_import
+    from fxinit.capture import indices, post_import
 
-    for module in (module_to, post_import):
+    for module in (module_to, post_import, indices):
         failed, attempted = doctest.testmod(module)
         assert attempted and not failed, module.__name__
 

@@ -460,6 +460,39 @@ def test_a_deferred_number_formats_as_eagers() -> None:
 
 def test_lobpcg_after_the_trace_is_refused_with_the_way_out() -> None:
     m = fxinit.trace_init(nn.Linear, 6, 6)
-    with pytest.raises(fxinit.DeferredInitError, match="(?s)after the trace read a value.*fxinit.recording"):
+    with pytest.raises(fxinit.DeferredInitError, match="(?s)after the trace needed a value.*fxinit.recording"):
         with torch.no_grad():
             torch.lobpcg(m.weight @ m.weight.T, k=1)
+
+
+class Cached(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.randn(2, 3))
+        self.register_buffer("cos", self.cache[0])  # shares the storage of `cache`
+
+
+def test_copies_of_deferred_tensors_as_eager_or_refused() -> None:
+    """Found by a hunt on Python protocols in constructors: deepcopy copied tensors that share
+    one storage apart (eager's copies share one again), copied a non-leaf eager refuses to,
+    and copy.copy spoke of pickling; numpy() of a tensor that requires grad gave an array."""
+    import copy
+
+    class Layers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(copy.deepcopy(Cached()) for _ in range(2))
+
+    Layers()
+    with pytest.raises(fxinit.DeferredInitError, match="deepcopy of deferred tensors that share one storage"):
+        fxinit.trace_init(Layers)
+    m = fxinit.trace_init(nn.Linear, 3, 2)
+    with pytest.raises(RuntimeError, match="graph leaves"):
+        copy.deepcopy(m.weight * 2)
+    with pytest.raises(fxinit.DeferredInitError, match="copy.copy of a deferred tensor"):
+        copy.copy(m.weight)
+    with pytest.raises(RuntimeError, match="Can't call numpy"):
+        m.weight.numpy()
+    with torch.no_grad():
+        assert m.weight.numpy().shape == (2, 3)  # as eager: only with grad enabled
+    assert copy.deepcopy(m).weight.shape == (2, 3)

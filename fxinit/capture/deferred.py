@@ -66,6 +66,7 @@ _SETITEM = torch.Tensor.__setitem__
 _GETITEM = torch.Tensor.__getitem__
 _FORMAT = torch.Tensor.__format__
 _INDEX_SEQUENCES = (list, tuple, range, np.ndarray)
+_DEEPCOPIED_STORAGES = "fxinit: storages deep-copied"  # a key of copy.deepcopy's memo
 _HOOK_SLOTS = [getattr(TensorBase, name) for name in ("_backward_hooks", "_post_accumulate_grad_hooks")
                if hasattr(TensorBase, name)]
 _RAW_ACCESS = {
@@ -184,10 +185,30 @@ class DeferredTensor(torch.Tensor):
     def __deepcopy__(self, memo: dict) -> torch.Tensor:
         if id(self) in memo:
             return memo[id(self)]
+        with plain_attributes():
+            leaf = self.grad_fn is None
+        if not leaf:  # torch's own refusal, word for word
+            raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
+                               "protocol at the moment.  If you were attempting to deepcopy a module, this may be "
+                               "because of a torch.nn.utils.weight_norm usage, see "
+                               "https://github.com/pytorch/pytorch/pull/103001")
+        rec = state_of(self).recorder
+        copied = memo.setdefault(_DEEPCOPIED_STORAGES, {})
+        sharer = copied.setdefault(rec.storage_id(self), self)
+        if sharer is not self:  # eager copies a storage once and sets each tensor on it
+            raise rec.fail(
+                "copy.deepcopy of deferred tensors that share one storage (a buffer and a view of it): eager's copies "
+                "share one storage again, fxinit would copy them apart", op="copy.deepcopy",
+                hint="deepcopy the module before the views are taken, or build the copies with their own constructor")
         with torch.no_grad():
             new = dressed_as(self, self.clone(memory_format=torch.preserve_format))
         memo[id(self)] = new
         return new
+
+    def __copy__(self) -> torch.Tensor:
+        raise state_of(self).recorder.fail(
+            "copy.copy of a deferred tensor: eager's is another tensor object on the same storage, which fxinit "
+            "cannot make", op="copy.copy", hint="use t.view_as(t) or t.detach() (a view), or t.clone() (a copy)")
 
     def __reduce_ex__(self, proto: int) -> Any:
         raise DeferredInitError(
@@ -228,6 +249,9 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
                 return RAW_ACCESS_ANSWERS[f.f_code]
         _recorder_of(args, kwargs).fail_raw_access(func)
     elif func in _VALUE_READS:
+        if func is not TensorBase.tolist and torch.is_grad_enabled() and args[0].requires_grad \
+                and not kwargs.get("force"):  # torch's own refusal, word for word
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
         return _recorder_of(args, kwargs).read_only_values(func, args[0], args[1:], kwargs)
     elif func is TensorBase.new and is_deferred_tensor(args[0]):
         return _recorder_of(args, kwargs).legacy_new(args[0], args[1:], kwargs)
@@ -275,8 +299,9 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
         if not isinstance(exc, DeferredInitError) and _META_VALUE_READ in str(exc) and \
                 not _recorder_of(args, kwargs).capturing:
             raise _recorder_of(args, kwargs).fail(  # torch.lobpcg after the trace: helpers like its input, on meta
-                f"{_torch_name(func)} after the trace read a value of a tensor it built like its input, on the meta "
-                "storage of a deferred tensor",
+                f"{_torch_name(func)} after the trace needed a value where torch reads it below fxinit's hooks: of a "
+                "tensor a composite built like its input, on the meta storage of a deferred tensor (torch.lobpcg), "
+                "or of deferred numbers in torch.tensor([...])",
                 op=getattr(func, "__name__", str(func)),
                 hint="run this init step inside `with fxinit.recording(model):`, where it is recorded as in the "
                      "constructor") from exc

@@ -470,21 +470,19 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
         tensors, where = _deferred_in_module(obj, walked[id(obj)])
         rec = recorder_of_root(obj)  # tensors the caller holds that share the model's storages
         tensors += [t for t in (rec.adopted if rec is not None else ()) if is_deferred_tensor(t)]
+        _refuse_meta_wrappers((f"{path}.{name}" if path else name, t) for path, _, _, name, t in walked[id(obj)])
+        inner = _inner_slots(tensors, where)
     elif is_deferred_tensor(obj):
-        tensors, where = [obj], {}
-    elif isinstance(obj, torch.Tensor):
-        tensors, where = _deferred_inside(obj), {}
+        tensors, where, inner = [obj], {}, []
+    elif isinstance(obj, torch.Tensor):  # a wrapper subclass: the deferred tensors inside it
+        inner = [(t, name) for name, t in inner_tensors(obj, type(obj).__name__) if is_deferred_tensor(t)]
+        tensors, where = list({id(t): t for t, _ in inner}.values()), {}
         if not tensors:
             return obj
+        _refuse_meta_wrappers([(type(obj).__name__, obj)])
     else:
         raise TypeError(f"materialize expects an nn.Module or a tensor, got {type(obj).__name__}")
     sharded = deferred_dtensors(obj) if isinstance(obj, torch.nn.Module) else {}
-    if isinstance(obj, torch.nn.Module):
-        _refuse_meta_wrappers((f"{path}.{name}" if path else name, t) for path, _, _, name, t in walked[id(obj)])
-        inner = _inner_slots(tensors, where)
-    else:
-        _refuse_meta_wrappers([(type(obj).__name__, obj)])
-        inner = [(t, name) for name, t in inner_tensors(obj, type(obj).__name__) if is_deferred_tensor(t)]
     _refuse_changing_wrappers(inner, device, dtype, state_dict)
     if isinstance(obj, torch.nn.Module) and init:
         _refuse_left_behind(obj, walked[id(obj)])

@@ -74,10 +74,10 @@ def _tensor_hooks(t: torch.Tensor, key: str) -> Iterable[tuple[str, torch.Tensor
 
 def inner_tensors(t: torch.Tensor, key: str, seen: set[int] | None = None) -> Iterable[tuple[str, torch.Tensor]]:
     """``(path, tensor)`` for the tensors inside ``t`` where it is a wrapper tensor subclass
-    (``__tensor_flatten__``: torchao's ``NF4Tensor`` of a QLoRA base weight), at any depth, named like ``weight.quantized_data``; also
-    inside a DTensor's local tensor where that is such a wrapper (FSDP2 over QLoRA), but not a
-    DTensor's deferred local tensor itself: ``fxinit.distributed`` materializes those DTensors
-    as DTensors."""
+    (``__tensor_flatten__``: torchao's ``NF4Tensor`` of a QLoRA base weight), at any depth,
+    named like ``weight.quantized_data``; also inside a DTensor's local tensor where that is
+    such a wrapper (FSDP2 over QLoRA), but not a DTensor's deferred local tensor itself:
+    ``fxinit.distributed`` materializes those DTensors as DTensors."""
     flatten = getattr(type(t), "__tensor_flatten__", None)
     if flatten is None or is_deferred_tensor(t):
         return
@@ -119,7 +119,7 @@ def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
             if t is not None:
                 for path, x in _tensor_hooks(t, name):
                     yield from _with_inner("hook", path, x)
-                if hasattr(type(t), "__tensor_flatten__"):
+                if hasattr(type(t), "__tensor_flatten__"):  # _with_inner, without a generator a parameter
                     for path, x in inner_tensors(t, name):
                         yield "inner", path, x
     for name, v in vars(mod).items():

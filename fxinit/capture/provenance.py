@@ -231,3 +231,15 @@ def module_path_from_stack(
             if isinstance(existing, (torch.nn.ModuleList, torch.nn.Sequential, list)):
                 parts.append(str(len(existing)))
     return ".".join(p for p in parts if p)
+
+
+def subclass_dispatch(frame: types.FrameType | None) -> str | None:
+    """``Class.__torch_dispatch__`` of a tensor subclass (not fxinit's) whose dispatch code
+    runs at ``frame`` or further up the stack (a few dozen frames), or None."""
+    for _ in range(40):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "__torch_dispatch__" and not frame.f_code.co_filename.startswith(_FXINIT_DIR):
+            return f"{getattr(frame.f_locals.get('cls'), '__name__', '?')}.__torch_dispatch__"
+        frame = frame.f_back
+    return None

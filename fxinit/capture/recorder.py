@@ -39,7 +39,8 @@ from fxinit.capture.grad_branches import eager_arguments
 from fxinit.capture.layouts import eager_layout
 from fxinit.capture.names import TraceNames
 from fxinit.capture.opaque import find_opaque_call
-from fxinit.capture.provenance import called_from, current_provenance, format_source, module_path_from_stack, user_frame
+from fxinit.capture.provenance import (called_from, current_provenance, format_source, module_path_from_stack,
+                                       subclass_dispatch, user_frame)
 from fxinit.capture.real import (NOT_REAL, STORAGES, adopt_real, is_strided_result, non_strided_result,
                                  real_tensor_op, set_from_storage)
 from fxinit.capture.schema import (AUTOCAST_LOWER, COLLECTIVE_NAMESPACES, DATA_DEPENDENT, DETACH, LIFT_OPS,
@@ -427,7 +428,7 @@ class Recorder(Shadows, Doors):
         def lift(x: Any) -> Any:
             if isinstance(x, torch.Tensor) and not is_deferred_tensor(x):
                 if x.device.type == "meta":
-                    dispatcher = _subclass_dispatch()
+                    dispatcher = subclass_dispatch(sys._getframe(1))
                     raise self.fail(
                         "a plain meta tensor (not created under fxinit) was mixed into a deferred computation"
                         + (f", inside {dispatcher}: a tensor subclass's own code, where a deferred tensor says it is "
@@ -574,20 +575,3 @@ def _node_name(graph: fx.Graph, target: Any) -> str | None:
             return None
         name = _NAMES[target] = to_str(target)
     return name
-
-
-def _subclass_dispatch() -> str | None:
-    """``Class.__torch_dispatch__`` of the tensor subclass (not fxinit's) whose dispatch code is
-    running further up this thread's stack, or None."""
-    frame = sys._getframe(2)
-    for _ in range(40):
-        if frame is None:
-            return None
-        if frame.f_code.co_name == "__torch_dispatch__" and not frame.f_code.co_filename.startswith(_FXINIT_DIR):
-            owner = frame.f_locals.get("cls")
-            return f"{getattr(owner, '__name__', '?')}.__torch_dispatch__"
-        frame = frame.f_back
-    return None
-
-
-_FXINIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

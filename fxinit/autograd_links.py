@@ -13,20 +13,31 @@ and tensors materialized in the same call (prune's ``weight_mask``), each only w
 writes it after the tensor was computed (constants and factories: nowhere), so that the
 value taken is the value eager's op read. A view of a parameter is rebuilt as a view of the
 real parameter, whatever was written into it since (a view sees those writes in eager too).
-A tensor whose ops cannot be replayed so (its parameters written since it was computed, a
-random or in-place op on the way) keeps its value, as a leaf: docs/failure-modes.md says so.
+
+Where eager's ops read what cannot be replayed so (``_link_through_values``), the values
+they read are computed (``ValueOf``: the slice up to the reading op). A parameter written or
+rebound since (``weight_norm``, then ``weight_g`` filled; frozen or ``.double()`` since) holds
+its value then while the ops run again (``.data =``), and gets its own data back the same way:
+the ops save the parameter itself with its version unchanged, so a backward sees it as it is
+now, as eager's does after a ``.data`` write (where eager wrote in place otherwise, its backward
+through an op that saved the parameter raises; this one runs). A random or written temporary no
+gradient passes is taken as its value. Such a rebuilt tensor must have eager's ``grad_fn`` graph
+(``graph_signature``, recorded by the capture's own autograd), besides eager's bits. A tensor
+that cannot be rebuilt keeps its value, as a leaf: docs/failure-modes.md says when.
 """
 
 from __future__ import annotations
 
+import sys
 import warnings
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
 
 from fxinit.capture.deferred import dressed_as, is_deferred_tensor, plain_attributes, state_of
+from fxinit.ops import is_view, reads_no_data
 from fxinit.passes.roots import storage_root
 
 _MAX_OPS = 64  # a longer recipe is not the kind of tensor this is for
@@ -34,11 +45,23 @@ _MAX_OPS = 64  # a longer recipe is not the kind of tensor this is for
 
 @dataclass
 class Link:
-    """How to rebuild ``tensor`` from ``leaves`` (node -> parameter object): run ``nodes``."""
+    """How to rebuild ``tensor`` from ``leaves`` (node -> parameter object): run ``nodes``.
+    ``earlier``: leaves that are a parameter as it was before later writes (node -> the node
+    that read it then): the parameter holds that value again while ``nodes`` run;
+    ``values``: inputs taken as the values they had (node -> the node that read them), not
+    replayed; ``value_of`` computes both. ``signature``: the ``grad_fn`` graph the rebuilt
+    tensor must have (``graph_signature`` of eager's, recorded by the capture), checked where
+    ``earlier`` or ``values`` stand in for what eager's ops read."""
 
     tensor: torch.Tensor
     nodes: list[fx.Node]
     leaves: dict[fx.Node, torch.Tensor]
+    earlier: dict[fx.Node, fx.Node] = field(default_factory=dict)
+    values: dict[fx.Node, fx.Node] = field(default_factory=dict)
+    signature: list | None = None
+    value_of: Callable[[fx.Node, fx.Node], torch.Tensor] | None = None
+    reached: tuple[torch.Tensor, ...] = ()  # the leaves eager's grad_fn reaches (they required grad then)
+    overwritten: bool = False  # ``tensor`` itself written after (under no_grad): its values copied in after
 
 
 @dataclass
@@ -51,21 +74,36 @@ class _Inputs:
     written: dict[fx.Node, int]  # storage roots written in place: the position of their last write
 
 
-def plan_links(tensors: list[torch.Tensor]) -> list[Link]:
-    """The links of the derived tensors among ``tensors`` that can be rebuilt (before the swap)."""
+#: ``value_of(recorder, node, reader)``: the value ``node`` had when ``reader`` read it (writes
+#: to its storage after that left out), computed as materialize computes values (exact or
+#: portable, on the target device).
+ValueOf = Callable[[Any, fx.Node, fx.Node], torch.Tensor]
+
+
+def plan_links(tensors: list[torch.Tensor], value_of: ValueOf | None = None) -> list[Link]:
+    """The links of the derived tensors among ``tensors`` that can be rebuilt (before the
+    swap); ``value_of`` gives the inputs eager's ops read that nothing can replay (a
+    parameter as it was before a later write, a random or written temporary)."""
     with plain_attributes():
         derived = [t for t in tensors if t.grad_fn is not None]
     if not derived:
         return []
     links = []
     by_recorder: dict[int, _Inputs] = {}
+    with plain_attributes():  # what eager's graphs reach requires grad there, whatever it requires now
+        reached = {id(p) for t in derived for p in autograd_leaves(t)}
     for t in derived:
         rec = state_of(t).recorder
         if id(rec) not in by_recorder:
-            by_recorder[id(rec)] = _inputs(rec, tensors)
+            by_recorder[id(rec)] = _inputs(rec, tensors, reached)
         inputs = by_recorder[id(rec)]
         link = _view_link(t, inputs.parameters) or _replay_link(t, inputs)
+        if link is None and value_of is not None:
+            link = _link_through_values(t, inputs, lambda node, reader: value_of(rec, node, reader))
         if link is not None:
+            with plain_attributes():
+                mine = {id(p) for p in autograd_leaves(t)}
+            link.reached = tuple({id(p): p for p in link.leaves.values() if id(p) in mine}.values())
             links.append(link)
     return links
 
@@ -83,7 +121,9 @@ def relink(links: list[Link]) -> None:
         try:
             with torch.enable_grad():
                 value = _run(link)
-            same = _same(value, t)
+            if link.overwritten and _same_layout(value, t):  # written after, not by autograd (the signature
+                value.data.copy_(t)                            # says): its values, its version kept
+            same = _same(value, t) and (link.signature is None or graph_signature(value) == link.signature)
         except Exception:  # noqa: BLE001 - the tensor keeps its (right) value as a leaf
             continue
         if not same:
@@ -114,10 +154,11 @@ def autograd_leaves(t: torch.Tensor) -> list[torch.Tensor]:
     return list(out.values())
 
 
-def _inputs(rec: Any, tensors: list[torch.Tensor]) -> _Inputs:
+def _inputs(rec: Any, tensors: list[torch.Tensor], reached: set[int] = frozenset()) -> _Inputs:  # type: ignore[assignment]
     """Leaf tensors that require grad (the parameters of the traced model, and any other such
-    tensor being materialized), the other tensors being materialized, and where the trace
-    writes in place."""
+    tensor being materialized) or that a kept tensor's ``grad_fn`` reaches (``reached``, by
+    ``id``: a parameter frozen since), the other tensors being materialized, and where the
+    trace writes in place."""
     parameters: dict[fx.Node, torch.Tensor] = {}
     held: dict[fx.Node, torch.Tensor] = {}
     candidates = list(tensors)
@@ -126,7 +167,7 @@ def _inputs(rec: Any, tensors: list[torch.Tensor]) -> _Inputs:
     with plain_attributes():
         for p in candidates:
             if is_deferred_tensor(p) and p.grad_fn is None:
-                (parameters if p.requires_grad else held).setdefault(state_of(p).node, p)
+                (parameters if p.requires_grad or id(p) in reached else held).setdefault(state_of(p).node, p)
     written: dict[fx.Node, int] = {}
     for n in rec.graph.nodes:
         if n.meta.get("mutates"):
@@ -156,12 +197,16 @@ def _replay_link(t: torch.Tensor, inputs: _Inputs) -> Link | None:
     needed: dict[fx.Node, None] = {}
     leaves: dict[fx.Node, torch.Tensor] = {}
     made = state_of(t).node.meta["pos"]
+    if inputs.written.get(storage_root(state_of(t).node), -1) > made:
+        return None  # written itself since: _link_through_values
     todo = [state_of(t).node]
     while todo:
         node = todo.pop()
         if node in needed or node in leaves:
             continue
         if node in inputs.parameters:
+            if inputs.written.get(storage_root(node), -1) > made:  # eager's op read it before that write
+                return None
             leaves[node] = inputs.parameters[node]
             continue
         if node in inputs.held and inputs.written.get(storage_root(node), -1) < made:
@@ -184,13 +229,137 @@ def _replay_link(t: torch.Tensor, inputs: _Inputs) -> Link | None:
     return Link(t, sorted(needed, key=lambda n: n.meta["pos"]), leaves)
 
 
+def _link_through_values(t: torch.Tensor, inputs: _Inputs,
+                         value_of: Callable[[fx.Node, fx.Node], torch.Tensor]) -> Link | None:
+    """``_replay_link`` where eager's ops read what cannot be replayed: a parameter ``t``'s
+    gradient reaches, written after eager's op read it (``weight_norm``'s ``weight``, then
+    ``weight_g`` filled), holds its value then while the ops run again; anything else that
+    cannot be replayed (a random or written temporary) is taken as the value it had, where no
+    gradient passes it. The rebuilt tensor must have eager's ``grad_fn`` graph (``signature``)."""
+    with plain_attributes():
+        reached = autograd_leaves(t)
+    mine = [p for p in reached if is_deferred_tensor(p)]
+    roots = {storage_root(node) for p in mine for node in (state_of(p).node, *state_of(p).former)}
+    materialized = {id(p) for p in inputs.parameters.values()}
+    needed: dict[fx.Node, None] = {}
+    leaves: dict[fx.Node, torch.Tensor] = {}
+    earlier: dict[fx.Node, fx.Node] = {}
+    values: dict[fx.Node, fx.Node] = {}
+    made = state_of(t).node.meta["pos"]
+    todo: list[tuple[fx.Node, fx.Node | None]] = [(state_of(t).node, None)]
+    while todo:
+        node, reader = todo.pop()
+        if node in needed or node in leaves or node in values:
+            continue
+        # written after eager's op read it (the kept tensor itself: ``overwritten``)
+        stale = reader is not None and inputs.written.get(storage_root(node), -1) > reader.meta["pos"]
+        param = _as_parameter(node, mine)
+        then = param is not None and (stale or node is not state_of(param).node)  # written or rebound since
+        if param is not None and (not then or id(param) in materialized):
+            leaves[node] = param
+            if then:
+                earlier[node] = reader  # type: ignore[assignment]
+            continue
+        if node in inputs.held and not stale:
+            leaves[node] = inputs.held[node]
+            continue
+        if node.op == "get_attr" and node.target in inputs.constants and storage_root(node) not in inputs.written \
+                and not inputs.constants[node.target].requires_grad:
+            leaves[node] = inputs.constants[node.target]
+            continue
+        replayable = node.op == "call_function" and not node.meta.get("generators") and not node.meta.get("mutates") \
+            and (not stale or is_view(node)) and (node.all_input_nodes or (
+                getattr(node.target, "overloadpacket", None) in _VALUE_FACTORIES and node not in inputs.written))
+        if not replayable:
+            if reader is None or storage_root(node) in roots:  # a parameter's storage, not read as the parameter
+                return None
+            values[node] = reader  # no gradient passes it: eager's graph (signature) says so
+            continue
+        if len(needed) >= _MAX_OPS:
+            return None
+        needed[node] = None
+        # the op that reads its inputs' data: this one, or for a view or ``zeros_like`` the one reading it
+        todo.extend((x, reader if reads_no_data(node) and reader is not None else node) for x in node.all_input_nodes)
+    overwritten = inputs.written.get(storage_root(state_of(t).node), -1) > made
+    if not (earlier or values or overwritten) or not needed:
+        return None
+    with plain_attributes():
+        signature = graph_signature(t)
+    return Link(t, sorted(needed, key=lambda n: n.meta["pos"]), leaves, earlier, values, signature, value_of,
+                overwritten=overwritten)
+
+
+def _as_parameter(node: fx.Node, params: Any) -> torch.Tensor | None:
+    """The parameter among ``params`` that ``node`` stands for: its node now, or one it held
+    before ``.data =`` rebound it (an in-place write keeps a tensor's node; a view is another)."""
+    for p in params:
+        if node is state_of(p).node or node in state_of(p).former:
+            return p
+    return None
+
+
+def graph_signature(t: torch.Tensor) -> list:
+    """The shape of ``t``'s ``grad_fn`` graph, in a size linear in it: each function in the
+    order a depth-first walk first meets it, as its kind and the positions of what it leads to
+    (a leaf as ``AccumulateGrad`` of its object)."""
+    order: dict[int, int] = {}
+    out: list = []
+
+    def visit(fn: Any) -> int | None:
+        if fn is None:
+            return None
+        if id(fn) in order:
+            return order[id(fn)]
+        order[id(fn)] = len(out)
+        out.append(None)
+        variable = getattr(fn, "variable", None)
+        entry: Any = ("AccumulateGrad", id(variable)) if isinstance(variable, torch.Tensor) else \
+            (type(fn).__name__, tuple(visit(next_fn) for next_fn, _ in fn.next_functions))
+        out[order[id(fn)]] = entry
+        return order[id(fn)]
+
+    stack_limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(stack_limit, 10_000))
+    try:
+        visit(t.grad_fn)
+    finally:
+        sys.setrecursionlimit(stack_limit)
+    return out
+
+
 #: Ops without tensor inputs that run again to the same values (``empty`` does not).
 _VALUE_FACTORIES = frozenset(getattr(torch.ops.aten, name) for name in (
     "full", "zeros", "ones", "arange", "linspace", "logspace", "eye", "scalar_tensor"))
 
 
 def _run(link: Link) -> torch.Tensor:
-    env: dict[fx.Node, Any] = dict(link.leaves)
+    """``link``'s ops on its leaves. A leaf frozen since eager's ops ran (``requires_grad_(False)``
+    after construction) requires grad while they run, as it did then; a parameter written or
+    rebound since holds its value then (``earlier``) through ``.data =``, and its own data again
+    afterwards, so that what the ops saved is the parameter itself, its version unchanged, as
+    eager's was after a ``.data`` write or ``Module.to``."""
+    assert link.value_of is not None or not (link.earlier or link.values)
+    values = {node: link.value_of(node, reader) for node, reader in link.values.items()}  # type: ignore[misc]
+    then = {node: link.value_of(node, reader) for node, reader in link.earlier.items()}  # type: ignore[misc]
+    frozen = [p for p in link.reached if not p.requires_grad and p.grad_fn is None]
+    now: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for node, value in then.items():
+        p = link.leaves[node]
+        now.append((p, p.data))
+        p.data = value  # its storage, dtype and shape then (``.double()`` since rebinds as eager's did)
+    for p in frozen:
+        p.requires_grad_(True)
+    try:
+        return _run_ops(link, values)
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
+        for p, data in reversed(now):
+            p.data = data
+
+
+def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor]) -> torch.Tensor:
+    env: dict[fx.Node, Any] = {**link.leaves, **values}
 
     def value(x: Any) -> Any:
         return env[x] if isinstance(x, fx.Node) else x
@@ -202,10 +371,14 @@ def _run(link: Link) -> torch.Tensor:
     return env[link.nodes[-1]]
 
 
+def _same_layout(value: torch.Tensor, t: torch.Tensor) -> bool:
+    return isinstance(value, torch.Tensor) and value.shape == t.shape and value.dtype == t.dtype \
+        and value.stride() == t.stride() and value.device == t.device
+
+
 def _same(value: torch.Tensor, t: torch.Tensor) -> bool:
     """``value`` is what materialize put into ``t`` (bits, shape, strides)."""
-    if not isinstance(value, torch.Tensor) or value.shape != t.shape or value.dtype != t.dtype \
-            or value.stride() != t.stride() or value.device != t.device:
+    if not _same_layout(value, t):
         return False
     a, b = value.detach(), t.detach()
     if a.dtype == torch.bool:

@@ -15,26 +15,20 @@ from collections import defaultdict
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 import torch
-import torch.fx as fx
 from torch.nn.modules.module import _IncompatibleKeys
 
-from fxinit import execute
 from fxinit.autograd_links import autograd_leaves, plan_links, relink
 from fxinit.arguments import checked_device, checked_dtype, checked_seed
 from fxinit.capture.api import clear_meta_init_cache, recorder_of_root
 from fxinit.capture.deferred import MATERIALIZED, dressed_as, is_deferred_tensor, plain_attributes, state_of
-from fxinit.capture.devices import device_available
 from fxinit.capture.recorder import Recorder
 from fxinit.checkpoint import CheckpointSource, checkpoint_values
 from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materialize_dtensors
 from fxinit.errors import DeferredInitError
-from fxinit.execute import slicer
 from fxinit.module_to import Location, buffer_slots_apart, separate_buffer_slots, takes_dtype
 from fxinit.reachable import Slot, inner_tensors, left_behind, module_slots, module_walk
 from fxinit.spec import dtype_after_to
-
-_TRACED_SEED = -(1 << 70)  # marker: the portable stream uses the seed each trace saw
-
+from fxinit.values import TRACED_SEED, compute_values, moved, value_of_at_read
 
 def _module_tensors(mod: torch.nn.Module, buffers_only: bool = False) -> Iterable[tuple[str, str, torch.Tensor]]:
     """(kind, name, tensor) for a module's own deferred parameters, buffers, tensor attributes
@@ -167,92 +161,6 @@ def _refuse_changing_wrappers(inner: list[tuple[torch.Tensor, str]], device: tor
         hint="materialize without it, then call model.to(...) or load_state_dict(...) as after eager construction")
 
 
-def _device_map(nodes: list[fx.Node], target: torch.device | None) -> dict[torch.device, torch.device]:
-    """Intended devices missing on this machine, mapped to the requested target."""
-    mapping: dict[torch.device, torch.device] = {}
-    for n in nodes:
-        dev = n.kwargs.get("device") if n.op == "call_function" else None
-        if isinstance(dev, torch.device) and dev.type not in ("cpu", "meta") and dev not in mapping:
-            if device_available(dev):
-                continue
-            if target is None:
-                raise DeferredInitError(
-                    f"these tensors were meant for {dev}, which is not available on this machine",
-                    hint="pass device=... to materialize them elsewhere",
-                )
-            mapping[dev] = target
-    return mapping
-
-
-def _compute(recorder: Recorder, tensors: list[torch.Tensor], target: torch.device | None = None,
-             seed: int | None = None, dtype: torch.dtype | None = None,
-             describe: Callable[[int], str] | None = None, compile: bool | str | None = None) -> list[torch.Tensor]:
-    """Values of ``tensors``: exact replay, or the portable stream when ``seed`` is given;
-    cast to ``dtype`` by ``Module.to``'s rule if given. ``describe(i)`` names the i-th
-    tensor in errors."""
-    recorder._check_live()
-    targets = [(state_of(t).node, recorder.storage_id(t)) for t in tensors]
-    if seed is not None:
-        recorder.stamp_module_paths()
-    todo = execute.plan(recorder, targets, rng="exact" if seed is None else "portable", seed=seed, dtype=dtype,
-                        devices=lambda nodes: _device_map(nodes, target), compile=compile)
-    unwritten = execute.unwritten(todo, targets)
-    if unwritten:
-        raise _unwritten_error(recorder, targets, unwritten, describe)
-    env = execute.run(recorder, todo)
-    values = []
-    for t, (node, _) in zip(tensors, targets):
-        v = env[node]
-        with plain_attributes():
-            shape, want = t.shape, dtype_after_to(t.dtype, dtype)
-        if not isinstance(v, torch.Tensor) or v.shape != shape or v.dtype != want:
-            raise DeferredInitError(
-                f"fxinit internal error: replay produced {type(v).__name__} "
-                f"{getattr(v, 'shape', '')} {getattr(v, 'dtype', '')} for a tensor of {tuple(t.shape)} {t.dtype}",
-                hint="please report this with the model that triggers it",
-            )
-        values.append(v)
-    return values
-
-
-def _unwritten_error(recorder: Recorder, targets: list[tuple[fx.Node, int]],
-                     unwritten: list[tuple[fx.Node, fx.Node]], describe: Callable[[int], str] | None
-                     ) -> DeferredInitError:
-    """The safety net of passes.uninitialized: which requested tensors read memory nobody wrote."""
-    names = recorder.storage_names()
-    involved = {n for pair in unwritten for n in pair}
-    hit = [i for i, t in enumerate(targets)
-           if involved & set(slicer(recorder).required([t], to_run=True)[0])]
-    what = [describe(i) if describe is not None else names.get(targets[i][1], f"tensor {i}") for i in hit]
-    alloc = unwritten[0][1]
-    return DeferredInitError(
-        f"{len(hit)} tensor(s) would be materialized from memory no recorded op wrote: {', '.join(what[:4])}"
-        f"{' ...' if len(what) > 4 else ''} (the buffer {alloc.name}, allocated by torch.distributed to receive data, "
-        "was never filled while fxinit recorded)",
-        op=str(alloc.target), source=getattr(alloc.meta.get("prov"), "source", None),
-        hint="a collective or layout step ran on deferred tensors in a way fxinit does not replay; materialize "
-             "before that step, and please report the layout that triggers this")
-
-
-def _move(values: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """Move to ``device`` keeping tensors that shared a storage sharing one."""
-    moved_storage: dict[int, torch.UntypedStorage] = {}
-    out = []
-    for v in values:
-        if v.device == device:
-            out.append(v)
-            continue
-        st = v.untyped_storage()
-        key = st.data_ptr()
-        if key not in moved_storage:
-            new = torch.UntypedStorage(st.nbytes(), device=device)
-            new.copy_(st)
-            moved_storage[key] = new
-        out.append(torch.empty(0, dtype=v.dtype, device=device).set_(
-            moved_storage[key], v.storage_offset(), v.size(), v.stride()))
-    return out
-
-
 def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dict[int, list[Location]]) -> None:
     # Tensors computed with autograd (a weight_norm'ed ``weight``) hold references to the
     # parameters they came from, and views (``x = w[1:3]``) to their base: swapping them
@@ -320,14 +228,14 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
         rest = [t for t, c in zip(rest, cast) if c] + [t for t, c in zip(rest, cast) if not c]
         n_cast = sum(cast)
         if init:
-            stream_seed = None if seed is None else (rec.seed if seed is _TRACED_SEED else seed)
-            values = _compute(rec, rest[:n_cast], target, stream_seed, dtype, compile=compile) if n_cast else []
+            stream_seed = None if seed is None else (rec.seed if seed is TRACED_SEED else seed)
+            values = compute_values(rec, rest[:n_cast], target, stream_seed, dtype, compile=compile) if n_cast else []
             if n_cast < len(rest):
-                values += _compute(rec, rest[n_cast:], target, stream_seed, None, compile=compile)
+                values += compute_values(rec, rest[n_cast:], target, stream_seed, None, compile=compile)
         else:
             values = [_empty_like(t, target, dtype if i < n_cast else None) for i, t in enumerate(rest)]
         if target is not None:
-            values = _move(values, target)
+            values = moved(values, target)
         with torch.no_grad():
             for t, v in zip(rest, values):
                 if id(t) in loaded:
@@ -335,7 +243,7 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
             values += [_empty_like(t, target, dtype if takes_dtype(t, where.get(id(t), []), dtype) else None)
                        .copy_(loaded[id(t)]()) for t in direct]
         plan.append((rest + direct, values))
-    links = plan_links(tensors)
+    links = plan_links(tensors, value_of_at_read(target, seed, compile) if init else None)
     apart = buffer_slots_apart(tensors, where, dtype)
     holders = _weakref_holders(where, tensors)
     for mod in holders:
@@ -463,7 +371,7 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     if rng not in ("exact", "portable"):
         raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
     seed, dtype, device = checked_seed(seed), checked_dtype(dtype), checked_device(device)
-    stream_seed = None if rng == "exact" else (_TRACED_SEED if seed is None else seed)
+    stream_seed = None if rng == "exact" else (TRACED_SEED if seed is None else seed)
     walked: dict[int, list[Slot]] = {}
     if isinstance(obj, torch.nn.Module):
         walked[id(obj)] = module_walk(obj)
@@ -495,8 +403,8 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     from_meta_init = any(state_of(t).recorder.kind == "meta_init" for t in tensors)
     if sharded:
         def compute(rec: Recorder, locals_: list[torch.Tensor], describe: Callable[[int], str]) -> list[torch.Tensor]:
-            traced = None if stream_seed is None else (rec.seed if stream_seed is _TRACED_SEED else stream_seed)
-            return _compute(rec, locals_, None, traced, dtype, describe, compile)
+            traced = None if stream_seed is None else (rec.seed if stream_seed is TRACED_SEED else stream_seed)
+            return compute_values(rec, locals_, None, traced, dtype, describe, compile)
 
         materialize_dtensors(sharded, device, init, compute, dtype,
                              {k: v for k, v in (loaded or {}).items() if k in sharded})

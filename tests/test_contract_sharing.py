@@ -147,23 +147,80 @@ def test_gradient_paths_through_constants_factories_and_buffers() -> None:
             self.lin = nn.Linear(4, 3)
             c = torch.empty(3, 4)
             c.fill_(3.0)
-            self.late = self.lin.weight * c  # a factory written after it was made: no replay of `empty`
+            self.late = self.lin.weight * c  # a factory written after it was made: `c` taken as its value
 
     def post(m: nn.Module) -> None:
         prune.l1_unstructured(m.lin, "weight", amount=0.3)  # weight = weight_orig * weight_mask
 
     eager, traced = _both(M, post)
-    for name, kind in (("rows", "IndexBackward0"), ("scaled", "MulBackward0"), ("lin.weight", "MulBackward0")):
+    for name, kind in (("rows", "IndexBackward0"), ("scaled", "MulBackward0"), ("lin.weight", "MulBackward0"),
+                       ("late", "MulBackward0")):
         got, want = traced.get_submodule(name.rpartition(".")[0]), eager.get_submodule(name.rpartition(".")[0])
         got, want = getattr(got, name.rpartition(".")[2]), getattr(want, name.rpartition(".")[2])
         assert same_bits(got, want) and type(got.grad_fn).__name__ == type(want.grad_fn).__name__ == kind, name
-    assert traced.late.grad_fn is None and eager.late.grad_fn is not None  # the documented limit
     fxinit.materialize(fxinit.trace_init(M), device="meta")  # nothing to replay on meta: no error
     for m in (eager, traced):
         (m.rows.sum() + m.scaled.sum() + m.lin.weight.pow(2).sum()).backward()
     for name in ("e.weight", "lin.weight_orig"):
         got, want = traced.get_parameter(name).grad, eager.get_parameter(name).grad
         assert want is not None and got is not None and same_bits(got, want), name
+
+
+def test_gradient_paths_from_parameters_written_after() -> None:
+    """A kept tensor computed from a parameter that is written after (the old ``weight_norm``'s
+    ``weight``, then ``weight_g`` filled), or from a random temporary: eager's op read the
+    parameter as it was then, and its ``grad_fn`` leads to the parameter. The replay runs
+    with the parameter holding that value again, then writes the final value back through
+    ``.data``: what the ops saved is the parameter itself, its version unchanged, so a backward
+    sees the final values, as eager's does after a ``.data`` write. A kept tensor written
+    itself after (under no_grad) is rebuilt, then given its values (found by
+    tools/fuzz_capture.py: these were leaves; a review found the ``.data`` cases)."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(2))
+            self.register_buffer("b", self.w * 2)
+            self.noisy = self.w * torch.randn(2)  # a random temporary, taken as its value
+            self.square = self.w * self.w  # saves w: eager's backward reads w's final values
+            self.w.data.zero_()
+            self.lin = nn.utils.weight_norm(nn.Linear(3, 2))
+            self.lin.weight_g.data.fill_(2.0)  # the common init of weight_g
+            self.register_buffer("c", self.lin.bias.clone())
+            with torch.no_grad():
+                self.c.fill_(1.0)  # the kept tensor itself written after: eager's keeps CloneBackward0
+
+    eager, traced = _both(M)
+    for name in ("b", "noisy", "square", "lin.weight", "c"):
+        got, want = traced.get_submodule(name.rpartition(".")[0]), eager.get_submodule(name.rpartition(".")[0])
+        got, want = getattr(got, name.rpartition(".")[2]), getattr(want, name.rpartition(".")[2])
+        assert same_bits(got, want) and type(got.grad_fn).__name__ == type(want.grad_fn).__name__ != "NoneType", name
+    for m in (eager, traced):
+        (m.b.sum() + m.noisy.sum() + m.square.sum() + m.lin.weight.sum() + m.c.sum()).backward()
+    for name in ("w", "lin.weight_g", "lin.weight_v", "lin.bias"):
+        got, want = traced.get_parameter(name).grad, eager.get_parameter(name).grad
+        assert want is not None and got is not None and same_bits(got, want), name
+    assert fxinit.check(M).status == "equal"
+
+
+def test_a_backward_eager_refuses_runs_here() -> None:
+    """A parameter written in place (not through ``.data``) after an op saved it: eager's
+    backward raises (its version changed); the rebuilt tensor's saved the parameter with the
+    version it has now, so its backward runs, on the final values. The documented difference
+    (docs/failure-modes.md): never a raise where eager's works."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q = nn.Parameter(torch.ones(2))
+            self.square = self.q * self.q
+            with torch.no_grad():
+                self.q.mul_(3)
+
+    eager, traced = _both(M)
+    assert same_bits(traced.square, eager.square) and type(traced.square.grad_fn).__name__ == "MulBackward0"
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        eager.square.sum().backward()
+    traced.square.sum().backward()
+    assert torch.equal(traced.q.grad, torch.full((2,), 6.0))
 
 
 def test_a_kept_tensor_computed_from_another_kept_one() -> None:

@@ -27,15 +27,11 @@ from fuzz_programs import Hole, Outcome, Program, check, example, programs, smal
 #
 # Each kind is a grammar tag (see fuzz_programs.Gen). Symptoms, as of this file's writing:
 #
-# store:grad_tracked       a tensor computed with autograd from a parameter and kept as a buffer or
-#                          attribute, the parameter written after that (old nn.utils.weight_norm's
-#                          `weight`, then weight_g filled): materialized with eager's values as a leaf
-#                          without grad_fn (eager: MulBackward0 ...; a backward through it would raise
-#                          there, the parameter having been modified in place). Views of parameters, and
-#                          tensors whose parameters were not written since, get eager's grad_fn.
-KNOWN_HOLE_KINDS: set[str] = {
-    "store:grad_tracked",
-}
+KNOWN_HOLE_KINDS: set[str] = set()
+# Kinds that are exact only when the whole model is materialized at once (docs/failure-modes.md):
+# store:grad_tracked       a tensor computed with autograd from parameters that an earlier materialize
+#                          call made real keeps its value as a leaf (the replay finds them no more).
+WHOLE_ORDER_ONLY: set[str] = {"store:grad_tracked"}
 # Closed since this fuzzer found them (their examples below are regression tests now):
 # np:roundtrip_alias       torch.from_numpy(t.detach().numpy()) of a deferred tensor in __init__ was a
 #                          snapshot of t, not an alias: later writes to t were missing from it.
@@ -50,8 +46,10 @@ KNOWN_HOLE_KINDS: set[str] = {
 # np:roundtrip_alias_after_trace  torch.from_numpy(t.numpy()) in init_weights() (no capture mode sees
 #                          from_numpy there) was a copy of t's values, not t's memory: now torch.from_numpy
 #                          answers for fxinit's arrays while a recorder lives.
-# store:grad_tracked       (partly) a tensor computed with autograd from parameters and kept on the module
-#                          had no grad_fn: now its ops are replayed on the real parameters (autograd_links)
+# store:grad_tracked       a tensor computed with autograd from parameters and kept on the module had no
+#                          grad_fn: now its ops are replayed on the real parameters (autograd_links), a
+#                          parameter written after through its value then (weight_norm's `weight`, then
+#                          weight_g filled), marked modified as eager's was
 # post:vector_to_parameters  nn.utils.vector_to_parameters(vec, m.parameters()) after tracing: eager's
 #                          parameters are views of one vector; fxinit's were separate tensors.
 
@@ -77,7 +75,7 @@ HOLE_EXAMPLES: dict[str, Program] = {
     "edit:data_assign_real": example(  # in init_weights: was torch's RuntimeError
         ['self.register_buffer("b", torch.get_rng_state())', "self.w = nn.Parameter(torch.zeros(3))"],
         ["self.b.data = self.w.detach().to(torch.uint8)"]),
-    "store:grad_tracked": example([  # the parameter written after: no grad_fn (eager: MulBackward0)
+    "store:grad_tracked": example([  # the parameter written after: was no grad_fn (eager: MulBackward0)
         "self.w = nn.Parameter(torch.randn(2))",
         'self.register_buffer("b", self.w * 2)',
         "with torch.no_grad():\n    self.w.zero_()",
@@ -171,6 +169,7 @@ CI_EXAMPLES = 1500  # about 45 s on 2 shared cores (30 ms a program)
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
 @given(programs(disabled=frozenset(KNOWN_HOLE_KINDS)))
 def test_fuzz_capture_against_eager(program: Program) -> None:
+    assume(program.order == "whole" or not program.tags & WHOLE_ORDER_ONLY)
     outcome = check(program)  # raises a Hole (an AssertionError with the program's source) on a difference
     assume(outcome.status != "invalid")  # eager itself raised: not a program
 
@@ -180,6 +179,7 @@ def test_fuzz_capture_against_eager(program: Program) -> None:
 @given(programs(disabled=frozenset(KNOWN_HOLE_KINDS)))
 def test_fuzz_capture_at_small_thresholds(program: Program) -> None:
     """The same, with fill pieces, partial copies and copies that draw at any size."""
+    assume(program.order == "whole" or not program.tags & WHOLE_ORDER_ONLY)
     with small_thresholds():
         outcome = check(program)
     assume(outcome.status != "invalid")

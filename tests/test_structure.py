@@ -108,8 +108,9 @@ def test_doctests_of_new_modules() -> None:
 
     from fxinit import module_to
     from fxinit.capture import indices, post_import
+    from fxinit.passes import waves
 
-    for module in (module_to, post_import, indices):
+    for module in (module_to, post_import, indices, waves):
         failed, attempted = doctest.testmod(module)
         assert attempted and not failed, module.__name__
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 import fxinit
-from tests.conftest import compare_modules
+from tests.conftest import assert_same_as_eager, compare_modules
 
 STEPS = ("normal", "uniform", "slice", "unbind", "split", "scale", "copy", "clone", "plus_one", "transpose",
          "refill", "zero")
@@ -132,3 +132,21 @@ def test_programs_of_views_and_fills_are_one_stream_in_portable_mode(monkeypatch
                 if bad:
                     failures.append(f"seed {seed} {way}: {_program(seed)}: {bad[:2]}")
     assert not failures, "\n".join(failures[:5])
+
+
+class LikeOfSizeOneDims(nn.Module):
+    """``*_like`` of a tensor whose size-one dimensions have odd strides (``w.t()`` of a (1, 2)
+    tensor is contiguous, strides (1, 2)): eager keeps those strides, torch's meta kernel
+    recomputes them (found by tools/fuzz_capture.py: strides (1, 1) here, (1, 2) in eager)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        x = nn.Parameter(torch.eye(1, 2)).t().contiguous()
+        self.zeros = nn.Parameter(torch.zeros_like(x, device="cpu"))
+        self.normal = nn.Parameter(torch.randn_like(x))
+        self.filled = nn.Parameter(torch.empty_like(torch.ones(1, 3).t()).fill_(2))
+        self.permuted = nn.Parameter(torch.full_like(torch.ones(4, 3).t(), 3.0))
+
+
+def test_like_factories_keep_eagers_strides() -> None:
+    assert_same_as_eager(LikeOfSizeOneDims)

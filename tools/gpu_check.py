@@ -68,6 +68,9 @@ import fxinit  # noqa: E402
 from fxinit.backends.compiled import nvrtc_available  # noqa: E402
 from gpu_contexts import SIZES, check_device_contexts, report  # noqa: E402
 
+if __name__ == "__main__":  # gpu_portable imports this file as gpu_check: one module, one _PROFILE_LATER
+    sys.modules.setdefault("gpu_check", sys.modules[__name__])
+
 BENCH_CONFIGS = {
     "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                num_key_value_heads=8, vocab_size=128256),
@@ -124,6 +127,31 @@ def kernel_seconds(fn: Callable[[], Any], device: torch.device) -> float | None:
         print(f"  (no kernel time: torch's profiler failed: {type(exc).__name__}: {exc})", flush=True)
         return None
     return total / 1e6
+
+
+#: Rows whose kernels' GPU time is still to be measured: ``(row, setup, run)``, profiled as
+#: ``run(setup())`` once every row is timed. torch's profiler leaves CUPTI attached when it
+#: stops (pytorch/pytorch#144455), and that slowed every later launch: the 8B exact row took
+#: 72 ms after a profiled row and 40 ms in a process never profiled, on one H100.
+_PROFILE_LATER: list[tuple[dict, Callable[[], Any], Callable[[Any], Any]]] = []
+
+
+def profile_later(row: dict, setup: Callable[[], Any], run: Callable[[Any], Any], device: torch.device) -> None:
+    """Measure ``row``'s kernel seconds (``kernel_seconds(lambda: run(setup()))``, the setup
+    outside the profile) in ``profile_pending``, after the timed rows."""
+    if device.type == "cuda":
+        _PROFILE_LATER.append((row, setup, run))
+
+
+def profile_pending(device: torch.device) -> None:
+    """The kernel seconds of every row ``profile_later`` holds, each in one more run."""
+    while _PROFILE_LATER:
+        row, setup, run = _PROFILE_LATER.pop(0)
+        made = setup()
+        row["kernels_s"] = kernel_seconds(lambda: run(made), device)
+        del made
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 @contextlib.contextmanager
@@ -356,11 +384,12 @@ def _fxinit_row(label: str, cls: Any, cfg: Any, device: torch.device, repeat: in
         rows.append((seconds, trace_s))
     row = {"row": label, "seconds": min(r[0] for r in rows), "trace_s": min(r[1] for r in rows),
            "bytes": _nbytes(m), "repeats": [round(r[0], 4) for r in rows], "peak": LAST_PEAK[0]}
-    torch.manual_seed(0)
-    with device:
-        again = fxinit.trace_init(cls, cfg)
-    row["kernels_s"] = kernel_seconds(lambda: fxinit.materialize(again, **options), device)
-    del again
+    def trace() -> torch.nn.Module:
+        torch.manual_seed(0)
+        with device:
+            return fxinit.trace_init(cls, cfg)
+
+    profile_later(row, trace, lambda again: fxinit.materialize(again, **options), device)
     return row, m
 
 
@@ -395,11 +424,14 @@ def bench(device: torch.device, size: str, exact: bool = True, timing_compiles: 
         rows.append({"row": "eager", "seconds": min(times), "trace_s": None, "bytes": nbytes,
                      "repeats": [round(t, 4) for t in times], "peak": LAST_PEAK[0]})
         eager = None
-        with device:
+
+        def build_eager(_: Any) -> torch.nn.Module:
             torch.manual_seed(0)
-            rows[-1]["kernels_s"] = kernel_seconds(lambda: LlamaForCausalLM(cfg), device)
-            torch.manual_seed(0)
-            eager = LlamaForCausalLM(cfg)
+            with device:
+                return LlamaForCausalLM(cfg)
+
+        profile_later(rows[-1], lambda: None, build_eager, device)
+        eager = build_eager(None)
         rows.append({"row": "floor (allocate, write once)", "seconds": floor_seconds(eager, device, repeat),
                      "trace_s": None, "bytes": nbytes})
         if exact:
@@ -417,6 +449,7 @@ def bench(device: torch.device, size: str, exact: bool = True, timing_compiles: 
         if device.type == "cuda":
             torch.cuda.empty_cache()
         portable, same = portable_rows(cfg, small, device)
+        profile_pending(device)  # after every timed row: see _PROFILE_LATER
     for r in portable:
         r["bytes"] = nbytes
     rows += portable
@@ -431,7 +464,7 @@ def bench(device: torch.device, size: str, exact: bool = True, timing_compiles: 
     print(f"{'row':<30}{'build s':>9}{'x eager':>8}{'x floor':>8}{'trace s':>9}{'GB/s':>8}{'of copy':>9}"
           f"{'compile s':>10}{'peak GB':>9}{'kernels s':>10}  note  (build: eager construction, or materialize; best "
           f"of {repeat} where repeated, the allocator's cache warm; peak: GPU memory the build took beyond what it "
-          "began with; kernels: GPU time of its kernels, in one more run under torch's profiler)")
+          "began with; kernels: GPU time of its kernels, in one more run under torch's profiler once every row is timed)")
     for r in rows:
         trace = "-" if r["trace_s"] is None else f"{r['trace_s']:.3f}"
         compiled = f"{r['compile_s']:.2f}" if "compile_s" in r else "-"

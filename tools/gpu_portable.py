@@ -39,7 +39,7 @@ import torch  # noqa: E402
 
 import fxinit  # noqa: E402
 from fxinit.backends.compiled import STATS, nvrtc_available  # noqa: E402
-from gpu_check import LAST_PEAK, _timed, kernel_seconds  # noqa: E402  (tools/ is on the path: run from there, or by gpu_check)
+from gpu_check import LAST_PEAK, _timed, profile_later  # noqa: E402  (tools/ is on the path: run from there, or by gpu_check)
 
 
 def _trace(cfg: Any, device: torch.device) -> torch.nn.Module:
@@ -76,12 +76,13 @@ def _row(label: str, cfg: Any, device: torch.device, compile: bool | str | None,
     row = {"row": label, "seconds": min(times), "trace_s": None, "compile": repr(compile),
            "compile_s": STATS.seconds - compiled_before, "repeats": [round(t, 4) for t in times],
            "peak": LAST_PEAK[0]}
-    if repeat > 1:  # a timed row, not a first call: its kernels' GPU time in one more run
-        again = _trace(cfg, device)
-        with _batching(batched):
-            row["kernels_s"] = kernel_seconds(lambda: fxinit.materialize(again, rng="portable", compile=compile),
-                                              device)
-        del again
+    if repeat > 1:  # a timed row, not a first call: its kernels' GPU time in one more run, after the timed rows
+
+        def run(again: torch.nn.Module) -> None:
+            with _batching(batched):
+                fxinit.materialize(again, rng="portable", compile=compile)
+
+        profile_later(row, lambda: _trace(cfg, device), run, device)
     return row, m
 
 

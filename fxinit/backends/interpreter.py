@@ -74,6 +74,18 @@ _FACTORIES = {aten.empty.memory_format: torch.empty, aten.ones.default: torch.on
 LAUNCH_ELEMENTS = 1 << 28
 
 
+def _as_recorded(value: Any, spec: Any) -> Any:
+    """A ``*_like`` value of a meta stand-in with the strides the capture recorded for it,
+    where the two differ only at dimensions of size one (a meta input's ``empty_like`` recomputes
+    those; the memory layout is the same)."""
+    if not isinstance(value, torch.Tensor) or spec is None or value.stride() == spec.stride \
+            or tuple(value.shape) != spec.shape:
+        return value
+    if any(a != b and size != 1 for a, b, size in zip(value.stride(), spec.stride, spec.shape)):
+        return value
+    return value.as_strided(spec.shape, spec.stride, value.storage_offset())
+
+
 def _stands_in(value: Any) -> bool:
     """Whether ``value`` is a meta tensor standing in for storage nothing needs."""
     return isinstance(value, torch.Tensor) and value.device.type == "meta"
@@ -211,10 +223,14 @@ class Interpreter:
         if n in self.plan.unbacked:
             spec = n.meta["spec"]
             return torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device="meta")
-        if reads_no_data(n) and kwargs.get("device") is None and args and _stands_in(args[0]):
+        if reads_no_data(n) and args and _stands_in(args[0]):
             spec = n.meta.get("spec")  # a meta stand-in's metadata: its own device is the one meant
-            if spec is not None and spec.device.type != "meta":
+            if kwargs.get("device") is None and spec is not None and spec.device.type != "meta":
                 kwargs["device"] = self.plan.device_map.get(spec.device, spec.device)
+            return _as_recorded(self._call(n, args, kwargs), spec)
+        return self._call(n, args, kwargs)
+
+    def _call(self, n: fx.Node, args: tuple, kwargs: dict) -> Any:
         if is_random(n):
             return self.random_op(n, args, kwargs)
         if n in self.plan.copies:

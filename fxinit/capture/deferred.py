@@ -96,12 +96,13 @@ _SWAP_TENSORS = frozenset([torch.utils.swap_tensors.__code__, *(  # and its swap
 class DeferredState:
     """What a DeferredTensor knows beyond its meta metadata."""
 
-    __slots__ = ("recorder", "node", "device")
+    __slots__ = ("recorder", "node", "device", "former")
 
     def __init__(self, recorder: Any, node: Any, device: torch.device) -> None:
         self.recorder = recorder
         self.node = node
         self.device = device
+        self.former: tuple[Any, ...] = ()  # the nodes it held before ``.data =`` rebound it
 
 
 def state_of(t: torch.Tensor) -> DeferredState:

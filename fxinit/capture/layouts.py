@@ -29,12 +29,45 @@ def _column_major(t: torch.Tensor) -> torch.Tensor:
 #: (op, what the CPU kernel's outputs look like from the meta kernel's)
 _CPU = ((aten.linalg_eig.default, lambda out: (out[0], _column_major(out[1]))),)
 
+#: The ``*_like`` factories. With ``preserve_format``, eager's ``empty_like`` (one kernel for every
+#: device) takes the strides of an input without overlap or gaps as they are; the meta kernel
+#: recomputes them, and differs at dimensions of size one (``zeros_like`` of ``w.t()``, ``w`` of
+#: shape (1, 2): strides (1, 2) in eager, (1, 1) from meta; found by tools/fuzz_capture.py).
+_LIKE = tuple(getattr(getattr(aten, name), overload) for name in (
+    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like")
+    for overload in getattr(aten, name).overloads())
 
-def eager_layout(func: Any, out: Any, device: torch.device) -> Any:
-    """The meta outputs ``out`` of ``func`` with the strides eager's kernel gives on ``device``
-    (ops compared by identity: this runs for every recorded op, and an OpOverload hashes in Python)."""
+
+def eager_layout(func: Any, out: Any, device: torch.device, args: tuple = (), kwargs: dict | None = None) -> Any:
+    """The meta outputs ``out`` of ``func(*args, **kwargs)`` with the strides eager's kernel
+    gives on ``device`` (ops compared by identity: this runs for every recorded op, and an
+    OpOverload hashes in Python)."""
     if device.type == "cpu":
         for op, fix in _CPU:
             if func is op:
                 return fix(out)
+    if device.type != "meta" and args and isinstance(out, torch.Tensor):
+        for op in _LIKE:
+            if func is op:
+                return _like_strides(out, args[0], (kwargs or {}).get("memory_format"))
     return out
+
+
+def _like_strides(out: torch.Tensor, x: Any, memory_format: Any) -> torch.Tensor:
+    with torch._C.DisableTorchFunctionSubclass():
+        if memory_format not in (None, torch.preserve_format) or not isinstance(x, torch.Tensor) \
+                or x.shape != out.shape or x.stride() == out.stride() or not out.numel() \
+                or not _dense(x.shape, x.stride()):
+            return out
+        return out.as_strided(out.shape, x.stride(), 0)
+
+
+def _dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Without overlap or gaps: some order of the dimensions is contiguous (torch's
+    ``is_non_overlapping_and_dense``; dimensions of size one can have any stride)."""
+    expected = 1
+    for st, size in sorted((st, size) for size, st in zip(shape, stride) if size != 1):
+        if st != expected:
+            return False
+        expected *= size
+    return True

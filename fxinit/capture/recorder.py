@@ -277,6 +277,7 @@ class Recorder(Shadows, Doors):
         with torch._C.DisableTorchFunctionSubclass():
             TensorBase.data.__set__(t, src)
         st = state_of(t)
+        st.former = (*st.former, st.node)
         st.node = state_of(alias).node
         st.device = state_of(src).device
 
@@ -411,7 +412,7 @@ class Recorder(Shadows, Doors):
             return self.via_values(func, args, kwargs, inputs, data_dependent=False, cause=exc)
         if not (mout.layout is torch.strided if isinstance(mout, torch.Tensor) else is_strided_result(mout)):
             return non_strided_result(self, func, args, kwargs, inputs)
-        return self._record(func, args, kwargs, inputs, eager_layout(func, mout, device), device)
+        return self._record(func, args, kwargs, inputs, eager_layout(func, mout, device, args, kwargs), device)
 
     def _own_inputs(self, args: tuple, kwargs: dict) -> list[torch.Tensor] | None:
         """The deferred tensors among the arguments if all tensors there are this trace's."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import AbstractSet, Any, Callable
 
 import torch
 import torch.fx as fx
@@ -154,7 +154,7 @@ def autograd_leaves(t: torch.Tensor) -> list[torch.Tensor]:
     return list(out.values())
 
 
-def _inputs(rec: Any, tensors: list[torch.Tensor], reached: set[int] = frozenset()) -> _Inputs:  # type: ignore[assignment]
+def _inputs(rec: Any, tensors: list[torch.Tensor], reached: AbstractSet[int] = frozenset()) -> _Inputs:
     """Leaf tensors that require grad (the parameters of the traced model, and any other such
     tensor being materialized) or that a kept tensor's ``grad_fn`` reaches (``reached``, by
     ``id``: a parameter frozen since), the other tensors being materialized, and where the
@@ -186,8 +186,8 @@ def _view_link(t: torch.Tensor, parameters: dict[fx.Node, torch.Tensor]) -> Link
     while isinstance(node, fx.Node) and getattr(node.target, "is_view", False) and len(chain) < _MAX_OPS:
         chain.append(node)
         node = node.args[0] if node.args else None
-    if not chain or not isinstance(node, fx.Node):
-        return None
+    if not chain or not isinstance(node, fx.Node) or node is not state_of(t._base).node:
+        return None  # (a view of what the parameter held before ``.data =``: _link_through_values)
     return Link(t, chain[::-1], {node: t._base})
 
 

@@ -28,7 +28,8 @@ from fxinit.errors import DeferredInitError
 from fxinit.module_to import Location, buffer_slots_apart, separate_buffer_slots, takes_dtype
 from fxinit.reachable import Slot, inner_tensors, left_behind, module_slots, module_walk
 from fxinit.spec import dtype_after_to
-from fxinit.values import TRACED_SEED, compute_values, moved, value_of_at_read
+from fxinit.values import TRACED_SEED, compute_values, moved, stream_seed, value_of_at_read
+
 
 def _module_tensors(mod: torch.nn.Module, buffers_only: bool = False) -> Iterable[tuple[str, str, torch.Tensor]]:
     """(kind, name, tensor) for a module's own deferred parameters, buffers, tensor attributes
@@ -228,10 +229,10 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
         rest = [t for t, c in zip(rest, cast) if c] + [t for t, c in zip(rest, cast) if not c]
         n_cast = sum(cast)
         if init:
-            stream_seed = None if seed is None else (rec.seed if seed is TRACED_SEED else seed)
-            values = compute_values(rec, rest[:n_cast], target, stream_seed, dtype, compile=compile) if n_cast else []
+            portable = stream_seed(rec, seed)
+            values = compute_values(rec, rest[:n_cast], target, portable, dtype, compile=compile) if n_cast else []
             if n_cast < len(rest):
-                values += compute_values(rec, rest[n_cast:], target, stream_seed, None, compile=compile)
+                values += compute_values(rec, rest[n_cast:], target, portable, None, compile=compile)
         else:
             values = [_empty_like(t, target, dtype if i < n_cast else None) for i, t in enumerate(rest)]
         if target is not None:
@@ -371,7 +372,7 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     if rng not in ("exact", "portable"):
         raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
     seed, dtype, device = checked_seed(seed), checked_dtype(dtype), checked_device(device)
-    stream_seed = None if rng == "exact" else (TRACED_SEED if seed is None else seed)
+    seed_asked = None if rng == "exact" else (TRACED_SEED if seed is None else seed)
     walked: dict[int, list[Slot]] = {}
     if isinstance(obj, torch.nn.Module):
         walked[id(obj)] = module_walk(obj)
@@ -403,12 +404,11 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     from_meta_init = any(state_of(t).recorder.kind == "meta_init" for t in tensors)
     if sharded:
         def compute(rec: Recorder, locals_: list[torch.Tensor], describe: Callable[[int], str]) -> list[torch.Tensor]:
-            traced = None if stream_seed is None else (rec.seed if stream_seed is TRACED_SEED else stream_seed)
-            return compute_values(rec, locals_, None, traced, dtype, describe, compile)
+            return compute_values(rec, locals_, None, stream_seed(rec, seed_asked), dtype, describe, compile)
 
         materialize_dtensors(sharded, device, init, compute, dtype,
                              {k: v for k, v in (loaded or {}).items() if k in sharded})
-    _materialize_tensors(tensors, where, device, init, loaded, stream_seed, dtype, compile, walked)
+    _materialize_tensors(tensors, where, device, init, loaded, seed_asked, dtype, compile, walked)
     if dtype is not None and isinstance(obj, torch.nn.Module):
         _cast_real(obj, dtype)
     if from_meta_init and not keep_cache:

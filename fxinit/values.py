@@ -26,6 +26,12 @@ from fxinit.spec import dtype_after_to
 TRACED_SEED = -(1 << 70)  # marker: the portable stream uses the seed each trace saw
 
 
+def stream_seed(recorder: Recorder, seed: int | None) -> int | None:
+    """The portable seed of ``recorder``'s tensors: ``seed``, the trace's own for
+    ``TRACED_SEED``, None (exact mode) for None."""
+    return None if seed is None else (recorder.seed if seed is TRACED_SEED else seed)
+
+
 def _device_map(nodes: list[fx.Node], target: torch.device | None) -> dict[torch.device, torch.device]:
     """Intended devices missing on this machine, mapped to the requested target."""
     mapping: dict[torch.device, torch.device] = {}
@@ -146,9 +152,9 @@ def value_of_at_read(target: torch.device | None, seed: Any,
     (``seed``: its portable seed, ``TRACED_SEED`` or None): the slice of the two, without any
     write after ``reader``."""
     def value_of(rec: Recorder, node: fx.Node, reader: fx.Node) -> torch.Tensor:
-        stream_seed = None if seed is None else (rec.seed if seed is TRACED_SEED else seed)
+        portable = stream_seed(rec, seed)
         todo = execute.plan(rec, [(reader, _NO_STORAGE), (node, _NO_STORAGE)],
-                            rng="exact" if stream_seed is None else "portable", seed=stream_seed,
+                            rng="exact" if portable is None else "portable", seed=portable,
                             devices=lambda nodes: _device_map(nodes, target), compile=compile)
         value = execute.run(rec, todo)[node]
         return value if target is None else moved([value], target)[0]

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from fxinit.capture.deferred import plain_attributes
+
 aten = torch.ops.aten
 
 
@@ -33,7 +35,7 @@ _CPU = ((aten.linalg_eig.default, lambda out: (out[0], _column_major(out[1]))),)
 #: device) takes the strides of an input without overlap or gaps as they are; the meta kernel
 #: recomputes them, and differs at dimensions of size one (``zeros_like`` of ``w.t()``, ``w`` of
 #: shape (1, 2): strides (1, 2) in eager, (1, 1) from meta; found by tools/fuzz_capture.py).
-_LIKE = tuple(getattr(getattr(aten, name), overload) for name in (
+_LIKE = frozenset(id(getattr(getattr(aten, name), overload)) for name in (  # by id: see eager_layout
     "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like")
     for overload in getattr(aten, name).overloads())
 
@@ -46,15 +48,13 @@ def eager_layout(func: Any, out: Any, device: torch.device, args: tuple = (), kw
         for op, fix in _CPU:
             if func is op:
                 return fix(out)
-    if device.type != "meta" and args and isinstance(out, torch.Tensor):
-        for op in _LIKE:
-            if func is op:
-                return _like_strides(out, args[0], (kwargs or {}).get("memory_format"))
+    if id(func) in _LIKE and device.type != "meta" and args and isinstance(out, torch.Tensor):
+        return _like_strides(out, args[0], (kwargs or {}).get("memory_format"))
     return out
 
 
 def _like_strides(out: torch.Tensor, x: Any, memory_format: Any) -> torch.Tensor:
-    with torch._C.DisableTorchFunctionSubclass():
+    with plain_attributes():
         if memory_format not in (None, torch.preserve_format) or not isinstance(x, torch.Tensor) \
                 or x.shape != out.shape or x.stride() == out.stride() or not out.numel() \
                 or not _dense(x.shape, x.stride()):

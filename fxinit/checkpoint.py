@@ -25,9 +25,12 @@ from fxinit.errors import DeferredInitError
 
 CheckpointSource = Union[Mapping[str, torch.Tensor], str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
-# What ``save_pretrained`` writes, in the order a directory is searched.
+# What ``save_pretrained`` writes (transformers', then diffusers' names), in the order a
+# directory is searched.
 _DIRECTORY_ENTRIES = ("model.safetensors.index.json", "model.safetensors",
-                      "pytorch_model.bin.index.json", "pytorch_model.bin")
+                      "pytorch_model.bin.index.json", "pytorch_model.bin",
+                      "diffusion_pytorch_model.safetensors.index.json", "diffusion_pytorch_model.safetensors",
+                      "diffusion_pytorch_model.bin.index.json", "diffusion_pytorch_model.bin")
 
 
 class _Part:

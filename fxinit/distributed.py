@@ -11,26 +11,30 @@ does, so FSDP2's lazy init re-reads it (``FSDPParam.reset_sharded_param``).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
 from fxinit.capture.deferred import dressed_as, state_of
 from fxinit.capture.dtensor import is_deferred_dtensor
 from fxinit.capture.layout import Runs, local_runs
+from fxinit.reachable import Slot
 from fxinit.spec import dtype_after_to
 
 DTensorPlace = tuple[torch.nn.Module, str, str]  # (module, "_parameters" | "_buffers", name)
 
 
-def deferred_dtensors(module: torch.nn.Module) -> dict[int, tuple[Any, list[DTensorPlace]]]:
-    """``{id(dtensor): (dtensor, [(module, kind, name), ...])}`` for deferred DTensors under ``module``."""
+def deferred_dtensors(module: torch.nn.Module, walk: Iterable[Slot] | None = None
+                      ) -> dict[int, tuple[Any, list[DTensorPlace]]]:
+    """``{id(dtensor): (dtensor, [(module, kind, name), ...])}`` for deferred DTensors among the
+    parameters and buffers under ``module`` (whose ``reachable.module_walk`` is ``walk``, if known)."""
+    if walk is None:
+        walk = ((None, mod, kind, name, t) for mod in module.modules() for kind in ("_parameters", "_buffers")
+                for name, t in getattr(mod, kind).items())
     found: dict[int, tuple[Any, list[DTensorPlace]]] = {}
-    for mod in module.modules():
-        for kind in ("_parameters", "_buffers"):
-            for name, t in getattr(mod, kind).items():
-                if is_deferred_dtensor(t):
-                    found.setdefault(id(t), (t, []))[1].append((mod, kind, name))
+    for _, mod, kind, name, t in walk:
+        if kind in ("_parameters", "_buffers") and is_deferred_dtensor(t):
+            found.setdefault(id(t), (t, []))[1].append((mod, kind, name))
     return found
 
 

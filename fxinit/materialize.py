@@ -9,6 +9,8 @@ survive), and a failure while computing leaves every tensor deferred, never half
 
 from __future__ import annotations
 
+import functools
+import gc
 import warnings
 import weakref
 from collections import defaultdict
@@ -29,6 +31,30 @@ from fxinit.module_to import Location, buffer_slots_apart, separate_buffer_slots
 from fxinit.reachable import Slot, inner_tensors, left_behind, module_slots, module_walk
 from fxinit.spec import dtype_after_to
 from fxinit.values import TRACED_SEED, compute_values, moved, stream_seed, value_of_at_read
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def collection_paused(fn: F) -> F:
+    """``fn`` run with Python's cyclic garbage collector paused. Planning and running a slice
+    allocate tens of thousands of short-lived objects that hold no cycles, and the collections
+    they set off walked the traced model's whole heap for nothing: 10% of a launch-bound
+    materialize (a 32-layer Llama of hidden size 64: 31 against 34 ms, median of 16). Reference
+    counting frees as always, and fxinit leaves no cyclic garbage there (a compiler it calls,
+    ``compile=``, may: collected once the collector runs again, as soon as ``fn`` returns). The
+    pause is process-wide, as ``gc.disable`` is."""
+    @functools.wraps(fn)
+    def paused(*args: Any, **kwargs: Any) -> Any:
+        if not gc.isenabled():
+            return fn(*args, **kwargs)
+        try:
+            gc.disable()
+            return fn(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return paused  # type: ignore[return-value]
 
 
 def _module_tensors(mod: torch.nn.Module, buffers_only: bool = False) -> Iterable[tuple[str, str, torch.Tensor]]:
@@ -81,18 +107,17 @@ def _companions(tensors: list[torch.Tensor], where: dict[int, list[Location]],
         if root is None:
             continue
         wanted = {rec.storage_id(t) for t in tensors if state_of(t).recorder is rec}
-        for _, mod, kind, name, t in walked.get(id(root)) or module_walk(root):
-            if not is_deferred_tensor(t):
-                continue
-            # Tensors computed with autograd (weight_norm's ``weight``) hold the parameters
-            # they came from: they go with them, or those could not be swapped.
-            with plain_attributes():
-                derived = t.grad_fn is not None
-            if id(t) not in out and (derived or rec.storage_id(t) in wanted):
-                out[id(t)] = t
-            places = where.setdefault(id(t), []) if id(t) in out else None
-            if places is not None and not any(p[0] is mod and p[1] == name for p in places):
-                places.append((mod, name, kind))
+        with plain_attributes():
+            for _, mod, kind, name, t in walked.get(id(root)) or module_walk(root):
+                if not is_deferred_tensor(t):
+                    continue
+                # Tensors computed with autograd (weight_norm's ``weight``) hold the parameters
+                # they came from: they go with them, or those could not be swapped.
+                if id(t) not in out and (t.grad_fn is not None or rec.storage_id(t) in wanted):
+                    out[id(t)] = t
+                places = where.setdefault(id(t), []) if id(t) in out else None
+                if places is not None and not any(p[0] is mod and p[1] == name for p in places):
+                    places.append((mod, name, kind))
         for t in rec.adopted:  # `real.data = deferred`: the caller's tensor shares that storage
             if is_deferred_tensor(t) and rec.storage_id(t) in wanted:
                 out.setdefault(id(t), t)
@@ -297,8 +322,8 @@ def _weakref_holders(where: dict[int, list[Location]], tensors: list[torch.Tenso
     references are dropped for the swap and rebuilt after it. A tensor materialized on its
     own is looked up in the modules of the model it was traced with.
     """
-    def holds_refs(mod: torch.nn.Module) -> bool:
-        return hasattr(mod, "_flat_weight_refs") and hasattr(mod, "_init_flat_weights")
+    def holds_refs(mod: torch.nn.Module) -> bool:  # (a module's missing attribute raises, slowly: read its dict)
+        return "_flat_weight_refs" in mod.__dict__ and hasattr(type(mod), "_init_flat_weights")
 
     mods = {id(mod): mod for places in where.values() for mod, _, _ in places if holds_refs(mod)}
     referenced = {id(t) for t in tensors if weakref.getweakrefs(t)}
@@ -314,6 +339,7 @@ def _weakref_holders(where: dict[int, list[Location]], tensors: list[torch.Tenso
 M = TypeVar("M", torch.nn.Module, torch.Tensor)
 
 
+@collection_paused
 def materialize(obj: M, *, device: torch.device | str | None = None, init: bool = True,
                 keep_cache: bool = False, state_dict: CheckpointSource | None = None,
                 prefix: str = "", strict: bool = True, rng: str = "exact", seed: int | None = None,
@@ -391,7 +417,7 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
         _refuse_meta_wrappers([(type(obj).__name__, obj)])
     else:
         raise TypeError(f"materialize expects an nn.Module or a tensor, got {type(obj).__name__}")
-    sharded = deferred_dtensors(obj) if isinstance(obj, torch.nn.Module) else {}
+    sharded = deferred_dtensors(obj, walked[id(obj)]) if isinstance(obj, torch.nn.Module) else {}
     _refuse_changing_wrappers(inner, device, dtype, state_dict)
     if isinstance(obj, torch.nn.Module) and init:
         _refuse_left_behind(obj, walked[id(obj)])
@@ -450,6 +476,7 @@ def _refuse_left_behind(module: torch.nn.Module, walk: list[Slot] | None = None)
                  "so that it is recorded, or build those tensors on a real device")
 
 
+@collection_paused
 def materialize_module(module: torch.nn.Module, buffers_only: bool = False,
                        check_fn: Callable[[torch.nn.Module], bool] | None = None) -> torch.nn.Module:
     """torchdistX-compatible: materialize ``module``'s tensors in place.

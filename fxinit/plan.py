@@ -211,7 +211,7 @@ def last_uses(nodes: Sequence[fx.Node], reuse: Mapping[fx.Node, tuple[fx.Node, b
     its last reuse, a kept value until the end."""
     last: dict[fx.Node, fx.Node] = {n: n for n in nodes}
     for n in nodes:
-        for inp in n.all_input_nodes:
+        for inp in n._input_nodes:
             last[inp] = n
         if n in reuse:
             last[reuse[n][0]] = n

@@ -122,14 +122,18 @@ def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
                 if hasattr(type(t), "__tensor_flatten__"):  # _with_inner, without a generator a parameter
                     for path, x in inner_tensors(t, name):
                         yield "inner", path, x
-    for name, v in vars(mod).items():
-        if name in _MODULE_OWN:  # nn.Module's own bookkeeping: a hook dict is the only one that can hold a tensor
-            if v and name in _HOOK_DICTS:
-                for i, fn in enumerate(v.values()):
-                    for path, x in captured(fn, f"{name}[{i}]"):
-                        yield from _with_inner("hook", path, x)
-            continue
+    attributes = vars(mod)
+    for name in _HOOK_DICTS:  # of nn.Module's own bookkeeping, only a hook dict can hold a tensor
+        hooks = attributes.get(name)
+        if hooks:
+            for i, fn in enumerate(hooks.values()):
+                for path, x in captured(fn, f"{name}[{i}]"):
+                    yield from _with_inner("hook", path, x)
+    for name in [name for name in attributes if name not in _MODULE_OWN]:
+        v = attributes[name]
         tv = type(v)
+        if tv in _HOLD_NO_TENSOR:
+            continue
         if tv in CONTAINERS:
             for key, x in contained(v):
                 yield from _with_inner("container", name + key, x)
@@ -148,7 +152,8 @@ def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
 
 _CALLABLES = (types.FunctionType, types.MethodType, functools.partial)
 _MODULE_OWN = frozenset(vars(torch.nn.Module())) | MODULE_DICTS  # what every module's __dict__ has
-_HOOK_DICTS = frozenset(name for name in _MODULE_OWN if name.endswith("_hooks"))
+_HOOK_DICTS = tuple(name for name in vars(torch.nn.Module()) if name.endswith("_hooks"))  # in the order Module sets them
+_HOLD_NO_TENSOR = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device})  # hold no tensor
 
 
 #: One slot of a module tree: ``(module path, module, kind, name, value)`` (``module_slots``).

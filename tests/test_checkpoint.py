@@ -179,6 +179,28 @@ def test_torch_save_shards_with_an_index(tmp_path: Path) -> None:
     _assert_equal_to(m, _eager_then_load(state))
 
 
+@pytest.mark.parametrize("layout", ["one file", "shards with an index"])
+def test_a_diffusers_save_pretrained_directory(tmp_path: Path, layout: str) -> None:
+    """diffusers names its files ``diffusion_pytorch_model*``: its directory is read as well."""
+    from safetensors.torch import save_file
+
+    state = _checkpoint()
+    if layout == "one file":
+        save_file({k: v.clone() for k, v in state.items()}, tmp_path / "diffusion_pytorch_model.safetensors")
+    else:
+        names = sorted(state)
+        shards = {"diffusion_pytorch_model-00001-of-00002.safetensors": names[: len(names) // 2],
+                  "diffusion_pytorch_model-00002-of-00002.safetensors": names[len(names) // 2:]}
+        for shard, keys in shards.items():
+            save_file({k: state[k].clone() for k in keys}, tmp_path / shard)
+        (tmp_path / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
+    torch.manual_seed(0)
+    m = fxinit.trace_init(_llama)
+    fxinit.materialize(m, state_dict=tmp_path, strict=True)
+    _assert_equal_to(m, _eager_then_load(state))
+
+
 def test_only_the_shards_holding_requested_tensors_are_opened(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     state = _checkpoint()

@@ -124,6 +124,28 @@ def test_a_batch_equals_torch_fill_by_fill():
 
 
 @needs_kernel
+def test_a_batch_split_over_threads_equals_torch(monkeypatch):
+    """A batch split by elements over threads: every fill equal to torch's, and where one part
+    stops at a fill it cannot take, the count stops there too."""
+    monkeypatch.setattr(fills, "BATCH_PER_THREAD", 64)
+    rng = random.Random(7)
+    fills_, want = [], []
+    for i in range(30):
+        kind = rng.choice(["uniform", "normal"])
+        size = 16 * rng.randrange(1, 40)
+        params, state = _params(kind, rng), _state(rng)
+        fills_.append((kind, torch.full((size,), float("nan")), state, params))
+        want.append(_torch_fill(kind, torch.float32, size, params, state))
+    assert fills.native_fill_batch(fills_, threads=3) == len(fills_)
+    for (_, got, _, _), w in zip(fills_, want):
+        assert torch.equal(_as_int(got), _as_int(w))
+    state = torch.Generator().get_state()
+    mixed = [("uniform", torch.empty(100), state, (0.0, 1.0)) for _ in range(20)] \
+        + [("normal", torch.empty(24), state, (0.0, 1.0))] + [("uniform", torch.empty(100), state, (0.0, 1.0))]
+    assert fills.native_fill_batch(mixed, threads=3) == 20
+
+
+@needs_kernel
 def test_refuses_what_it_does_not_do():
     state = torch.Generator().get_state()
     assert not fills.native_fill("normal", torch.empty(8), state, (0.0, 1.0))  # torch's small-tensor sampler

@@ -2,6 +2,7 @@
 
     python tools/framework_sweep.py timm   [--limit 400] [--stub-missing]
     python tools/framework_sweep.py litgpt [--stub-missing]
+    python tools/framework_sweep.py diffusers
 
 ``timm``: every architecture whose name marks a small variant (``tiny``, ``nano``, ``small``,
 ``resnet18``...), built with ``timm.create_model(name, num_classes=10)``: ``fxinit.check`` (eager
@@ -9,6 +10,11 @@ vs ``trace_init`` + ``materialize``, every tensor bit for bit, and the global ge
 ``litgpt``: one config per model family, shrunk to 2 layers of width 64, built as litgpt's
 ``pretrain`` does — ``GPT(config)``, then its own ``initialize_weights`` (``reset_parameters``
 replaced per module) on the model — with only the constructor line wrapped in ``trace_init``.
+``diffusers``: its main UNets, autoencoders and diffusion transformers from tiny configs (most
+taken from diffusers' own tests), each checked whole and materialized child by child in reverse
+order. (A sweep of all 150 ``ModelMixin`` classes of diffusers 0.42.1, the configs of its test
+suite, found every one equal but ``LuminaNextDiT2DModel``, whose ``pad_token`` is an
+uninitialized ``torch.empty``: two eager builds differ, as ``check`` says.)
 
 Prints one line per model and the totals; exits 1 on any difference or crash (refusals are
 counted apart). ``--stub-missing`` stands in empty modules for imports the model code does not
@@ -126,6 +132,73 @@ def _litgpt(limit: int) -> list[tuple[str, Callable[[], Any]]]:
     return [(c["name"], lambda c=c: flow(Config.from_name(c["name"], **small(c)))) for c in families.values()][:limit]
 
 
+_DIFFUSERS = {
+    "UNet2DConditionModel": dict(block_out_channels=[4, 8], norm_num_groups=4, layers_per_block=1, sample_size=16,
+                                 down_block_types=["CrossAttnDownBlock2D", "DownBlock2D"], cross_attention_dim=8,
+                                 up_block_types=["UpBlock2D", "CrossAttnUpBlock2D"], attention_head_dim=2,
+                                 in_channels=4, out_channels=4),
+    "UNet2DModel": dict(block_out_channels=[4, 8], norm_num_groups=2, down_block_types=["DownBlock2D", "AttnDownBlock2D"],
+                        up_block_types=["AttnUpBlock2D", "UpBlock2D"], attention_head_dim=3, in_channels=3,
+                        out_channels=3, layers_per_block=2, sample_size=32),
+    "AutoencoderKL": dict(block_out_channels=[8, 16], in_channels=3, out_channels=3, latent_channels=4,
+                          down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2,
+                          norm_num_groups=4, layers_per_block=1),
+    "VQModel": dict(block_out_channels=[8, 16], norm_num_groups=8, in_channels=3, out_channels=3, latent_channels=3,
+                    down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2),
+    "ControlNetModel": dict(block_out_channels=(4, 8), layers_per_block=1, in_channels=4, norm_num_groups=2,
+                            down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), cross_attention_dim=8,
+                            conditioning_embedding_out_channels=(4, 8), attention_head_dim=2),
+    "SD3Transformer2DModel": dict(sample_size=32, patch_size=1, in_channels=4, num_layers=4, attention_head_dim=8,
+                                  num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32,
+                                  pooled_projection_dim=64, out_channels=4, pos_embed_max_size=96),
+    "FluxTransformer2DModel": dict(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
+                                   attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                   pooled_projection_dim=32, axes_dims_rope=[4, 4, 8]),
+    "PixArtTransformer2DModel": dict(sample_size=8, num_layers=1, patch_size=2, attention_head_dim=2,
+                                     num_attention_heads=2, in_channels=4, cross_attention_dim=8, out_channels=8,
+                                     attention_bias=True, activation_fn="gelu-approximate", num_embeds_ada_norm=8,
+                                     norm_type="ada_norm_single", norm_elementwise_affine=False, norm_eps=1e-6,
+                                     use_additional_conditions=False, caption_channels=None),
+    "DiTTransformer2DModel": dict(in_channels=4, out_channels=8, activation_fn="gelu-approximate",
+                                  num_attention_heads=2, attention_head_dim=4, attention_bias=True, num_layers=1,
+                                  norm_type="ada_norm_zero", num_embeds_ada_norm=8, patch_size=2, sample_size=8),
+    "HunyuanDiT2DModel": dict(sample_size=8, patch_size=2, in_channels=4, num_layers=1, attention_head_dim=8,
+                              num_attention_heads=2, cross_attention_dim=8, cross_attention_dim_t5=8,
+                              pooled_projection_dim=4, hidden_size=16, text_len=4, text_len_t5=4,
+                              activation_fn="gelu-approximate"),
+    "QwenImageTransformer2DModel": dict(patch_size=2, in_channels=16, out_channels=4, num_layers=2,
+                                        attention_head_dim=16, num_attention_heads=4, joint_attention_dim=16,
+                                        guidance_embeds=False, axes_dims_rope=[8, 4, 4]),
+    "WanTransformer3DModel": dict(patch_size=[1, 2, 2], num_attention_heads=2, attention_head_dim=12, in_channels=4,
+                                  out_channels=4, text_dim=16, freq_dim=256, ffn_dim=32, num_layers=2,
+                                  cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32),
+}
+
+
+def _diffusers(limit: int) -> list[tuple[str, Callable[[], Any]]]:
+    import diffusers
+
+    def both(cls: Any, config: dict) -> str:
+        whole = _check(cls, **config)
+        if whole != "equal":
+            return whole
+        import fxinit
+        from tests.conftest import compare_modules
+
+        torch.manual_seed(0)
+        eager = cls(**config)
+        torch.manual_seed(0)
+        model = fxinit.trace_init(cls, **config)
+        for child in reversed(list(model.children())):
+            fxinit.materialize(child)
+        fxinit.materialize(model)
+        errors = compare_modules(model, eager, "")
+        return "equal" if not errors else "different (children in reverse): " + "; ".join(errors[:3])
+
+    return [(name, lambda name=name, c=c: both(getattr(diffusers, name), c))
+            for name, c in _DIFFUSERS.items()][:limit]
+
+
 def _check(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
     import fxinit
 
@@ -135,14 +208,14 @@ def _check(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("framework", choices=["timm", "litgpt"])
+    parser.add_argument("framework", choices=["timm", "litgpt", "diffusers"])
     parser.add_argument("--limit", type=int, default=400)
     parser.add_argument("--stub-missing", action="store_true")
     args = parser.parse_args(argv)
     if args.stub_missing:
         sys.meta_path.insert(0, _Stubs())
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
-    cases = (_timm if args.framework == "timm" else _litgpt)(args.limit)
+    cases = {"timm": _timm, "litgpt": _litgpt, "diffusers": _diffusers}[args.framework](args.limit)
     counts: collections.Counter[str] = collections.Counter()
     started = time.perf_counter()
     for name, run in cases:

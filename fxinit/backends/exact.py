@@ -61,7 +61,8 @@ class ExactSampler:
     def fill_batch(self, fills: list[tuple[fx.Node, BatchedFill, torch.Tensor]]) -> None:
         """Run batched fills (``passes.batched_fills``) in one call to ``rng.fills``; any it
         cannot run (a check it failed, a state that is not a CPU generator's) runs alone."""
-        done = native_fill_batch([(f.kind, t, self.snapshots[f.key].state, f.params) for _, f, t in fills])
+        done = native_fill_batch([(f.kind, t, self.snapshots[f.key].state, f.params) for _, f, t in fills],
+                                 self._threads())
         for node, f, t in fills[done:]:
             args = tuple(t if i == f.index else a for i, a in enumerate(node.args))
             self.call(node, args, {k: v for k, v in node.kwargs.items() if k != "generator"})

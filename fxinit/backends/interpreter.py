@@ -64,8 +64,8 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 #: Factories called through torch's Python functions: the same kernels, a quarter of the
 #: OpOverload's call cost (a model allocates every tensor it initializes).
-_FACTORIES = {aten.empty.memory_format: torch.empty, aten.ones.default: torch.ones, aten.zeros.default: torch.zeros,
-              aten.full.default: torch.full}
+_FACTORIES = {id(op): fn for op, fn in ((aten.empty.memory_format, torch.empty), (aten.ones.default, torch.ones),
+                                         (aten.zeros.default, torch.zeros), (aten.full.default, torch.full))}  # by id: ops live on
 
 
 #: Batched fills run once the queue holds this many elements (~0.7 ms of an H100's portable
@@ -240,8 +240,9 @@ class Interpreter:
         fn = self.plan.in_place.get(n)
         if fn is not None:
             return fn(*replay_args(n.target, args), **kwargs)
-        if n.target in _FACTORIES and kwargs.get("device") is not None:  # no device context can move it
-            return _FACTORIES[n.target](*args, **kwargs)
+        factory = _FACTORIES.get(id(n.target))
+        if factory is not None and kwargs.get("device") is not None:  # no device context can move it
+            return factory(*args, **kwargs)
         return n.target(*replay_args(n.target, args), **kwargs)
 
     def partial_copy(self, n: fx.Node, args: tuple, kwargs: dict, ranges: Ranges) -> torch.Tensor:

@@ -125,15 +125,17 @@ def dressed_as(deferred: torch.Tensor, value: torch.Tensor, keep_autograd: bool 
     set on it (not fxinit's own). ``keep_autograd``: ``value`` itself, with its ``grad_fn``
     (a tensor computed from parameters: ``fxinit.autograd_links``)."""
     cls = deferred.__dict__.get(PARAMETER_CLASS)
+    with torch._C.DisableTorchFunctionSubclass():
+        requires_grad = deferred.requires_grad
     if keep_autograd:
         new = value
     elif cls is not None:
-        new = torch.Tensor._make_subclass(cls, value.detach(), deferred.requires_grad)
+        new = torch.Tensor._make_subclass(cls, value.detach(), requires_grad)
     elif isinstance(deferred, torch.nn.Parameter):
-        new = torch.nn.Parameter(value, requires_grad=deferred.requires_grad)
+        new = torch.nn.Parameter(value, requires_grad=requires_grad)
     else:
         new = value.detach()
-        if deferred.requires_grad:
+        if requires_grad:
             new.requires_grad_(True)
     for k, v in deferred.__dict__.items():
         if k not in (STATE_ATTR, PARAMETER_CLASS, MATERIALIZED, "_is_param") and k not in new.__dict__:

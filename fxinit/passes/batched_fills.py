@@ -92,7 +92,8 @@ def batched_fills(nodes: list[fx.Node], rng: str, decided: AbstractSet[fx.Node],
         spec = target.meta.get("spec")
         if spec is None or not spec.is_contiguous():
             continue
-        spec = spec._replace(device=device_map.get(spec.device, spec.device))
+        if device_map:
+            spec = spec._replace(device=device_map.get(spec.device, spec.device))
         if not (_exact_batchable(fill, spec) if rng == "exact" else _portable_batchable(spec, kernels.get(n))):
             continue
         fills[n] = fill

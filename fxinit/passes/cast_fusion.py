@@ -154,7 +154,7 @@ def cast_points(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
             users[shared[n][0]].append(n)
         for sid in {*n.meta.get("reads", ()), *n.meta.get("mutates", ())}:
             last_touch[sid] = i
-        for x in (n, *n.all_input_nodes):
+        for x in (n, *n._input_nodes):
             root_touch[storage_root(x)] = i
     points: dict[fx.Node, list[fx.Node]] = defaultdict(list)
     for k in nodes:

@@ -142,13 +142,13 @@ def _step(n: fx.Node, need: dict[fx.Node, Set], found: Demand, origins: Origins 
         _copy(n, copy, demanded, need, found, origins)
         return
     target = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
-    if _pointwise(n) and not any(reinterprets(x) or not _floating(x) for x in (n, *n.all_input_nodes)):
+    if _pointwise(n) and not any(reinterprets(x) or not _floating(x) for x in (n, *n._input_nodes)):
         written = target if writes_first_argument(n) else n
         out = written.meta.get("spec")
         demanded = intervals.intersect(need[storage_root(written)], intervals.elements(out)[0])
         if written is n:
             need.pop(n, None)
-        for x in n.all_input_nodes:
+        for x in n._input_nodes:
             if x is written:
                 continue  # in place: the positions it writes are the positions it reads
             _read(x, intervals.carry(demanded, out, x.meta.get("spec")), need)
@@ -195,7 +195,7 @@ def _read(x: fx.Node, elements: Set | None, need: dict[fx.Node, Set]) -> None:
 
 
 def _read_all(n: fx.Node, need: dict[fx.Node, Set], skip: fx.Node | None = None) -> None:
-    for x in n.all_input_nodes:
+    for x in n._input_nodes:
         if x is not skip:
             _read(x, None, need)
 

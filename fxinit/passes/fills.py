@@ -139,7 +139,9 @@ def _target_spec(node: fx.Node, device_map: Mapping[torch.device, torch.device])
     index = filled_argument(node)
     target = node.args[index] if index is not None and len(node.args) > index else None
     spec = target.meta.get("spec") if isinstance(target, fx.Node) else None
-    return None if spec is None else spec._replace(device=device_map.get(spec.device, spec.device))
+    if spec is None or not device_map:
+        return spec
+    return spec._replace(device=device_map.get(spec.device, spec.device))
 
 
 def _plain_arguments(node: fx.Node) -> bool:

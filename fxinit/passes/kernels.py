@@ -96,7 +96,7 @@ def compiled_fills(nodes: Sequence[fx.Node], in_place: Mapping[fx.Node, Any], fu
     (a fused cast's fill with its cast); ``in_place`` is the plan's in-place map."""
     users: dict[fx.Node, list[fx.Node]] = {}
     for n in nodes:
-        for inp in n.all_input_nodes:
+        for inp in n._input_nodes:
             users.setdefault(inp, []).append(n)
     out: dict[fx.Node, Kernel] = {}
     for n in nodes:

@@ -35,11 +35,12 @@ def independent_groups(nodes: Sequence[fx.Node],
     members = set(nodes)
     for n in nodes:
         find(n)
-        for inp in n.all_input_nodes:
+        for inp in n._input_nodes:
             if inp in members:
                 union(n, inp)
-        for sid in (*n.meta.get("reads", ()), *n.meta.get("mutates", ())):
-            union(n, ("storage", sid))
+        meta = n.meta
+        for sid in (*meta.get("reads", ()), *meta.get("mutates", ())):
+            union(n, sid)  # storage ids are ints, never nodes
     for a, b in links:
         union(a, b)
     groups: dict[object, list[fx.Node]] = {}

@@ -63,7 +63,7 @@ def shared_roots(nodes: Sequence[fx.Node]) -> set[fx.Node]:
     root disagree."""
     ids: dict[fx.Node, set[Any]] = defaultdict(set)
     for n in nodes:
-        roots = {storage_root(x) for x in n.all_input_nodes}
+        roots = {storage_root(x) for x in n._input_nodes}
         sids = set(n.meta.get("reads", ())) | set(n.meta.get("mutates", ()))
         if len(roots) == 1 and len(sids) == 1:
             ids[next(iter(roots))] |= sids

@@ -31,7 +31,7 @@ Target = tuple[fx.Node, int]  # (value node, storage id)
 
 def metadata_only(n: fx.Node) -> bool:
     """``n`` reads nothing but the spec of its inputs, and the graph knows those specs."""
-    return reads_no_data(n) and all(i.meta.get("spec") is not None for i in n.all_input_nodes)
+    return reads_no_data(n) and all(i.meta.get("spec") is not None for i in n._input_nodes)
 
 
 class Slicer:
@@ -88,7 +88,7 @@ class Slicer:
             n = stack.pop()
             if to_run and metadata_only(n):  # ``empty_like(x)`` needs x's spec, which the graph has, not its value
                 continue
-            for inp in n.all_input_nodes:
+            for inp in n._input_nodes:
                 need(inp)
             pos = n.meta.get("pos", 0)
             for sid in n.meta.get("reads", ()):

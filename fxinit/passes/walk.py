@@ -16,7 +16,7 @@ def users_of(nodes: Sequence[fx.Node]) -> dict[fx.Node, list[fx.Node]]:
     """``{node: the nodes of ``nodes`` that take it as an input}``, in program order."""
     users: dict[fx.Node, list[fx.Node]] = defaultdict(list)
     for n in nodes:
-        for inp in n.all_input_nodes:
+        for inp in n._input_nodes:
             users[inp].append(n)
     return users
 

@@ -23,7 +23,7 @@ import logging
 import os
 import random
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Sequence
@@ -273,11 +273,16 @@ def _remembered() -> dict[str, bool | None] | None:
             found = json.loads(path.read_text()) if path.exists() else {}
         except (OSError, ValueError):
             found = {}
-        _MEMORY = (path, found if isinstance(found, dict) else {})
+        if not isinstance(found, dict) or len(found) > REMEMBERED_MAX:  # grown by other parameters: start again
+            found = {}
+        _MEMORY = (path, found)
     return _MEMORY[1]
 
 
 _MEMORY: tuple[Path, dict[str, bool | None]] | None = None
+#: Checks remembered at most: a model asks for a handful of parameter sets, and every process
+#: reads the whole file before its first fill (4096 of them took 1.3 ms to parse).
+REMEMBERED_MAX = 512
 _MEMORY_OFF = False  # after reset_checks: this process checks for itself
 
 
@@ -289,7 +294,7 @@ def _remember(earlier: dict[str, bool | None] | None, key: tuple, check: Callabl
         return earlier[name]
     result = check()
     if earlier is not None and _MEMORY is not None and result is not False:  # a difference is checked again
-        if len(earlier) > 4096:
+        if len(earlier) >= REMEMBERED_MAX:
             earlier.clear()
         earlier[name] = result
         try:
@@ -367,15 +372,23 @@ def batchable(kind: str, dtype: torch.dtype, numel: int) -> bool:
         kind == "uniform" or numel % 16 == 0)
 
 
-def native_fill_batch(fills: Sequence[tuple[str, torch.Tensor, torch.Tensor, tuple[float, float]]]) -> int:
+#: Elements a batch's thread gets at least (``native_fill_batch``): below, waking a thread costs more.
+BATCH_PER_THREAD = 1 << 17
+
+
+def native_fill_batch(fills: Sequence[tuple[str, torch.Tensor, torch.Tensor, tuple[float, float]]],
+                      threads: int | None = None) -> int:
     """``native_fill(kind, out, state, params)`` of each ``(kind, out, state, params)``, in order,
-    in one call to the kernel: a model's hundreds of small fills without a call each. Each
+    in calls to the kernel of many fills each: a model's hundreds of small fills without a call
+    each, split by elements over up to ``threads`` threads (default torch's thread count). Each
     ``out`` must be a contiguous CPU tensor of fewer than ``BATCH_BELOW`` elements, and for
     normal a multiple of 16 of them. Returns how many it filled, counted from the first
-    (the first it cannot fill stops it); the caller fills the rest otherwise."""
+    (the first it cannot fill stops it); the caller fills the rest otherwise (some after it
+    may be filled already, with the same values)."""
     lib = library()
     jobs: list[int] = []
     params: list[float] = []
+    elements = 0
     for kind, out, state, p in fills:
         n = out.numel()
         usable = _usable(kind, out, state, n, p) if batchable(kind, out.dtype, n) else None
@@ -383,10 +396,33 @@ def native_fill_batch(fills: Sequence[tuple[str, torch.Tensor, torch.Tensor, tup
             break
         jobs += (_OPS[kind], _DTYPES[out.dtype], usable[0], out.data_ptr(), n, state.data_ptr())
         params += usable[1]
+        elements += n
     if not jobs:
         return 0
-    packed, values = np.array(jobs, dtype=np.int64), np.array(params, dtype=np.float64)
-    return int(lib.fxinit_fill_batch(len(jobs) // 6, packed.ctypes.data, values.ctypes.data))
+    packed, values = np.array(jobs, dtype=np.int64).reshape(-1, 6), np.array(params, dtype=np.float64)
+    threads = torch.get_num_threads() if threads is None else max(1, int(threads))
+    parts = max(1, min(threads, elements // BATCH_PER_THREAD, len(packed)))
+    cuts = np.searchsorted(np.cumsum(packed[:, 4]), [elements * k // parts for k in range(1, parts)], side="right")
+    bounds = [0, *(int(c) for c in cuts), len(packed)]
+
+    def part(k: int) -> int:  # the fills done of part k, counted from its first
+        lo, hi = bounds[k], bounds[k + 1]
+        if hi <= lo:
+            return 0
+        return int(lib.fxinit_fill_batch(hi - lo, packed[lo:].ctypes.data, values[2 * lo:].ctypes.data))
+
+    futures = [_pool().submit(part, k) for k in range(1, parts)]  # ctypes lets go of the GIL meanwhile
+    try:
+        first = part(0)
+    finally:  # the threads write into the caller's tensors: never return (or raise) before they end
+        wait(futures)
+    done = [first, *(f.result() for f in futures)]
+    filled = 0
+    for k, d in enumerate(done):
+        filled += d
+        if d < bounds[k + 1] - bounds[k]:
+            break
+    return filled
 
 
 #: A run of a fill's elements drawn into scattered places (``native_fill_runs``) starts at a

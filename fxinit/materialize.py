@@ -22,7 +22,8 @@ from torch.nn.modules.module import _IncompatibleKeys
 from fxinit.autograd_links import autograd_leaves, plan_links, relink
 from fxinit.arguments import checked_device, checked_dtype, checked_seed
 from fxinit.capture.api import clear_meta_init_cache, recorder_of_root
-from fxinit.capture.deferred import MATERIALIZED, dressed_as, is_deferred_tensor, plain_attributes, state_of
+from fxinit.capture.deferred import (MATERIALIZED, dressed_as, grad_fn_of, is_deferred_tensor, plain_attributes,
+                                     state_of)
 from fxinit.capture.recorder import Recorder
 from fxinit.checkpoint import CheckpointSource, checkpoint_values
 from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materialize_dtensors
@@ -92,7 +93,7 @@ def _with_companions(tensors: list[torch.Tensor], where: dict[int, list[Location
     out = _companions(tensors, where, walked)
     ids = {id(t) for t in out}
     with plain_attributes():
-        derived = [t for t in out if t.grad_fn is not None]
+        derived = [t for t in out if grad_fn_of(t) is not None]
     leaves = [p for t in derived for p in autograd_leaves(t) if is_deferred_tensor(p) and id(p) not in ids]
     return _companions(out + leaves, where, walked) if leaves else out
 
@@ -113,7 +114,7 @@ def _companions(tensors: list[torch.Tensor], where: dict[int, list[Location]],
                     continue
                 # Tensors computed with autograd (weight_norm's ``weight``) hold the parameters
                 # they came from: they go with them, or those could not be swapped.
-                if id(t) not in out and (t.grad_fn is not None or rec.storage_id(t) in wanted):
+                if id(t) not in out and (grad_fn_of(t) is not None or rec.storage_id(t) in wanted):
                     out[id(t)] = t
                 places = where.setdefault(id(t), []) if id(t) in out else None
                 if places is not None and not any(p[0] is mod and p[1] == name for p in places):

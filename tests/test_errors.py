@@ -496,3 +496,29 @@ def test_copies_of_deferred_tensors_as_eager_or_refused() -> None:
     with torch.no_grad():
         assert m.weight.numpy().shape == (2, 3)  # as eager: only with grad enabled
     assert copy.deepcopy(m).weight.shape == (2, 3)
+
+
+class _ViewOfWrittenWeight(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(1, 1, bias=False)
+        self.register_buffer("tiled", self.lin.weight.expand(2, 1, 1))  # view
+        with torch.no_grad():
+            self.lin.weight[0].zero_()  # written through another view
+
+
+def test_a_view_of_a_parameter_written_then_frozen_is_refused_not_an_internal_assert() -> None:
+    """Found by the fuzzer (seed 510): torch cannot regenerate such a view's grad_fn on a
+    deferred tensor (an internal assert), and eager's cannot be rebuilt: refused by name.
+    Read before the freeze, or frozen after materialize, it materializes as eager's values."""
+    torch.manual_seed(0)
+    m = fxinit.trace_init(_ViewOfWrittenWeight)
+    m.requires_grad_(False)
+    with pytest.raises(fxinit.DeferredInitError, match="written in place through another view and then frozen"):
+        fxinit.materialize(m)
+    torch.manual_seed(0)
+    eager = _ViewOfWrittenWeight()
+    torch.manual_seed(0)
+    m = fxinit.trace_init(_ViewOfWrittenWeight)
+    fxinit.materialize(m)
+    assert torch.equal(m.tiled, eager.tiled) and m.tiled.data_ptr() == m.lin.weight.data_ptr()

@@ -115,6 +115,32 @@ def state_of(t: torch.Tensor) -> DeferredState:
 plain_attributes = torch._C.DisableTorchFunctionSubclass
 
 
+def grad_fn_of(t: torch.Tensor) -> Any:
+    """``t.grad_fn`` (read under ``plain_attributes``). Refused by name where torch cannot
+    answer: a deferred view of a parameter written in place (through another view) and then
+    frozen (``requires_grad_(False)``) before anything read the view's ``grad_fn``. torch
+    regenerates that ``grad_fn`` by replaying the view on its base (a subclass's views carry
+    their view function), gets none since the base requires no grad, and fails an internal
+    assert; eager's plain view regenerates an ``AsStridedBackward0`` without inputs, which
+    fxinit cannot rebuild."""
+    try:
+        return t.grad_fn
+    except RuntimeError as exc:
+        if "new_fn" not in str(exc) or t._base is None:
+            raise
+        st = t.__dict__.get(STATE_ATTR)
+        node = st.node if st is not None else None
+        raise DeferredInitError(
+            "a deferred view of a parameter that was written in place through another view and then frozen "
+            "(requires_grad_(False)) before its grad_fn was read: torch cannot regenerate that view's grad_fn "
+            "here, and fxinit cannot rebuild the one eager's view has",
+            op=str(node.target) if node is not None else None,
+            module=node.meta.get("module") if node is not None else None,
+            source=getattr(node.meta.get("prov"), "source", None) if node is not None else None,
+            hint="freeze the parameters after materialize, or keep a copy (.clone()) rather than a view of the "
+                 "parameter") from exc
+
+
 def is_deferred_tensor(t: object) -> bool:
     return isinstance(t, DeferredTensor) and STATE_ATTR in t.__dict__
 

@@ -152,7 +152,7 @@ def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
 
 _CALLABLES = (types.FunctionType, types.MethodType, functools.partial)
 _MODULE_OWN = frozenset(vars(torch.nn.Module())) | MODULE_DICTS  # what every module's __dict__ has
-_HOOK_DICTS = tuple(name for name in vars(torch.nn.Module()) if name.endswith("_hooks"))  # in the order Module sets them
+_HOOK_DICTS = tuple(name for name in vars(torch.nn.Module()) if name.endswith("_hooks"))  # in Module's order
 _HOLD_NO_TENSOR = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device})  # hold no tensor
 
 

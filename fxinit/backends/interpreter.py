@@ -63,9 +63,10 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 #: Factories called through torch's Python functions: the same kernels, a quarter of the
-#: OpOverload's call cost (a model allocates every tensor it initializes).
+#: OpOverload's call cost (a model allocates every tensor it initializes). Keyed by the op's
+#: identity (an OpOverload hashes in Python; ops are never freed).
 _FACTORIES = {id(op): fn for op, fn in ((aten.empty.memory_format, torch.empty), (aten.ones.default, torch.ones),
-                                         (aten.zeros.default, torch.zeros), (aten.full.default, torch.full))}  # by id: ops live on
+                                         (aten.zeros.default, torch.zeros), (aten.full.default, torch.full))}
 
 
 #: Batched fills run once the queue holds this many elements (~0.7 ms of an H100's portable

@@ -522,3 +522,20 @@ def test_a_view_of_a_parameter_written_then_frozen_is_refused_not_an_internal_as
     m = fxinit.trace_init(_ViewOfWrittenWeight)
     fxinit.materialize(m)
     assert torch.equal(m.tiled, eager.tiled) and m.tiled.data_ptr() == m.lin.weight.data_ptr()
+
+
+@pytest.mark.parametrize("make", ["quantize_per_tensor", "quantized Linear"])
+def test_quantized_tensors_are_refused_by_name(make: str) -> None:
+    """torch's meta kernels give quantized tensors no quantized dtype (``quantize_per_tensor``
+    says float32) or none at all: refused by name, not an internal error (found by a hunt
+    through torchvision's ``quantize=True`` models)."""
+    class Quantized(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            if make == "quantize_per_tensor":
+                self.register_buffer("q", torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8))
+            else:
+                self.inner = torch.ao.nn.quantized.Linear(4, 4)
+
+    with pytest.raises(fxinit.DeferredInitError, match="cannot defer quantized tensors"):
+        fxinit.trace_init(Quantized)

@@ -58,6 +58,10 @@ from fxinit.rng import default_generator_for
 from fxinit.spec import TensorSpec
 
 aten = torch.ops.aten
+#: Ops that make quantized tensors (``torch.ao.nn.quantized`` modules, ``quantize_per_tensor``).
+QUANTIZED_MAKERS = frozenset({"quantize_per_tensor", "quantize_per_tensor_dynamic", "quantize_per_channel",
+                              "_empty_affine_quantized", "_empty_per_channel_affine_quantized",
+                              "_make_per_tensor_quantized_tensor", "_make_per_channel_quantized_tensor"})
 
 _DISTRIBUTED_DIR = os.path.join(os.path.dirname(torch.__file__), "distributed") + os.sep
 _DTENSOR_DIR = os.path.join(_DISTRIBUTED_DIR, "tensor") + os.sep
@@ -367,6 +371,13 @@ class Recorder(Shadows, Doors):
                 op=str(func),
                 hint="materialize before redistributing (redistribute, full_tensor, dist.broadcast of a parameter); "
                      "parallelize_module, distribute_tensor and fully_shard on a deferred model need no collective")
+        if getattr(getattr(func, "overloadpacket", None), "__name__", None) in QUANTIZED_MAKERS:
+            raise self.fail(
+                f"fxinit cannot defer quantized tensors ({func}): torch's meta kernels give them no quantized dtype "
+                "(quantize_per_tensor says float32) or none at all, so code reading them while recording would see "
+                "other values than eager's", op=str(func),
+                hint="quantize after fxinit.materialize (torch.ao.quantization.convert, quantize=True of a model "
+                     "zoo), as on a model built eagerly")
         if func in LIFT_OPS:
             if func is aten.lift_fresh.default and not is_deferred_tensor(args[0]) and args[0].device.type != "meta":
                 # from_numpy, frombuffer: the tensor that shares the caller's memory (capture.real),

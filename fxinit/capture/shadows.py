@@ -41,6 +41,15 @@ def value_hint() -> str:
             "`if not fxinit.is_meta_init():`")
 
 
+def _covers(elements: int, t: torch.Tensor) -> bool:
+    """A storage of ``elements`` elements holds every element of ``t``'s view."""
+    with torch._C.DisableTorchFunctionSubclass():
+        size, stride, offset = t.size(), t.stride(), t.storage_offset()
+    if any(n == 0 for n in size):
+        return offset <= elements
+    return offset + sum((n - 1) * st for n, st in zip(size, stride)) < elements
+
+
 class Shadows:
     """The Recorder's reading of values (a mixin: it uses the recorder's storages, graph,
     ``suspended``, ``fail`` and ``_record``)."""
@@ -51,8 +60,8 @@ class Shadows:
             return t
         info = self.storages.info(t)
         flat = info.shadow
-        if flat is None or flat.dtype != t.dtype:
-            return None
+        if flat is None or flat.dtype != t.dtype or not _covers(flat.numel(), t):
+            return None  # (a storage grown by resize_ since: its new elements are not known)
         with self.suspended():  # also reached outside the dispatch mode's handler (from property hooks)
             return flat.as_strided(t.size(), t.stride(), t.storage_offset())
 

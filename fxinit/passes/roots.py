@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Sequence
 
+import torch
 import torch.fx as fx
 
 from fxinit.ops import filled_argument, is_view, per_node, per_target
@@ -60,7 +61,8 @@ def filled(n: fx.Node) -> fx.Node | None:
 def shared_roots(nodes: Sequence[fx.Node]) -> set[fx.Node]:
     """Storage roots that may share their storage with another root (an op such as ``set_``):
     the capture's storage ids (``meta["reads"]``, ``meta["mutates"]``) of nodes reading one
-    root disagree."""
+    root disagree; and roots whose storage ``resize_`` changed (the elements it holds are not
+    its spec's any more). The element analyses keep every fill and copy of these whole."""
     ids: dict[fx.Node, set[Any]] = defaultdict(set)
     for n in nodes:
         roots = {storage_root(x) for x in n._input_nodes}
@@ -72,4 +74,10 @@ def shared_roots(nodes: Sequence[fx.Node]) -> set[fx.Node]:
         for sid in sids:
             by_id[sid].add(root)
     shared = {root for roots in by_id.values() if len(roots) > 1 for root in roots}
-    return shared | {root for root, sids in ids.items() if len(sids) > 1}
+    # a storage resize_ grew or shrank: its root's spec no longer says which elements it has
+    resized = {storage_root(n.args[0]) for n in nodes if n.op == "call_function" and n.target in _RESIZES
+               and n.args and isinstance(n.args[0], fx.Node)}
+    return shared | resized | {root for root, sids in ids.items() if len(sids) > 1}
+
+
+_RESIZES = frozenset({torch.ops.aten.resize_.default, torch.ops.aten.resize_as_.default})

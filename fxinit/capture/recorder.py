@@ -371,13 +371,6 @@ class Recorder(Shadows, Doors):
                 op=str(func),
                 hint="materialize before redistributing (redistribute, full_tensor, dist.broadcast of a parameter); "
                      "parallelize_module, distribute_tensor and fully_shard on a deferred model need no collective")
-        if getattr(getattr(func, "overloadpacket", None), "__name__", None) in QUANTIZED_MAKERS:
-            raise self.fail(
-                f"fxinit cannot defer quantized tensors ({func}): torch's meta kernels give them no quantized dtype "
-                "(quantize_per_tensor says float32) or none at all, so code reading them while recording would see "
-                "other values than eager's", op=str(func),
-                hint="quantize after fxinit.materialize (torch.ao.quantization.convert, quantize=True of a model "
-                     "zoo), as on a model built eagerly")
         if func in LIFT_OPS:
             if func is aten.lift_fresh.default and not is_deferred_tensor(args[0]) and args[0].device.type != "meta":
                 # from_numpy, frombuffer: the tensor that shares the caller's memory (capture.real),
@@ -393,6 +386,13 @@ class Recorder(Shadows, Doors):
                 return real
             args, kwargs = self._lift_reals(func, args, kwargs)
             inputs = [t for t in tensors_in((args, kwargs)) if is_deferred_tensor(t)]
+        if getattr(getattr(func, "overloadpacket", None), "__name__", None) in QUANTIZED_MAKERS:
+            raise self.fail(
+                f"fxinit cannot defer quantized tensors ({func}): torch's meta kernels give them no quantized dtype "
+                "(quantize_per_tensor says float32) or none at all, so code reading them while recording would see "
+                "other values than eager's", op=str(func),
+                hint="quantize after fxinit.materialize (torch.ao.quantization.convert, quantize=True of a model "
+                     "zoo), as on a model built eagerly")
         if func is DETACH and not kwargs and len(args) == 1 and inputs:
             return self._detached(args[0])
         if func in DATA_DEPENDENT:

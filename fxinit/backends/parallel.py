@@ -76,16 +76,11 @@ def run_plan(plan: Plan, constants: Mapping[str, torch.Tensor], sampler: Sampler
 
 def _allocated_on_cpu_below(plan: Plan, limit: int) -> bool:
     """Whether running ``plan`` allocates less than ``limit`` bytes on the CPU. Without an output
-    dtype, what its nodes allocate before in-place chains and reuse bounds that from above and
-    is cheaper to sum (``Plan.bytes_allocated`` is the exact figure)."""
-    if plan.output_dtype is None:
-        device_map, bound = plan.device_map, 0
-        for n in plan.nodes:
-            spec = n.meta.get("spec")
-            if spec is not None and device_map.get(spec.device, spec.device).type == "cpu" and allocates(n):
-                bound += spec.nbytes
-        if bound < limit:
-            return True
+    dtype, ``_allocated`` of its CPU nodes bounds that from above and is cheaper to sum
+    (``Plan.bytes_allocated`` is the exact figure)."""
+    if plan.output_dtype is None and _allocated([n for n in plan.nodes if plan.runs_on(n).type == "cpu"],
+                                                plan.unbacked) < limit:
+        return True
     return plan.bytes_allocated("cpu") < limit
 
 

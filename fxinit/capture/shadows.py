@@ -23,6 +23,8 @@ from fxinit.capture.real import adopt_deferred, is_strided_result
 from fxinit.capture.schema import WHAT_THE_USER_WROTE
 from fxinit.capture.trees import leaves, map_tree, tensors_in
 from fxinit.ops import draws_random
+from fxinit.passes.ranges import storage_extent
+from fxinit.spec import TensorSpec
 
 #: Tensors up to this many elements computed only from constants get an exact shadow as
 #: they are recorded.
@@ -44,10 +46,8 @@ def value_hint() -> str:
 def _covers(elements: int, t: torch.Tensor) -> bool:
     """A storage of ``elements`` elements holds every element of ``t``'s view."""
     with torch._C.DisableTorchFunctionSubclass():
-        size, stride, offset = t.size(), t.stride(), t.storage_offset()
-    if any(n == 0 for n in size):
-        return offset <= elements
-    return offset + sum((n - 1) * st for n, st in zip(size, stride)) < elements
+        extent = storage_extent(TensorSpec.of(t, META))
+    return extent is not None and extent[1] <= elements
 
 
 class Shadows:

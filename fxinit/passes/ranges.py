@@ -21,7 +21,8 @@ Extent = tuple[int, int]  # half-open range of storage elements
 Ranges = list[Extent]  # sorted, disjoint
 
 
-def _extent(spec) -> Extent | None:  # noqa: ANN001
+def storage_extent(spec) -> Extent | None:  # noqa: ANN001
+    """The storage elements a view of ``spec`` spans (None: unknown, a negative stride)."""
     if spec is None:
         return None
     if any(s == 0 for s in spec.shape):
@@ -39,7 +40,7 @@ def rows_extent(spec, start: int, stop: int) -> Extent | None:  # noqa: ANN001
         return None
     rows = spec._replace(shape=(stop - start, *spec.shape[1:]),
                          storage_offset=spec.storage_offset + start * spec.stride[0])
-    return _extent(rows)
+    return storage_extent(rows)
 
 
 def written_elements(nodes: Sequence[fx.Node], value: fx.Node, storage: int,

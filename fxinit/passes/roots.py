@@ -64,7 +64,10 @@ def shared_roots(nodes: Sequence[fx.Node]) -> set[fx.Node]:
     root disagree; and roots whose storage ``resize_`` changed (the elements it holds are not
     its spec's any more). The element analyses keep every fill and copy of these whole."""
     ids: dict[fx.Node, set[Any]] = defaultdict(set)
+    resized: set[fx.Node] = set()  # (their root's spec no longer says which elements the storage has)
     for n in nodes:
+        if id(n.target) in _RESIZES and n.args and isinstance(n.args[0], fx.Node):
+            resized.add(storage_root(n.args[0]))
         roots = {storage_root(x) for x in n._input_nodes}
         sids = set(n.meta.get("reads", ())) | set(n.meta.get("mutates", ()))
         if len(roots) == 1 and len(sids) == 1:
@@ -74,10 +77,7 @@ def shared_roots(nodes: Sequence[fx.Node]) -> set[fx.Node]:
         for sid in sids:
             by_id[sid].add(root)
     shared = {root for roots in by_id.values() if len(roots) > 1 for root in roots}
-    # a storage resize_ grew or shrank: its root's spec no longer says which elements it has
-    resized = {storage_root(n.args[0]) for n in nodes if n.op == "call_function" and n.target in _RESIZES
-               and n.args and isinstance(n.args[0], fx.Node)}
     return shared | resized | {root for root, sids in ids.items() if len(sids) > 1}
 
 
-_RESIZES = frozenset({torch.ops.aten.resize_.default, torch.ops.aten.resize_as_.default})
+_RESIZES = frozenset({id(torch.ops.aten.resize_.default), id(torch.ops.aten.resize_as_.default)})  # by id: ops live on

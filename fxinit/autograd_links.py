@@ -28,6 +28,7 @@ that cannot be rebuilt keeps its value, as a leaf: docs/failure-modes.md says wh
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -50,8 +51,8 @@ class Link:
     that read it then): the parameter holds that value again while ``nodes`` run;
     ``values``: inputs taken as the values they had (node -> the node that read them), not
     replayed; ``value_of`` computes both. ``signature``: the ``grad_fn`` graph the rebuilt
-    tensor must have (``graph_signature`` of eager's, recorded by the capture), checked where
-    ``earlier`` or ``values`` stand in for what eager's ops read."""
+    tensor must have (``graph_signature`` of eager's, recorded by the capture), checked for
+    every replay (not for a view of a parameter, whose ``grad_fn`` torch regenerates)."""
 
     tensor: torch.Tensor
     nodes: list[fx.Node]
@@ -72,6 +73,19 @@ class _Inputs:
     held: dict[fx.Node, torch.Tensor]  # other tensors materialized in this call, by their current node
     constants: dict[str, torch.Tensor]  # the capture's constants, by get_attr target
     written: dict[fx.Node, int]  # storage roots written in place: the position of their last write
+    # nodes that several parameters stand for (``Parameter(torch.from_numpy(p.detach().numpy()))``:
+    # another object on the same storage), each with all of them
+    aliased: dict[fx.Node, list[torch.Tensor]] = field(default_factory=dict)
+
+    def preferring(self, leaves: AbstractSet[int]) -> _Inputs:
+        """These inputs, a node that several parameters stand for standing for the one among
+        ``leaves`` (by ``id``: the leaves eager's ``grad_fn`` reaches) where there is one."""
+        if not self.aliased:
+            return self
+        parameters = dict(self.parameters)
+        for node, params in self.aliased.items():
+            parameters[node] = next((p for p in params if id(p) in leaves), params[0])
+        return dataclasses.replace(self, parameters=parameters)
 
 
 #: ``value_of(recorder, node, reader)``: the value ``node`` had when ``reader`` read it (writes
@@ -96,13 +110,13 @@ def plan_links(tensors: list[torch.Tensor], value_of: ValueOf | None = None) -> 
         rec = state_of(t).recorder
         if id(rec) not in by_recorder:
             by_recorder[id(rec)] = _inputs(rec, tensors, reached)
-        inputs = by_recorder[id(rec)]
+        with plain_attributes():
+            mine = {id(p) for p in autograd_leaves(t)}
+        inputs = by_recorder[id(rec)].preferring(mine)
         link = _view_link(t, inputs.parameters) or _replay_link(t, inputs)
         if link is None and value_of is not None:
             link = _link_through_values(t, inputs, lambda node, reader: value_of(rec, node, reader))
         if link is not None:
-            with plain_attributes():
-                mine = {id(p) for p in autograd_leaves(t)}
             link.reached = tuple({id(p): p for p in link.leaves.values() if id(p) in mine}.values())
             links.append(link)
     return links
@@ -161,20 +175,27 @@ def _inputs(rec: Any, tensors: list[torch.Tensor], reached: AbstractSet[int] = f
     trace writes in place."""
     parameters: dict[fx.Node, torch.Tensor] = {}
     held: dict[fx.Node, torch.Tensor] = {}
+    aliased: dict[fx.Node, list[torch.Tensor]] = {}
     candidates = list(tensors)
     if rec.root is not None:
         candidates += list(rec.root.parameters())
     with plain_attributes():
         for p in candidates:
             if is_deferred_tensor(p) and p.grad_fn is None:
-                (parameters if p.requires_grad or id(p) in reached else held).setdefault(state_of(p).node, p)
+                node = state_of(p).node
+                if p.requires_grad or id(p) in reached:
+                    first = parameters.setdefault(node, p)
+                    if first is not p and all(q is not p for q in aliased.setdefault(node, [first])):
+                        aliased[node].append(p)
+                else:
+                    held.setdefault(node, p)
     written: dict[fx.Node, int] = {}
     for n in rec.graph.nodes:
         if n.meta.get("mutates"):
             for x in n.all_input_nodes:
                 root = storage_root(x)
                 written[root] = max(written.get(root, -1), n.meta["pos"])
-    return _Inputs(parameters, held, rec.constants, written)
+    return _Inputs(parameters, held, rec.constants, written, aliased)
 
 
 def _view_link(t: torch.Tensor, parameters: dict[fx.Node, torch.Tensor]) -> Link | None:
@@ -183,10 +204,12 @@ def _view_link(t: torch.Tensor, parameters: dict[fx.Node, torch.Tensor]) -> Link
         return None
     chain: list[fx.Node] = []
     node = state_of(t).node
-    while isinstance(node, fx.Node) and getattr(node.target, "is_view", False) and len(chain) < _MAX_OPS:
+    base = state_of(t._base).node  # itself a view op's where the parameter was made as a view (weight_norm's g)
+    while isinstance(node, fx.Node) and node is not base and getattr(node.target, "is_view", False) \
+            and len(chain) < _MAX_OPS:
         chain.append(node)
         node = node.args[0] if node.args else None
-    if not chain or not isinstance(node, fx.Node) or node is not state_of(t._base).node:
+    if not chain or node is not base:
         return None  # (a view of what the parameter held before ``.data =``: _link_through_values)
     return Link(t, chain[::-1], {node: t._base})
 
@@ -226,7 +249,9 @@ def _replay_link(t: torch.Tensor, inputs: _Inputs) -> Link | None:
         todo.extend(node.all_input_nodes)
     if not any(p in inputs.parameters for p in leaves):
         return None
-    return Link(t, sorted(needed, key=lambda n: n.meta["pos"]), leaves)
+    with plain_attributes():  # the leaves it reaches must be eager's objects, not others on their storage
+        signature = graph_signature(t)
+    return Link(t, sorted(needed, key=lambda n: n.meta["pos"]), leaves, signature=signature)
 
 
 def _link_through_values(t: torch.Tensor, inputs: _Inputs,

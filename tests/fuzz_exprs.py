@@ -24,7 +24,7 @@ class GenExprs(GenBase):
         kinds = [("fac", self.factory), ("fac", self.factory), ("der", self.derived), ("der", self.derived), ("like", self.like),
                  ("np", self.numpy_expr), ("load", self.load_expr), ("idiom", self.idiom)]
         for _ in range(6):
-            kind, fn = self.draw(st.sampled_from(kinds))
+            kind, fn = self.choose(kinds)
             res = fn(tags, lines)
             if res is not None and (not want_float or res[1].dtype in FLOATS + COMPLEX):
                 return res
@@ -71,14 +71,14 @@ class GenExprs(GenBase):
             e = f"torch.arange({n}{kw})"
             shape = (n,)
         elif kind == "arange_float":
-            a, b, s = self.draw(st.sampled_from([(0, 4, 0.5), (0.0, 1.0, 0.25), (-1, 1, 0.3), (0, 8, 2)]))
+            a, b, s = self.choose([(0, 4, 0.5), (0.0, 1.0, 0.25), (-1, 1, 0.3), (0, 8, 2)])
             e = f"torch.arange({a}, {b}, {s})"
             shape = tuple(torch.arange(a, b, s).shape)
             d = self.default if any(isinstance(x, float) for x in (a, b, s)) else "int64"
         elif kind == "linspace":
             n = self.integer(0, 7)
             kw, d = self.dtype_kw(("float64",), t)
-            e = f"torch.linspace({self.draw(st.sampled_from(['0', '-1.0', '0.1']))}, 1, {n}{kw})"
+            e = f"torch.linspace({self.choose(['0', '-1.0', '0.1'])}, 1, {n}{kw})"
             shape = (n,)
         elif kind == "eye":
             n, m = self.integer(1, 4), self.integer(1, 4)
@@ -93,8 +93,8 @@ class GenExprs(GenBase):
             e = f"torch.randint(0, {self.integer(1, 10)}, {shape_src(shape)}{kw}{self.gen_kw(t)})"
         elif kind == "distributions":
             shape = self.shape()
-            dist = self.draw(st.sampled_from(["torch.distributions.Normal(0.0, 1.0)", "torch.distributions.Uniform(-1.0, 1.0)",
-                                              "torch.distributions.Bernoulli(0.3)"]))
+            dist = self.choose(["torch.distributions.Normal(0.0, 1.0)", "torch.distributions.Uniform(-1.0, 1.0)",
+                                              "torch.distributions.Bernoulli(0.3)"])
             e = f"{dist}.sample({shape_src(shape)})"
             d = "float32"
         elif kind == "bernoulli_fn":
@@ -111,7 +111,7 @@ class GenExprs(GenBase):
             shape, d = (n,), "int64"
         else:  # tensor of python lists
             shape = self.shape(max_ndim=2)
-            pk = self.draw(st.sampled_from(["float", "int", "bool", "complex"]))
+            pk = self.choose(["float", "int", "bool", "complex"])
             vals = np.arange(math.prod(shape)).reshape(shape)
             if pk == "float":
                 data = (vals * 0.5 - 1.0).tolist()
@@ -167,7 +167,7 @@ class GenExprs(GenBase):
         elif kind == "der:arith":
             if d == "bool":
                 return None
-            c = self.draw(st.sampled_from(["2", "0.5", "-1"])) if d not in FLOATS + COMPLEX else self.draw(st.sampled_from(["2.0", "0.5", "1e-3"]))
+            c = self.choose(["2", "0.5", "-1"]) if d not in FLOATS + COMPLEX else self.choose(["2.0", "0.5", "1e-3"])
             e = f"{x} * {c} + 1"
             if d in INTS and "." in c:
                 d = self.default
@@ -222,7 +222,7 @@ class GenExprs(GenBase):
         elif kind == "der:reduce":
             if d in ("bool",) or s.numel == 0:
                 return None
-            r = self.draw(st.sampled_from(["sum", "norm", "mean", "amax"]))
+            r = self.choose(["sum", "norm", "mean", "amax"])
             if r in ("norm", "mean") and d not in FLOATS:
                 return None
             e = f"{x}.{r}()"
@@ -237,8 +237,8 @@ class GenExprs(GenBase):
         elif kind == "der:math":
             if d not in FLOATS:
                 return None
-            f = self.draw(st.sampled_from(["torch.cos({})", "{}.exp()", "torch.log({})", "{} / 0", "torch.sigmoid({})",
-                                           "F.normalize({}, dim=-1)" if s.ndim >= 1 else "torch.tanh({})"]))
+            f = self.choose(["torch.cos({})", "{}.exp()", "torch.log({})", "{} / 0", "torch.sigmoid({})",
+                                           "F.normalize({}, dim=-1)" if s.ndim >= 1 else "torch.tanh({})"])
             e = f.format(x)
             if "log" in f or "/ 0" in f:
                 t.add("der:nan")
@@ -344,7 +344,7 @@ class GenExprs(GenBase):
         shape = self.shape(min_ndim=1)
         n = math.prod(shape)
         if kind == "np:from_numpy":
-            npd = self.draw(st.sampled_from(["float32", "float64", "int64", "int32", "bool"]))
+            npd = self.choose(["float32", "float64", "int64", "int32", "bool"])
             if npd == "bool":
                 e = f"torch.from_numpy(np.arange({n}).reshape({shape_src(shape)}) % 2 == 0)"
             else:
@@ -370,12 +370,12 @@ class GenExprs(GenBase):
             return None
         name = f"f{len(self.files)}.pt"
         shape = self.shape(min_ndim=1)
-        content, d = self.draw(st.sampled_from([
+        content, d = self.choose([
             (f"torch.arange({math.prod(shape)}, dtype=torch.float32).reshape({shape_src(shape)})", "float32"),
             (f"torch.randn({shape_src(shape)}, generator=torch.Generator().manual_seed(7))", "float32"),
             (f"torch.arange({math.prod(shape)}).reshape({shape_src(shape)})", "int64"),
             (f"torch.ones({shape_src(shape)}, dtype=torch.bfloat16)", "bfloat16"),
-        ]))
+        ])
         path = f"os.path.join(TMP, {name!r})"
         if opt[0] == "load:dict":
             self.files.append((name, "{'w': " + content + "}"))

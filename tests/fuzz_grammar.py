@@ -42,7 +42,7 @@ class Gen(GenSteps):
         if kind == "rng:gen_set_state":
             if not self.gens:
                 return None
-            g = self.draw(st.sampled_from(self.gens))
+            g = self.choose(self.gens)
             return Step((f"{g}.set_state(torch.get_rng_state())",), frozenset(tags))
         if kind == "rng:gen_from_global":
             name = self.fresh("g")
@@ -57,7 +57,7 @@ class Gen(GenSteps):
         # a random value made with the global generator saved and put back, or forked
         lines: list[str] = []
         inner: list[str] = []
-        e, s = self.factory(tags, inner, force=self.draw(st.sampled_from(["randn", "rand", "randperm"])))
+        e, s = self.factory(tags, inner, force=self.choose(["randn", "rand", "randperm"]))
         tmp_lines: list[str] = []
         if self.store(e, s, tags, tmp_lines) is None:
             return None
@@ -160,15 +160,15 @@ class Gen(GenSteps):
         mods = list(self.modules)
         if not mods or not self.ok("post:reset_parameters"):
             return None
-        m = self.draw(st.sampled_from(mods))
+        m = self.choose(mods)
         return Step((f"{m}.reset_parameters()",), frozenset({"step:reset", "post:reset_parameters", f"reset:{self.modules[m]}"}))
 
     def s_apply(self) -> Step | None:
         if not any(k in ("Linear", "Embedding", "Conv1d", "Conv2d") for k in self.modules.values()):
             return None
         tags = {"step:apply", "post:apply"}
-        fill = self.draw(st.sampled_from(["nn.init.xavier_uniform_(m.weight)", "nn.init.normal_(m.weight, std=0.02)",
-                                          "nn.init.trunc_normal_(m.weight, std=0.02)", "nn.init.orthogonal_(m.weight)"]))
+        fill = self.choose(["nn.init.xavier_uniform_(m.weight)", "nn.init.normal_(m.weight, std=0.02)",
+                                          "nn.init.trunc_normal_(m.weight, std=0.02)", "nn.init.orthogonal_(m.weight)"])
         lines = ["def _init(m):", "    if isinstance(m, (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d)):",
                  f"        {fill}", "        if getattr(m, 'bias', None) is not None:", "            nn.init.zeros_(m.bias)",
                  "self.apply(_init)"]
@@ -221,9 +221,9 @@ class Gen(GenSteps):
                          f"    {s.expr}.add_(torch.randn({s.expr}.shape, device={s.expr}.device, dtype={s.expr}.dtype) * 0.01)"),
                         frozenset(tags))
         if kind == "post:module_to":
-            how, d = self.draw(st.sampled_from([("self.double()", "float64"), ("self.to(torch.float64)", "float64"),
+            how, d = self.choose([("self.double()", "float64"), ("self.to(torch.float64)", "float64"),
                                                 ("self.half()", "float16"), ("self.bfloat16()", "bfloat16"),
-                                                ("self.float()", "float32")]))
+                                                ("self.float()", "float32")])
             for e, s in list(self.syms.items()):
                 if s.where in ("param", "buffer", "modparam", "modbuffer", "paramlist"):
                     if s.is_float:
@@ -252,7 +252,7 @@ class Gen(GenSteps):
                  ("step:apply", self.s_apply, 1), ("step:post", self.s_post_special, 2 if self.phase == "init" else 6)]
         weighted = [(t, f) for t, f, w in table for _ in range(w) if self.ok(t)]
         for _ in range(8):
-            tag, fn = self.draw(st.sampled_from(weighted))
+            tag, fn = self.choose(weighted)
             saved = self._snapshot()
             s = fn()
             if s is not None and not (s.tags & self.disabled):
@@ -272,7 +272,7 @@ class Gen(GenSteps):
          self.plist_len) = saved
 
     def make_args(self) -> None:
-        n = self.draw(st.sampled_from([0, 0, 1, 0, 2])) if self.ok("arg") else 0
+        n = self.choose([0, 0, 1, 0, 2]) if self.ok("arg") else 0
         for i in range(n):
             opt = self.pick([("arg:tensor", "torch.arange(6.0).reshape(2, 3)", (2, 3), "float32"),
                              ("arg:tensor", "torch.randn(4)", (4,), "float32"),
@@ -293,10 +293,10 @@ class Gen(GenSteps):
 @st.composite
 def programs(draw: Callable, disabled: frozenset[str] = frozenset(), max_init: int = 8, max_post: int = 4) -> Program:
     g = Gen(draw, frozenset(disabled))
-    dd = draw(st.sampled_from([d for d in ("float32",) * 6 + ("float64", "bfloat16") if g.ok(f"dtype:default:{d}") or d == "float32"]))
+    dd = g.choose([d for d in ("float32",) * 6 + ("float64", "bfloat16") if g.ok(f"dtype:default:{d}") or d == "float32"])
     g.default = dd
-    mode = draw(st.sampled_from([m for m in ("plain", "recording") if g.ok(f"post:{m}")] or ["recording"]))
-    order = draw(st.sampled_from([o for o in ("whole", "reverse", "tensors") if g.ok(f"order:{o}")] or ["whole"]))
+    mode = g.choose([m for m in ("plain", "recording") if g.ok(f"post:{m}")] or ["recording"])
+    order = g.choose([o for o in ("whole", "reverse", "tensors") if g.ok(f"order:{o}")] or ["whole"])
     g.post_mode = mode
     g.make_args()
     init = [g.step() for _ in range(draw(st.integers(1, max_init)))]

@@ -63,7 +63,7 @@ class GenSteps(GenExprs):
             mods = [m for m in self.modules if "[" not in m]
             if not mods:
                 return None
-            src_m = self.draw(st.sampled_from(mods))
+            src_m = self.choose(mods)
             name = f"self.{self.fresh('m')}"
             for e, sy in list(self.syms.items()):
                 if e.startswith(src_m + ".") or e.startswith(src_m + "["):
@@ -83,7 +83,7 @@ class GenSteps(GenExprs):
             return Step((f"{name} = nn.Embedding.from_pretrained({src_s.expr}, freeze={freeze})",), frozenset(tags))
         name = f"self.{self.fresh('m')}"
         kw, d = "", self.default
-        if self.ok("mod:dtype") and self.draw(st.sampled_from([False, False, False, True])):
+        if self.ok("mod:dtype") and self.choose([False, False, False, True]):
             kw, d = ", dtype=torch.float64", "float64"
             tags.add("mod:dtype")
         params: list[tuple[str, tuple[int, ...], str]] = []  # (suffix, shape, where)
@@ -226,8 +226,8 @@ class GenSteps(GenExprs):
         if f[0] == "fill:timm_trunc_normal":  # timm's _trunc_normal_ / _no_grad_trunc_normal_, written out
             x = s.expr if not s.rg else f"{s.expr}.data"
             tags.add("access:data" if s.rg else "access:bare")
-            lo, hi = self.draw(st.sampled_from([(-2.0, 2.0), (-0.04, 0.04)]))
-            std = self.draw(st.sampled_from(["0.02", "1.0"]))
+            lo, hi = self.choose([(-2.0, 2.0), (-0.04, 0.04)])
+            std = self.choose(["0.02", "1.0"])
             lines = [f"_l = (1.0 + math.erf(({lo} / {std}) / math.sqrt(2.0))) / 2.0",
                      f"_u = (1.0 + math.erf(({hi} / {std}) / math.sqrt(2.0))) / 2.0",
                      f"{x}.uniform_(2 * _l - 1, 2 * _u - 1{self.gen_kw(tags)})", f"{x}.erfinv_()",
@@ -237,11 +237,11 @@ class GenSteps(GenExprs):
         groups = 1
         if f[0] == "fill:dirac_" and s.shape[0] % 2 == 0 and self.boolean():
             groups = 2
-        fmt = dict(m=self.draw(st.sampled_from(["0.0", "1.0"])), sd=self.draw(st.sampled_from(["0.02", "1.0"])),
-                   a=self.draw(st.sampled_from(["-0.1", "0.0"])), b=self.draw(st.sampled_from(["0.1", "1.0"])),
+        fmt = dict(m=self.choose(["0.0", "1.0"]), sd=self.choose(["0.02", "1.0"]),
+                   a=self.choose(["-0.1", "0.0"]), b=self.choose(["0.1", "1.0"]),
                    v=lit(self.float_value()), g=g, g0=g[2:], groups=groups,
-                   gain=self.draw(st.sampled_from(["", ", gain=nn.init.calculate_gain('relu')"])),
-                   tr=self.draw(st.sampled_from(["", ", a=-0.04, b=0.04"])))
+                   gain=self.choose(["", ", gain=nn.init.calculate_gain('relu')"]),
+                   tr=self.choose(["", ", a=-0.04, b=0.04"]))
         template = f[1]
         if template.startswith("nn.init.") and self.boolean():
             # init functions run under no_grad themselves: called on the tensor or on .data
@@ -365,7 +365,7 @@ class GenSteps(GenExprs):
                                                    and s.expr != a.expr)]
             if not targets:
                 return None
-            b = self.draw(st.sampled_from(targets))
+            b = self.choose(targets)
             self.syms[b.expr] = dataclasses.replace(a, expr=b.expr)
             return Step((f"{b.expr} = {a.expr}",), frozenset(tags))
         if opt[0] == "tie:param_attr":
@@ -380,7 +380,7 @@ class GenSteps(GenExprs):
             if a is None:
                 return None
             name = self.fresh("b")
-            how = self.draw(st.sampled_from([".data", ".detach()", ".data[0]"]))
+            how = self.choose([".data", ".detach()", ".data[0]"])
             if how == ".data[0]" and a.shape[0] == 0:
                 how = ".data"
             self.syms[f"self.{name}"] = dataclasses.replace(a, expr=f"self.{name}", where="buffer", rg=False, obj=next(_OBJ),
@@ -390,7 +390,7 @@ class GenSteps(GenExprs):
             mods = [m for m in self.modules if "[" not in m]
             if not mods or self.phase != "init":
                 return None
-            m = self.draw(st.sampled_from(mods))
+            m = self.choose(mods)
             name = f"self.{self.fresh('m')}"
             for e, s in list(self.syms.items()):
                 if e.startswith(m + "."):

@@ -240,6 +240,62 @@ def test_a_kept_tensor_computed_from_another_kept_one() -> None:
     assert same_bits(traced.w.grad, eager.w.grad)
 
 
+def test_a_kept_tensor_whose_parameter_has_an_alias_reaches_eagers_parameter() -> None:
+    """``Parameter(torch.from_numpy(p.detach().numpy()))`` is another parameter on ``p``'s
+    storage; both stand for one recorded value. The old ``weight_norm``'s ``weight`` is rebuilt
+    from ``weight_g`` itself, not from its alias, whichever is listed first, and when the alias
+    is filled after (found by the CI fuzz test: ``weight`` was a leaf). A backward reaches the
+    parameters eager's reaches, and only them."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.alias_first = nn.Parameter(torch.zeros(1, 1))  # replaced below: listed before `lin`
+            self.lin = nn.utils.weight_norm(nn.Linear(1, 1))
+            self.alias_first = nn.Parameter(torch.from_numpy(self.lin.weight_g.detach().numpy()))
+            self.alias_last = nn.Parameter(torch.from_numpy(self.lin.weight_v.detach().numpy()))
+
+    def post(m: nn.Module) -> None:
+        with torch.no_grad():
+            m.alias_first.fill_(0.5)
+
+    for after in (None, post):
+        eager, traced = _both(M, after)
+        assert type(traced.lin.weight.grad_fn).__name__ == "WeightNormInterfaceBackward0"
+        assert same_bits(traced.lin.weight, eager.lin.weight) and _shares(traced.alias_first, traced.lin.weight_g)
+        for m in (eager, traced):
+            m.lin.weight.sum().backward()
+        for name in ("lin.weight_g", "lin.weight_v", "alias_first", "alias_last"):
+            got, want = traced.get_parameter(name).grad, eager.get_parameter(name).grad
+            assert (got is None) == (want is None) and (want is None or same_bits(got, want)), name
+
+
+def test_a_view_of_a_parameter_made_as_a_view_stays_a_view_of_it() -> None:
+    """``weight_norm``'s ``original0`` is itself made by a view op (``norm(...).view(...)``); a
+    buffer ``original0.t().contiguous()`` (``.t()`` itself) is rebuilt as a view of the real
+    parameter, also where the parameter is written after (found by the CI fuzz test: the
+    buffer had its own storage, so a later write to the parameter was missing from it)."""
+    class M(nn.Module):
+        def __init__(self, how: str) -> None:
+            super().__init__()
+            self.lin = nn.utils.parametrizations.weight_norm(nn.Linear(1, 3))
+            g = self.lin.parametrizations.weight.original0
+            self.register_buffer("gt", g.t().contiguous())
+            if how == "no_grad":
+                with torch.no_grad():
+                    g.fill_(2.0)
+            elif how == "data":
+                g.data.fill_(2.0)
+
+    for how in ("none", "no_grad", "data"):
+        eager, traced = _both(lambda: M(how))
+        assert same_bits(traced.gt, eager.gt), how
+        for m in (eager, traced):
+            assert _shares(m.gt, m.lin.parametrizations.weight.original0) and m.gt.grad_fn is not None, how
+            with torch.no_grad():
+                m.lin.parametrizations.weight.original0.add_(1.0)
+        assert same_bits(traced.gt, eager.gt), how
+
+
 class FromNumpyOfAView(nn.Module):
     """A tensor made from the array of a view whose size-one dimension has a stride of 2
     (``w0.t().contiguous()`` is ``w0.t()``): eager's array keeps that stride, and so does a

@@ -10,11 +10,11 @@ values, so the same bits (checked against the value materialize computed), and e
 ``grad_fn``. The other inputs of those ops are taken as eager's ops took them: constants the
 capture holds (an index ``torch.tensor([1, 5])``), value factories (``torch.full``) run again,
 and tensors materialized in the same call (prune's ``weight_mask``), each only where no op
-writes it after the tensor was computed (constants and factories: nowhere), so that the
-value taken is the value eager's op read. A view of a parameter is rebuilt as a view of the
+writes it after eager's op read it (constants and factories: nowhere), so that the value
+taken is the value eager's op read. A view of a parameter is rebuilt as a view of the
 real parameter, whatever was written into it since (a view sees those writes in eager too).
 
-Where eager's ops read what cannot be replayed so (``_link_through_values``), the values
+Where eager's ops read what cannot be replayed so (``_link``, given ``value_of``), the values
 they read are computed (``ValueOf``: the slice up to the reading op). A parameter written or
 rebound since (``weight_norm``, then ``weight_g`` filled; frozen or ``.double()`` since) holds
 its value then while the ops run again (``.data =``), and gets its own data back the same way:
@@ -32,6 +32,7 @@ import dataclasses
 import sys
 import warnings
 from dataclasses import dataclass, field
+from functools import partial
 from typing import AbstractSet, Any, Callable
 
 import torch
@@ -67,7 +68,7 @@ class Link:
 
 @dataclass
 class _Inputs:
-    """What the replayed ops of one trace may start from (``_replay_link``)."""
+    """What the replayed ops of one trace may start from (``_link``)."""
 
     parameters: dict[fx.Node, torch.Tensor]  # by their current node
     held: dict[fx.Node, torch.Tensor]  # other tensors materialized in this call, by their current node
@@ -111,11 +112,11 @@ def plan_links(tensors: list[torch.Tensor], value_of: ValueOf | None = None) -> 
         if id(rec) not in by_recorder:
             by_recorder[id(rec)] = _inputs(rec, tensors, reached)
         with plain_attributes():
-            mine = {id(p) for p in autograd_leaves(t)}
+            reaches = autograd_leaves(t)
+        mine = {id(p) for p in reaches}
         inputs = by_recorder[id(rec)].preferring(mine)
-        link = _view_link(t, inputs.parameters) or _replay_link(t, inputs)
-        if link is None and value_of is not None:
-            link = _link_through_values(t, inputs, lambda node, reader: value_of(rec, node, reader))
+        link = _view_link(t, inputs.parameters) or _link(t, reaches, inputs,
+                                                         None if value_of is None else partial(value_of, rec))
         if link is not None:
             link.reached = tuple({id(p): p for p in link.leaves.values() if id(p) in mine}.values())
             links.append(link)
@@ -210,60 +211,22 @@ def _view_link(t: torch.Tensor, parameters: dict[fx.Node, torch.Tensor]) -> Link
         chain.append(node)
         node = node.args[0] if node.args else None
     if not chain or node is not base:
-        return None  # (a view of what the parameter held before ``.data =``: _link_through_values)
+        return None  # (a view of what the parameter held before ``.data =``: _link)
     return Link(t, chain[::-1], {node: t._base})
 
 
-def _replay_link(t: torch.Tensor, inputs: _Inputs) -> Link | None:
-    """Pure, not random ops from parameters (at their current values) to ``t``, and the other
-    inputs they took as eager's ops took them (see the module doc)."""
-    needed: dict[fx.Node, None] = {}
-    leaves: dict[fx.Node, torch.Tensor] = {}
-    made = state_of(t).node.meta["pos"]
-    if inputs.written.get(storage_root(state_of(t).node), -1) > made:
-        return None  # written itself since: _link_through_values
-    todo = [state_of(t).node]
-    while todo:
-        node = todo.pop()
-        if node in needed or node in leaves:
-            continue
-        if node in inputs.parameters:
-            if inputs.written.get(storage_root(node), -1) > made:  # eager's op read it before that write
-                return None
-            leaves[node] = inputs.parameters[node]
-            continue
-        if node in inputs.held and inputs.written.get(storage_root(node), -1) < made:
-            leaves[node] = inputs.held[node]
-            continue
-        if node.op == "get_attr" and node.target in inputs.constants and storage_root(node) not in inputs.written \
-                and not inputs.constants[node.target].requires_grad:  # a copy of the caller's tensor: no path to it
-            leaves[node] = inputs.constants[node.target]
-            continue
-        if node.op != "call_function" or node.meta.get("generators") or node.meta.get("mutates") \
-                or len(needed) >= _MAX_OPS:
-            return None
-        if not node.all_input_nodes and (getattr(node.target, "overloadpacket", None) not in _VALUE_FACTORIES
-                                         or node in inputs.written):
-            return None
-        needed[node] = None
-        todo.extend(node.all_input_nodes)
-    if not any(p in inputs.parameters for p in leaves):
-        return None
-    with plain_attributes():  # the leaves it reaches must be eager's objects, not others on their storage
-        signature = graph_signature(t)
-    return Link(t, sorted(needed, key=lambda n: n.meta["pos"]), leaves, signature=signature)
-
-
-def _link_through_values(t: torch.Tensor, inputs: _Inputs,
-                         value_of: Callable[[fx.Node, fx.Node], torch.Tensor]) -> Link | None:
-    """``_replay_link`` where eager's ops read what cannot be replayed: a parameter ``t``'s
-    gradient reaches, written after eager's op read it (``weight_norm``'s ``weight``, then
-    ``weight_g`` filled), holds its value then while the ops run again; anything else that
-    cannot be replayed (a random or written temporary) is taken as the value it had, where no
-    gradient passes it. The rebuilt tensor must have eager's ``grad_fn`` graph (``signature``)."""
+def _link(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
+          value_of: Callable[[fx.Node, fx.Node], torch.Tensor] | None = None) -> Link | None:
+    """The recorded ops from the parameters ``t``'s ``grad_fn`` reaches (``reaches``) to ``t``, and the other
+    inputs they took as eager's ops took them (see the module doc). A parameter written after
+    eager's op read it (``weight_norm``'s ``weight``, then ``weight_g`` filled), or rebound since,
+    holds its value then while the ops run again; anything else that cannot be replayed (a random
+    or written temporary, a parameter eager's op read with no gradient) is taken as the value it
+    had, where no gradient passes it. Both need ``value_of``; without it such a tensor has no link.
+    The rebuilt tensor must have eager's ``grad_fn`` graph (``signature``)."""
+    mine = [p for p in reaches if is_deferred_tensor(p)]
     with plain_attributes():
-        reached = autograd_leaves(t)
-    mine = [p for p in reached if is_deferred_tensor(p)]
+        signature = graph_signature(t)
     roots = {storage_root(node) for p in mine for node in (state_of(p).node, *state_of(p).former)}
     materialized = {id(p) for p in inputs.parameters.values()}
     needed: dict[fx.Node, None] = {}
@@ -281,6 +244,8 @@ def _link_through_values(t: torch.Tensor, inputs: _Inputs,
         param = _as_parameter(node, mine)
         then = param is not None and (stale or node is not state_of(param).node)  # written or rebound since
         if param is not None and (not then or id(param) in materialized):
+            if then and value_of is None:
+                return None
             leaves[node] = param
             if then:
                 earlier[node] = reader  # type: ignore[assignment]
@@ -289,15 +254,15 @@ def _link_through_values(t: torch.Tensor, inputs: _Inputs,
             leaves[node] = inputs.held[node]
             continue
         if node.op == "get_attr" and node.target in inputs.constants and storage_root(node) not in inputs.written \
-                and not inputs.constants[node.target].requires_grad:
+                and not inputs.constants[node.target].requires_grad:  # a copy of the caller's tensor: no path to it
             leaves[node] = inputs.constants[node.target]
             continue
         replayable = node.op == "call_function" and not node.meta.get("generators") and not node.meta.get("mutates") \
             and (not stale or is_view(node)) and (node.all_input_nodes or (
                 getattr(node.target, "overloadpacket", None) in _VALUE_FACTORIES and node not in inputs.written))
         if not replayable:
-            if reader is None or storage_root(node) in roots:  # a parameter's storage, not read as the parameter
-                return None
+            if value_of is None or reader is None or storage_root(node) in roots:  # a parameter's storage,
+                return None                                                         # not read as the parameter
             values[node] = reader  # no gradient passes it: eager's graph (signature) says so
             continue
         if len(needed) >= _MAX_OPS:
@@ -306,10 +271,8 @@ def _link_through_values(t: torch.Tensor, inputs: _Inputs,
         # the op that reads its inputs' data: this one, or for a view or ``zeros_like`` the one reading it
         todo.extend((x, reader if reads_no_data(node) and reader is not None else node) for x in node.all_input_nodes)
     overwritten = inputs.written.get(storage_root(state_of(t).node), -1) > made
-    if not (earlier or values or overwritten) or not needed:
+    if not needed or not any(id(p) in materialized for p in leaves.values()):
         return None
-    with plain_attributes():
-        signature = graph_signature(t)
     return Link(t, sorted(needed, key=lambda n: n.meta["pos"]), leaves, earlier, values, signature, value_of,
                 overwritten=overwritten)
 

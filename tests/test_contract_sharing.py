@@ -269,6 +269,36 @@ def test_a_kept_tensor_whose_parameter_has_an_alias_reaches_eagers_parameter() -
             assert (got is None) == (want is None) and (want is None or same_bits(got, want)), name
 
 
+def test_a_kept_tensor_computed_from_a_kept_tensor_made_before_a_write() -> None:
+    """``b5 = b1.clone()`` with ``b1 = w.clone()`` made before ``w`` was filled: eager's clone
+    read ``w`` as it was then, through ``b1``; a parameter read under no_grad (``v * 2``) is a
+    value no gradient passes. The replay checks when each input was read, not when the kept
+    tensor was made (found by tools/fuzz_capture.py: ``b5`` was a leaf, its backward reached
+    nothing)."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(3))
+            self.v = nn.Parameter(torch.randn(3))
+            with torch.no_grad():
+                s = self.v * 2
+            self.t = self.w * s
+            self.register_buffer("b1", self.w.clone())
+            with torch.no_grad():
+                self.w.fill_(0.0)
+            self.register_buffer("b5", self.b1.clone() * self.v)
+
+    eager, traced = _both(M)
+    for name in ("t", "b1", "b5"):
+        got, want = getattr(traced, name), getattr(eager, name)
+        assert same_bits(got, want) and type(got.grad_fn).__name__ == type(want.grad_fn).__name__ != "NoneType", name
+    for m in (eager, traced):
+        (m.t.sum() + m.b5.sum()).backward()
+    for name in ("w", "v"):
+        got, want = traced.get_parameter(name).grad, eager.get_parameter(name).grad
+        assert want is not None and got is not None and same_bits(got, want), name
+
+
 def test_a_view_of_a_parameter_made_as_a_view_stays_a_view_of_it() -> None:
     """``weight_norm``'s ``original0`` is itself made by a view op (``norm(...).view(...)``); a
     buffer ``original0.t().contiguous()`` (``.t()`` itself) is rebuilt as a view of the real

@@ -74,6 +74,7 @@ class _Inputs:
     held: dict[fx.Node, torch.Tensor]  # other tensors materialized in this call, by their current node
     constants: dict[str, torch.Tensor]  # the capture's constants, by get_attr target
     written: dict[fx.Node, int]  # storage roots written in place: the position of their last write
+    lifted: dict[str, torch.Tensor]  # constants' real tensors that require grad (``Recorder.lifted_with_grad``)
     # nodes that several parameters stand for (``Parameter(torch.from_numpy(p.detach().numpy()))``:
     # another object on the same storage), each with all of them
     aliased: dict[fx.Node, list[torch.Tensor]] = field(default_factory=dict)
@@ -128,7 +129,8 @@ def relink(links: list[Link]) -> None:
     computed last first: an older ``grad_fn`` of a later tensor holds the earlier tensors it
     read, and swapping those waits until it is gone."""
     for link in sorted(links, key=lambda link: -link.nodes[-1].meta["pos"] if link.nodes else 0):
-        if any(is_deferred_tensor(p) or p.grad_fn is not None for p in link.leaves.values()):
+        if any(is_deferred_tensor(p) or (p.grad_fn is not None and node.op != "get_attr")  # (a real tensor lifted)
+               for node, p in link.leaves.items()):
             continue  # its parameters were not materialized by this call
         t = link.tensor
         if t.is_meta:
@@ -196,7 +198,7 @@ def _inputs(rec: Any, tensors: list[torch.Tensor], reached: AbstractSet[int] = f
             for x in n.all_input_nodes:
                 root = storage_root(x)
                 written[root] = max(written.get(root, -1), n.meta["pos"])
-    return _Inputs(parameters, held, rec.constants, written, aliased)
+    return _Inputs(parameters, held, rec.constants, written, rec.lifted_with_grad, aliased)
 
 
 def _view_link(t: torch.Tensor, parameters: dict[fx.Node, torch.Tensor]) -> Link | None:
@@ -225,6 +227,7 @@ def _link(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
     had, where no gradient passes it. Both need ``value_of``; without it such a tensor has no link.
     The rebuilt tensor must have eager's ``grad_fn`` graph (``signature``)."""
     mine = [p for p in reaches if is_deferred_tensor(p)]
+    mine_ids = {id(p) for p in reaches}
     with plain_attributes():
         signature = graph_signature(t)
     roots = {storage_root(node) for p in mine for node in (state_of(p).node, *state_of(p).former)}
@@ -253,9 +256,13 @@ def _link(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
         if node in inputs.held and not stale:
             leaves[node] = inputs.held[node]
             continue
-        if node.op == "get_attr" and node.target in inputs.constants and storage_root(node) not in inputs.written \
-                and not inputs.constants[node.target].requires_grad:  # a copy of the caller's tensor: no path to it
-            leaves[node] = inputs.constants[node.target]
+        if node.op == "get_attr" and node.target in inputs.constants and storage_root(node) not in inputs.written:
+            leaf = inputs.constants[node.target]
+            if node.target in inputs.lifted:  # a copy of a real tensor that gradients pass in eager
+                leaf = _lifted_leaf(inputs, node.target, mine_ids)
+                if leaf is None:  # lifted above autograd (``self.w * g``): eager's graph passes ``g``, the
+                    return None   # recorded one does not, so no graph rebuilt from it can be eager's
+            leaves[node] = leaf
             continue
         replayable = node.op == "call_function" and not node.meta.get("generators") and not node.meta.get("mutates") \
             and (not stale or is_view(node)) and (node.all_input_nodes or (
@@ -275,6 +282,17 @@ def _link(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
         return None
     return Link(t, sorted(needed, key=lambda n: n.meta["pos"]), leaves, earlier, values, signature, value_of,
                 overwritten=overwritten)
+
+
+def _lifted_leaf(inputs: _Inputs, target: str, reached: AbstractSet[int]) -> torch.Tensor | None:
+    """The real tensor that requires grad whose value the constant ``target`` copied (a caller's
+    tensor, a real parameter or a view of one), where eager's ``grad_fn`` reaches the leaves it
+    leads to (``reached``, by ``id``)."""
+    real = inputs.lifted.get(target)
+    if real is None:
+        return None
+    leaves = [real] if real.grad_fn is None else autograd_leaves(real)
+    return real if leaves and all(id(p) in reached for p in leaves) else None
 
 
 def _as_parameter(node: fx.Node, params: Any) -> torch.Tensor | None:

@@ -299,6 +299,35 @@ def test_a_kept_tensor_computed_from_a_kept_tensor_made_before_a_write() -> None
         assert want is not None and got is not None and same_bits(got, want), name
 
 
+def test_gradient_paths_through_real_tensors_mixed_in() -> None:
+    """A real tensor that requires grad mixed into a deferred op: eager's gradient passes it.
+    Inside a list (``parameters_to_vector`` of a real, empty parameter and a deferred one) the
+    capture's own autograd saw it, and the rebuilt tensor reaches it (found by
+    tools/fuzz_capture.py: the buffer was a leaf). As an operand (``self.w * g``, ``g`` the
+    caller's) it was copied before autograd saw it: the kept tensor keeps its value as a leaf
+    (docs/failure-modes.md), never a ``grad_fn`` whose backward misses ``g``."""
+    class M(nn.Module):
+        def __init__(self, g: torch.Tensor) -> None:
+            super().__init__()
+            self.z = nn.Parameter(torch.from_numpy(np.zeros(0, dtype=np.float32)))
+            self.w = nn.Parameter(torch.randn(3))
+            self.t = self.w * g
+            self.register_buffer("v", nn.utils.parameters_to_vector([self.z, self.w]))
+
+    grads = []
+    for traced in (False, True):
+        torch.manual_seed(0)
+        g = torch.randn(3, requires_grad=True)
+        m = fxinit.trace_init(M, g) if traced else M(g)
+        if traced:
+            fxinit.materialize(m)
+            assert m.t.grad_fn is None
+        assert type(m.v.grad_fn).__name__ == "CatBackward0"
+        m.v.sum().backward()
+        grads.append((m.z.grad, m.w.grad))
+    assert all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(*grads))
+
+
 def test_a_view_of_a_parameter_made_as_a_view_stays_a_view_of_it() -> None:
     """``weight_norm``'s ``original0`` is itself made by a view op (``norm(...).view(...)``); a
     buffer ``original0.t().contiguous()`` (``.t()`` itself) is rebuilt as a view of the real

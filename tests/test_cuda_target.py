@@ -258,3 +258,17 @@ def test_eigenvectors_built_for_cuda_are_row_major() -> None:
         layouts[device] = (vectors.meta["spec"].stride, sum(n.target is aten.clone.default for n in graph.graph.nodes))
     assert layouts["cuda"] == ((25, 5, 1), 0)
     assert layouts["cpu"] == ((25, 1, 5), 1)  # .contiguous() copies the column-major vectors
+
+
+def test_singular_vectors_built_for_cuda_are_row_major() -> None:
+    """cuSOLVER computes ``V``, so ``_linalg_svd``'s ``Vh`` is row-major on CUDA, as the meta
+    kernel gives it, and column-major on the CPU (``capture.layouts``)."""
+    from test_grad_branches import SvdSplit
+    strides = {}
+    for device in ("cpu", "cuda"):
+        with torch.device(device):
+            graph = fxinit.init_graph(fxinit.trace_init(SvdSplit, True))
+        vh = [n for n in graph.graph.nodes if n.op == "call_function" and n.args
+              and getattr(n.args[0], "target", None) is aten._linalg_svd.default and n.args[1] == 2]
+        strides[device] = vh[0].meta["spec"].stride
+    assert strides == {"cuda": (32, 1), "cpu": (1, 32)}

@@ -213,6 +213,50 @@ def test_moves_on_the_cpu_are_eagers() -> None:
     _same(eager, m)
 
 
+class EmptyOnMeta(nn.Module):
+    """accelerate's ``init_empty_weights``: each parameter registered is replaced by
+    ``type(p)(p.to("meta"), **p.__dict__)``; and moves to meta by hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept = nn.Linear(3, 2)
+        old = nn.Module.register_parameter
+
+        def register_empty_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+            old(module, name, param)
+            if param is not None:
+                kwargs = module._parameters[name].__dict__
+                kwargs["requires_grad"] = param.requires_grad
+                module._parameters[name] = type(module._parameters[name])(module._parameters[name].to("meta"), **kwargs)
+
+        nn.Module.register_parameter = register_empty_parameter  # type: ignore[method-assign]
+        try:
+            self.empty = nn.Linear(3, 2)
+        finally:
+            nn.Module.register_parameter = old  # type: ignore[method-assign]
+        self.register_buffer("low", self.kept.weight.detach().to("meta", torch.float16))
+
+
+def test_moves_to_meta_are_copies_on_meta() -> None:
+    """A deferred tensor is meta underneath, so torch answered ``t.to("meta")`` with ``t`` itself:
+    a tensor eager has on meta was materialized with values on the CPU, and ``init_empty_weights``
+    crashed on fxinit's own ``__dict__`` entries (found by a sweep of peft's
+    ``low_cpu_mem_usage=True``)."""
+    torch.manual_seed(0)
+    eager = EmptyOnMeta()
+    torch.manual_seed(0)
+    m = fxinit.trace_init(EmptyOnMeta)
+    moved = m.kept.bias.to("meta")
+    assert moved is not m.kept.bias and moved.is_meta and not m.kept.bias.is_meta
+    assert m.kept.weight.to("cpu") is m.kept.weight
+    fxinit.materialize(m)
+    for name, t in eager.state_dict().items():
+        got = m.state_dict()[name]
+        assert (got.device, got.dtype, type(got)) == (t.device, t.dtype, type(t)), name
+        assert t.is_meta or torch.equal(got, t), name
+    assert isinstance(m.empty.weight, nn.Parameter) and m.empty.weight.is_meta and m.low.dtype == torch.float16
+
+
 def test_random_op_for_an_absent_device_is_refused_by_name() -> None:
     if torch.cuda.is_available():
         pytest.skip("checks recording for a device that is absent")

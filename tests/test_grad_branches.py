@@ -127,3 +127,60 @@ def test_eigenvectors_have_the_cpu_kernels_layout() -> None:
     """torch's meta kernel gives ``linalg_eig``'s eigenvectors row-major, the CPU kernel
     column-major (``capture.layouts``): code that depends on the layout takes eager's path."""
     assert_same_as_eager(Eig, seeds=(0,))
+
+
+class SvdSplit(nn.Module):
+    """OSF's and PiSSA's pattern: the top and bottom rows of ``Vh`` kept apart, and noise like
+    one of them (found by a sweep of peft: ``Vh`` was row-major while recording, column-major in
+    eager, so ``.contiguous()`` recorded no copy, both buffers shared one storage, and
+    ``randn_like`` drew on another path: other values and another global RNG)."""
+
+    def __init__(self, full: bool) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(12, 32))
+        with torch.no_grad():
+            u, s, vh = torch.linalg.svd(self.w, full_matrices=full)
+            self.register_buffer("hi", vh[:4].contiguous())
+            self.register_buffer("lo", vh[4:].contiguous())
+            self.register_buffer("noise", torch.randn_like(vh[4:]))
+            self.register_buffer("v", torch.svd(self.w).V.contiguous().view(-1))
+
+
+@pytest.mark.parametrize("full", [True, False], ids=["full", "reduced"])
+def test_singular_vectors_have_the_cpu_kernels_layout(full: bool) -> None:
+    assert_same_as_eager(lambda: SvdSplit(full), seeds=(0,))
+
+
+_LINALG: dict[str, Callable[[torch.Tensor], object]] = {
+    "svd": lambda a: torch.linalg.svd(a), "svd_reduced": lambda a: torch.linalg.svd(a, full_matrices=False),
+    "torch_svd": lambda a: torch.svd(a), "eig": lambda a: torch.linalg.eig(a[..., :3, :3]),
+    "eigh": lambda a: torch.linalg.eigh(a @ a.mT), "qr": lambda a: torch.linalg.qr(a),
+    "qr_complete": lambda a: torch.linalg.qr(a, mode="complete"), "lu": lambda a: torch.linalg.lu(a),
+    "lu_factor": lambda a: torch.linalg.lu_factor(a), "cholesky": lambda a: torch.linalg.cholesky(a @ a.mT + 5 * torch.eye(a.shape[-2])),
+    "inv": lambda a: torch.linalg.inv(a[..., :3, :3]), "solve": lambda a: torch.linalg.solve(a[..., :3, :3], a[..., :3, :]),
+    "pinv": lambda a: torch.linalg.pinv(a), "matrix_exp": lambda a: torch.linalg.matrix_exp(a[..., :3, :3]),
+    "ldl_factor": lambda a: torch.linalg.ldl_factor(a @ a.mT + 5 * torch.eye(a.shape[-2])),
+    "solve_triangular": lambda a: torch.linalg.solve_triangular(a[..., :3, :3].triu() + 3 * torch.eye(3), a[..., :3, :], upper=True),
+}
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (5, 3), (2, 3, 5)], ids=str)
+@pytest.mark.parametrize("name", sorted(_LINALG))
+def test_linalg_outputs_have_the_cpu_kernels_strides(name: str, shape: tuple[int, ...]) -> None:
+    """Every output of torch.linalg's decompositions, recorded, has the strides the CPU kernel
+    gives it in eager (``capture.layouts`` corrects the meta kernel's where they differ)."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(*shape))
+            with torch.no_grad():
+                out = _LINALG[name](self.w)
+            self.out = [t for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, torch.Tensor)]
+
+    torch.manual_seed(0)
+    eager = M()
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(M)
+    recorded = [t.stride() for t in traced.out]
+    fxinit.materialize(traced)
+    assert recorded == [t.stride() for t in eager.out] == [t.stride() for t in traced.out]

@@ -36,6 +36,8 @@ _DISTRIBUTED_DIR = os.path.join(os.path.dirname(torch.__file__), "distributed") 
 STATE_ATTR = "_fxinit_state"
 PARAMETER_CLASS = "_fxinit_parameter_class"  # an nn.Parameter subclass the tensor was made as (capture.doors)
 MATERIALIZED = "_fxinit_materialized"  # on every tensor materialize swapped a value into
+#: fxinit's own entries of a deferred tensor's ``__dict__`` (``_is_param``: a class attribute of Parameter)
+OWN_ATTRIBUTES = frozenset((STATE_ATTR, PARAMETER_CLASS, MATERIALIZED, "_is_param"))
 
 # Getters and methods handled specially, keyed by the descriptor/function object.
 _DEVICE = TensorBase.device
@@ -164,7 +166,7 @@ def dressed_as(deferred: torch.Tensor, value: torch.Tensor, keep_autograd: bool 
         if requires_grad:
             new.requires_grad_(True)
     for k, v in deferred.__dict__.items():
-        if k not in (STATE_ATTR, PARAMETER_CLASS, MATERIALIZED, "_is_param") and k not in new.__dict__:
+        if k not in OWN_ATTRIBUTES and k not in new.__dict__:
             new.__dict__[k] = v
     with torch._C.DisableTorchFunctionSubclass():  # gradient hooks registered on the deferred tensor
         for hooks in _HOOK_SLOTS:
@@ -179,10 +181,14 @@ class DeferredTensor(torch.Tensor):
     """A tensor whose value is the output of a node of an init graph."""
 
     @staticmethod
-    def __new__(cls, data: torch.Tensor | None = None, requires_grad: bool = True) -> torch.Tensor:
-        # Reached through ``type(param)(value, requires_grad=...)``: behave like Parameter.
+    def __new__(cls, data: torch.Tensor | None = None, requires_grad: bool = True, **state: Any) -> torch.Tensor:
+        # Reached through ``type(param)(value, requires_grad=...)``: behave like Parameter. accelerate's
+        # ``init_empty_weights`` passes the old parameter's ``__dict__`` too, fxinit's state in it.
         if data is None or not is_deferred_tensor(data):
             raise TypeError("DeferredTensor objects are created by fxinit capture only")
+        unexpected = sorted(set(state) - OWN_ATTRIBUTES)
+        if unexpected:  # as Parameter's own ``__new__`` answers them
+            raise TypeError(f"__new__() got an unexpected keyword argument '{unexpected[0]}'")
         return torch.nn.Parameter(data, requires_grad=requires_grad)
 
     def __repr__(self) -> str:  # never touches data
@@ -468,9 +474,15 @@ def eager_device(t: torch.Tensor) -> torch.device:
 
 
 def _maybe_noop_move(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
-    """``t.to(...)`` that eager would answer with ``t`` itself must do the same here."""
+    """``t.to(...)`` that eager would answer with ``t`` itself must do the same here; a move to
+    meta (accelerate's ``init_empty_weights``) is a copy there, which torch, seeing meta
+    underneath, would answer with ``t``."""
     t = args[0]
     if not is_deferred_tensor(t):
         return None
     move = parse_move(func, args, kwargs, eager_device)
+    rec = state_of(t).recorder
+    if move is not None and move.device is not None and move.device.type == "meta" \
+            and not move.keeps(state_of(t).device, t.dtype, t) and rec._intended is None:  # (not a move of
+        return rec.moved(move)                                   # fxinit's, built on meta for another device)
     return t if move is not None and move.keeps(state_of(t).device, t.dtype, t) else None

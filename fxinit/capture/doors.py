@@ -213,6 +213,10 @@ class Doors:
         t = move.tensor
         if move.keeps(eager_device(t), t.dtype, t):
             return t
+        if move.device is not None and move.device.type == "meta" and is_deferred_tensor(t):
+            # asked for: not "like the input", which a meta device otherwise means for a deferred one
+            with self.intended_device(META), torch._C.DisableTorchFunctionSubclass():  # (not this move again)
+                return t.to(**move.to_kwargs(META, copy=True))
         if move.device is None or move.device.type in ("cpu", "meta"):
             return t.to(**move.to_kwargs(move.device or eager_device(t), copy=True))
         with self.intended_device(with_index(move.device)):

@@ -8,7 +8,13 @@ spectral ops): ``linalg_eig``'s eigenvectors, batched column-major on the CPU (L
 layout), row-major from the meta kernel. On CUDA they are row-major, as the meta kernel gives
 them: ``linalg_eig_out`` (aten/src/ATen/native/BatchLinearAlgebra.cpp) computes a CUDA input's
 on the CPU into a temporary and copies it into the output, which it resizes contiguous
-(``vectors_tmp_needed |= vectors.is_cuda()``).
+(``vectors_tmp_needed |= vectors.is_cuda()``). And ``_linalg_svd``'s ``Vh`` (``torch.linalg.svd``,
+``torch.svd``'s ``V``, ``svd_lowrank``, peft's OSF and PiSSA), column-major on the CPU, row-major
+from the meta kernel, as on CUDA where cuSOLVER computes it (``_linalg_svd``'s structured meta
+function, BatchLinearAlgebra.cpp: ``f_contig = !use_cusolver``); with MAGMA preferred, CUDA's is
+column-major too. A wrong ``Vh`` layout gave wrong values, not only strides: ``Vh[k:].contiguous()``
+recorded no copy, two such buffers shared a storage, and a ``randn_like`` of one drew another path
+(found by a sweep of peft).
 """
 
 from __future__ import annotations
@@ -28,8 +34,18 @@ def _column_major(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided(t.shape, layout.stride())
 
 
+def _svd_column_major(out: tuple) -> tuple:
+    vh = out[2]
+    return (out[0], out[1], _column_major(vh)) if vh.dim() >= 2 else out  # (no vectors: ``compute_uv=False``)
+
+
 #: (op, what the CPU kernel's outputs look like from the meta kernel's)
-_CPU = ((aten.linalg_eig.default, lambda out: (out[0], _column_major(out[1]))),)
+_CPU = ((aten.linalg_eig.default, lambda out: (out[0], _column_major(out[1]))),
+        (aten._linalg_svd.default, _svd_column_major))
+
+
+def _magma_preferred() -> bool:
+    return torch.backends.cuda.preferred_linalg_library() == torch._C._LinalgBackend.Magma
 
 #: The ``*_like`` factories. With ``preserve_format``, eager's ``empty_like`` (one kernel for every
 #: device) takes the strides of an input without overlap or gaps as they are; the meta kernel
@@ -48,6 +64,8 @@ def eager_layout(func: Any, out: Any, device: torch.device, args: tuple = (), kw
         for op, fix in _CPU:
             if func is op:
                 return fix(out)
+    elif func is aten._linalg_svd.default and device.type == "cuda" and _magma_preferred():
+        return _svd_column_major(out)
     if id(func) in _LIKE and device.type != "meta" and args and isinstance(out, torch.Tensor):
         return _like_strides(out, args[0], (kwargs or {}).get("memory_format"))
     return out

@@ -108,7 +108,8 @@ class CaptureFunctionMode(TorchFunctionMode):
                 return branch()
             if func in MOVES:
                 move = parse_move(func, args, kwargs, eager_device)
-                if move is not None and move.device is not None and move.device.type != "meta":
+                if move is not None and move.device is not None and (move.device.type != "meta"
+                                                                     or is_deferred_tensor(move.tensor)):
                     return recorder.moved(move)
             if device is None and func in _FACTORIES:
                 if self._default is None:

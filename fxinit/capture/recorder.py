@@ -75,6 +75,10 @@ class Recorder(Shadows, Doors):
         open_doors_after_trace()
         self.graph = fx.Graph()
         self.constants: dict[str, torch.Tensor] = {}
+        # the real tensors that require grad whose values constants copy with grad mode on (a caller's
+        # tensor, a real parameter or a view of it): eager's gradients pass them, so a tensor rebuilt
+        # from them must reach them too (``autograd_links``); held, as the constants hold their values
+        self.lifted_with_grad: dict[str, torch.Tensor] = {}
         self.generators = GeneratorStepper()
         self.snapshots = self.generators.snapshots  # generator states by key, one per random op
         self.lazy_cpu = self.generators.lazy_cpu
@@ -245,6 +249,8 @@ class Recorder(Shadows, Doors):
                 value = real.detach()
         name = f"_const{len(self.constants)}"
         self.constants[name] = value
+        if real.requires_grad and torch.is_grad_enabled():
+            self.lifted_with_grad[name] = real
         node = self._node(name, (), {}, op="get_attr")
         with torch._C._DisableTorchDispatch():
             meta = torch.empty_strided(real.size(), real.stride(), dtype=real.dtype, device=META)

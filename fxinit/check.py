@@ -30,12 +30,12 @@ from fxinit.extract import init_graph
 from fxinit.graph import InitGraph
 from fxinit.materialize import materialize
 from fxinit.ops import op_name
+from fxinit.reachable import module_slots
 from fxinit.report import _short_path
 
 EQUAL, DIFFERENT, REFUSED = "equal", "different", "refused"
 FAILURE_MODES = "docs/failure-modes.md"
 _RNG_PROBE = 3  # torch.rand(3) after each build: where it left the global generator
-_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))  # _parameters, _buffers, hooks...: not user attributes
 _PLUMBING = {"detach", "alias"}
 
 
@@ -153,27 +153,18 @@ def check(fn: Callable[..., torch.nn.Module], *args: Any, seed: int = 0, rng_aft
 def reachable_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every tensor reachable from ``module``, by name, in a fixed order: the entries of
     ``state_dict(keep_vars=True)``, then non-persistent buffers (``rotary.inv_freq``), tensor
-    attributes of modules (``attn.mask``), and tensors held in list, tuple or dict attributes
-    of modules (``cache[0]``, ``tables['sin']``); shared modules under each of their names."""
+    attributes of modules (``attn.mask``), and tensors held in containers and plain objects
+    (``cache[0]``, ``tables['sin']``, ``router._counts.x``: ``reachable.module_slots``); shared
+    modules under each of their names."""
     out: dict[str, torch.Tensor] = dict(module.state_dict(keep_vars=True))
     for mod_name, mod in module.named_modules(remove_duplicate=False):
         prefix = f"{mod_name}." if mod_name else ""
         for name, t in mod._buffers.items():
             if t is not None and name in mod._non_persistent_buffers_set:
                 out.setdefault(prefix + name, t)
-        for attr, value in vars(mod).items():
-            if attr in _MODULE_INTERNALS:
-                continue
-            if isinstance(value, torch.Tensor):
-                out.setdefault(prefix + attr, value)
-            elif isinstance(value, (list, tuple)):
-                for i, v in enumerate(value):
-                    if isinstance(v, torch.Tensor):
-                        out.setdefault(f"{prefix}{attr}[{i}]", v)
-            elif isinstance(value, dict):
-                for k, v in value.items():
-                    if isinstance(v, torch.Tensor):
-                        out.setdefault(f"{prefix}{attr}[{k!r}]", v)
+        for kind, name, value in module_slots(mod):
+            if kind in ("__dict__", "container"):
+                out.setdefault(prefix + name, value)
     return out
 
 

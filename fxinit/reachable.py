@@ -1,10 +1,12 @@
-"""What a module reaches besides its parameters and buffers: tensor attributes and tensors in
-list, tuple and dict attributes (anchor tables, caches), and which of those are plain meta
-tensors fxinit never recorded. Materialize fills and checks all of them; ``init_graph``
-refuses a model that holds the latter."""
+"""What a module reaches besides its parameters and buffers: tensor attributes, tensors in
+containers (lists, tuples, dicts and other mappings: anchor tables, caches) and in the
+attributes of plain objects (a tensor wrapped to hide it from ``nn.Module``), and which of
+those are plain meta tensors fxinit never recorded. Materialize fills and checks all of them;
+``init_graph`` refuses a model that holds the latter."""
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import types
 from typing import Any, Iterable, Iterator
@@ -16,17 +18,68 @@ from fxinit.capture.deferred import MATERIALIZED, is_deferred_tensor
 CONTAINERS = (list, tuple, dict)
 MODULE_DICTS = {"_parameters", "_buffers", "_modules"}
 TENSOR_HOOKS = ("_backward_hooks", "_post_accumulate_grad_hooks")
+_DEPTH = 3  # levels of containers and objects walked under a module attribute
 
 
-def contained(x: Any, key: str = "", depth: int = 0) -> Iterable[tuple[str, Any]]:
-    """``(path, leaf)`` of nested lists, tuples and dicts (a few levels: anchors, caches)."""
-    items = x.items() if type(x) is dict else enumerate(x)
-    for k, v in items:
-        path = f"{key}[{k!r}]"
-        if type(v) in CONTAINERS and depth < 3:
-            yield from contained(v, path, depth + 1)
+def contained(x: Any, key: str = "", depth: int = 0, seen: set[int] | None = None) -> Iterable[tuple[str, Any]]:
+    """``(path, leaf)`` of nested containers, a few levels deep: lists, tuples and mappings,
+    their subclasses too (``OrderedDict``, ``defaultdict``, a ``MutableMapping`` cache: olmo-core's
+    ``BufferCache``), and the attributes of plain objects (``_HiddenTensor(x)``: olmo-core's
+    ``hide_from_torch``), named ``[key]`` and ``.attribute``. ``seen``: the ids of containers
+    and objects already walked (each is walked once, under its first path)."""
+    if seen is not None:
+        if id(x) in seen:
+            return
+        seen.add(id(x))
+    for k, v in _entries(x):
+        path = f"{key}{k}"
+        if depth < _DEPTH and _walked(type(v)):
+            yield from contained(v, path, depth + 1, seen)
         else:
             yield path, v
+
+
+def _entries(x: Any) -> Iterable[tuple[str, Any]]:
+    """The entries of one container or object, each with the suffix that names it."""
+    try:
+        if isinstance(x, (list, tuple)):
+            return [(f"[{i!r}]", v) for i, v in enumerate(x)]
+        if isinstance(x, collections.abc.Mapping):
+            return [(f"[{k!r}]", v) for k, v in list(x.items())]
+        names = getattr(x, "__dict__", None)
+        entries = [(f".{k}", v) for k, v in names.items()] if isinstance(names, dict) else []
+        for cls in type(x).__mro__:  # __slots__ too
+            slots = cls.__dict__.get("__slots__", ())
+            for name in (slots,) if isinstance(slots, str) else slots:
+                if name not in ("__dict__", "__weakref__") and hasattr(x, name):
+                    entries.append((f".{name}", getattr(x, name)))
+        return entries
+    except Exception:  # noqa: BLE001 - a mapping or object that cannot be listed holds nothing fxinit can find
+        return []
+
+
+@functools.lru_cache(maxsize=None)
+def _walked(cls: type) -> bool:
+    """Whether ``contained`` walks into values of type ``cls``: containers, and the objects of
+    user and library code (``torch.distributions``' too), not tensors, modules (each walked on
+    its own), classes, callables (``captured``), nor the objects of Python's and torch's
+    runtime (loggers, locks, process groups, fx graphs holding fake tensors), which hold no
+    model tensor and can reach far."""
+    if cls in _HOLD_NO_TENSOR or issubclass(cls, (torch.Tensor, torch.nn.Module, type, types.ModuleType)):
+        return False
+    if issubclass(cls, (list, tuple, collections.abc.Mapping)):
+        return True
+    module = getattr(cls, "__module__", None) or "builtins"
+    root = module.split(".")[0]
+    if root == "torch":
+        return module.startswith("torch.distributions")
+    return root not in _RUNTIME_MODULES
+
+
+_RUNTIME_MODULES = frozenset({"builtins", "logging", "threading", "multiprocessing", "concurrent", "asyncio",
+                              "socket", "io", "_io", "weakref", "_weakref", "typing", "enum", "re", "inspect",
+                              "abc", "_thread", "queue", "subprocess", "numpy", "pathlib", "contextlib",
+                              "functools", "collections", "types", "ctypes", "triton", "fxinit"})
 
 
 def captured(fn: Any, key: str, depth: int = 0) -> Iterable[tuple[str, torch.Tensor]]:
@@ -105,14 +158,16 @@ def _with_inner(kind: str, name: str, t: Any) -> Iterator[tuple[str, str, Any]]:
             yield "inner", path, x
 
 
-def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
+def module_slots(mod: torch.nn.Module, seen: set[int] | None = None) -> Iterator[tuple[str, str, Any]]:
     """``(kind, name, value)`` for what one module holds: its parameters and buffers
     (``"_parameters"``, ``"_buffers"``), its other tensor attributes (``"__dict__"``), the leaves of
     its list, tuple and dict attributes (``"container"``, named like ``anchors[0]``), the
     tensors held by callables: its own and its tensors' hooks, and functions kept as
     attributes (``"hook"``, named like ``weight._backward_hooks[0].<mask>``), and the tensors
     inside those of its tensors that are wrapper subclasses (``"inner"``, named like
-    ``weight.quantized_data``: ``inner_tensors``)."""
+    ``weight.quantized_data``: ``inner_tensors``). Containers and objects reached are walked
+    once (``seen``: their ids, shared by the walk of a module tree: a config many modules hold)."""
+    seen = set() if seen is None else seen
     for kind in ("_parameters", "_buffers"):
         for name, t in getattr(mod, kind).items():
             yield kind, name, t
@@ -134,10 +189,7 @@ def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
         tv = type(v)
         if tv in _HOLD_NO_TENSOR:
             continue
-        if tv in CONTAINERS:
-            for key, x in contained(v):
-                yield from _with_inner("container", name + key, x)
-        elif tv in _CALLABLES:
+        if tv in _CALLABLES:
             for path, x in captured(v, name):
                 yield from _with_inner("hook", path, x)
         elif isinstance(v, torch.Tensor):
@@ -148,6 +200,10 @@ def module_slots(mod: torch.nn.Module) -> Iterator[tuple[str, str, Any]]:
             for i, fn in enumerate(v.values()):
                 for path, x in captured(fn, f"{name}[{i}]"):
                     yield from _with_inner("hook", path, x)
+        elif _walked(tv):
+            for key, x in contained(v, seen=seen):
+                if isinstance(x, torch.Tensor):
+                    yield from _with_inner("container", name + key, x)
 
 
 _CALLABLES = (types.FunctionType, types.MethodType, functools.partial)
@@ -164,8 +220,9 @@ def module_walk(module: torch.nn.Module) -> list[Slot]:
     """Every tensor slot of every module of ``module``'s tree, in ``named_modules`` order (a
     module reached twice counts once): one walk that materialize's questions share. Only
     tensors: holding anything else (an RNN's weak references to its weights) would keep it."""
+    seen: set[int] = set()
     return [(path, mod, kind, name, value) for path, mod in module.named_modules()
-            for kind, name, value in module_slots(mod) if isinstance(value, torch.Tensor)]
+            for kind, name, value in module_slots(mod, seen) if isinstance(value, torch.Tensor)]
 
 
 def left_behind(module: torch.nn.Module, walk: list[Slot] | None = None) -> list[str]:

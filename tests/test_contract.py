@@ -6,6 +6,8 @@ Each test here failed before the contract was written down (wrong values or an i
 
 from __future__ import annotations
 
+import collections
+import collections.abc
 import threading
 from typing import Any, Callable
 
@@ -16,6 +18,7 @@ import torch.nn as nn
 
 import fxinit
 from conftest import same_bits
+from fxinit.check import reachable_tensors
 
 DeferredInitError = fxinit.DeferredInitError
 
@@ -307,6 +310,82 @@ def test_tensors_in_containers_are_materialized_and_seen_as_deferred() -> None:
     torch.manual_seed(0)
     eager = Rope()
     assert same_bits(m.anchors[0], eager.anchors[0])
+
+
+class _Hidden:
+    """olmo-core's ``hide_from_torch``: a tensor in a plain object, out of ``nn.Module``'s sight."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+
+
+class _Slotted:
+    __slots__ = ("table",)
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table
+
+
+class _Cache(collections.abc.MutableMapping):
+    """olmo-core's ``BufferCache``: a mapping over a ``defaultdict``."""
+
+    def __init__(self) -> None:
+        self._data: collections.defaultdict = collections.defaultdict(dict)
+
+    def __getitem__(self, k: str) -> Any:
+        return self._data[k]
+
+    def __setitem__(self, k: str, v: Any) -> None:
+        self._data[k] = v
+
+    def __delitem__(self, k: str) -> None:
+        del self._data[k]
+
+    def __iter__(self) -> Any:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+class Hidden(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4))
+        self.counts = _Hidden(torch.zeros(4))
+        self.noise = _Hidden(torch.rand(3))
+        self.slotted = _Slotted(torch.randn(2))
+        self.ordered = collections.OrderedDict(t=torch.randn(3))
+        self.by_key: collections.defaultdict = collections.defaultdict(list)
+        self.by_key["k"].append(torch.randn(2))
+        self.cache = _Cache()
+        self.cache["rope"]["sin"] = torch.arange(4.0).sin()
+        self.dist = torch.distributions.Normal(torch.zeros(2), torch.ones(2))
+
+
+def test_tensors_in_mappings_and_plain_objects_are_materialized() -> None:
+    """Tensors held by dict subclasses, other mappings and plain objects (found by a sweep of
+    olmo-core: its MoE router's hidden counters and its RoPE cache stayed deferred, and
+    ``is_deferred`` and ``check`` said nothing)."""
+    torch.manual_seed(0)
+    eager = Hidden()
+    torch.manual_seed(0)
+    m = fxinit.trace_init(Hidden)
+    assert fxinit.is_deferred(m.counts.x) and fxinit.is_deferred(m.cache["rope"]["sin"])
+    fxinit.materialize(m)
+    assert not fxinit.is_deferred(m)
+    pairs = [(m.counts.x, eager.counts.x), (m.noise.x, eager.noise.x), (m.slotted.table, eager.slotted.table),
+             (m.ordered["t"], eager.ordered["t"]), (m.by_key["k"][0], eager.by_key["k"][0]),
+             (m.cache["rope"]["sin"], eager.cache["rope"]["sin"]), (m.dist.loc, eager.dist.loc)]
+    assert all(not fxinit.is_deferred(got) and same_bits(got, want) for got, want in pairs)
+    assert fxinit.check(Hidden).status == "equal"
+
+
+def test_check_compares_tensors_in_plain_objects_by_their_path() -> None:
+    torch.manual_seed(0)
+    names = reachable_tensors(Hidden())
+    assert {"noise.x", "slotted.table", "ordered['t']", "by_key['k'][0]", "cache['rope']['sin']",
+            "dist.loc"} <= names.keys()
 
 
 def test_plain_meta_tensors_left_behind_are_refused() -> None:

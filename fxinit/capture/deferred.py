@@ -80,6 +80,9 @@ _RAW_ACCESS = {
 }
 _LOAD_FROM_STATE_DICT = torch.nn.Module._load_from_state_dict.__code__
 _VALUE_READS = {TensorBase.tolist, TensorBase.numpy, torch.Tensor.__array__}
+#: ``tensor_split(x, points)``: eager reads the values of ``points``, a CPU tensor of integers
+_TENSOR_SPLITS = (torch.tensor_split, TensorBase.tensor_split)
+_SPLIT_POINTS = "tensor_indices_or_sections"  # its keyword
 _SHAPED_LIKE = {TensorBase.view_as: TensorBase.view, TensorBase.reshape_as: TensorBase.reshape,
                 TensorBase.expand_as: TensorBase.expand}
 _PYTHON_ELEMENTWISE = {TensorBase.apply_, TensorBase.map_, TensorBase.map2_}
@@ -311,6 +314,13 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
     elif func is _FORMAT and len(args) == 2 and is_deferred_tensor(args[0]) and args[0].__class__ is DeferredTensor \
             and state_of(args[0]).device.type != "meta" and args[0].dim() == 0:
         return args[0].item().__format__(args[1])  # eager formats a plain 0-dim tensor as its number
+    elif func in _TENSOR_SPLITS and _split_points(args, kwargs) is not None:
+        # torch checks that the points are on the CPU before it reads them: a deferred tensor
+        # says meta there. Eager reads their values, so this does (0-dim: a number of sections).
+        points = _split_points(args, kwargs).tolist()  # type: ignore[union-attr]
+        rest = args[1:] if _SPLIT_POINTS in kwargs else args[2:]
+        kwargs = {k: v for k, v in kwargs.items() if k != _SPLIT_POINTS}
+        return func(args[0], points, *rest, **kwargs)
     elif func is TensorBase.new_tensor:
         return _recorder_of(args, kwargs).new_tensor(args[0], *args[1:], **kwargs)
     elif func in _SHAPED_LIKE and len(args) == 2 and not kwargs and not is_deferred_tensor(args[0]):
@@ -471,6 +481,13 @@ def legacy_type_name(device: torch.device, dtype: torch.dtype) -> str:
 def eager_device(t: torch.Tensor) -> torch.device:
     """Where ``t`` is in eager construction: a deferred tensor's intended device, a real one's own."""
     return state_of(t).device if is_deferred_tensor(t) else t.device
+
+
+def _split_points(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """``tensor_split``'s split points where they are a deferred tensor of int64 (as torch
+    requires them: other dtypes are left to torch to refuse)."""
+    points = kwargs.get(_SPLIT_POINTS, args[1] if len(args) > 1 else None)
+    return points if is_deferred_tensor(points) and points.dtype == torch.int64 else None
 
 
 def _maybe_noop_move(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:

@@ -44,6 +44,85 @@ _CPU = ((aten.linalg_eig.default, lambda out: (out[0], _column_major(out[1]))),
         (aten._linalg_svd.default, _svd_column_major))
 
 
+def _fft_cpu(func: Any, out: torch.Tensor, args: tuple) -> torch.Tensor:
+    """An FFT's output laid out as the CPU kernel lays it out: with MKL, dense in the order that
+    kernel's ``_exec_fft`` permutes the dimensions into (aten/src/ATen/native/mkl/SpectralOps.cpp);
+    with pocketfft (builds without MKL), contiguous."""
+    x, dims = args[0], list(args[1])
+    with plain_attributes():
+        shape, strides = tuple(x.shape), tuple(x.stride())
+    if not torch.backends.mkl.is_available():
+        return out.as_strided(out.shape, _contiguous(out.shape))
+    dims = [d % len(shape) for d in dims]
+    if func is aten._fft_c2c.default:
+        layout = _exec_fft(shape, strides, shape, _by_stride(dims, strides))
+    elif func is aten._fft_r2c.default:
+        layout = _exec_fft(shape, strides, tuple(out.shape), _by_stride(dims[:-1], strides) + dims[-1:])
+    else:  # _fft_c2r: a c2c over all but the last dimension first, then a one-dimensional c2r
+        if len(dims) > 1:
+            strides = _exec_fft(shape, strides, shape, _by_stride(dims[:-1], strides))
+        layout = _exec_fft(shape, strides, tuple(out.shape), dims[-1:])
+    return out.as_strided(out.shape, layout)
+
+
+def _by_stride(dims: list[int], strides: tuple[int, ...]) -> list[int]:
+    """``dims`` by decreasing stride, ties kept in order (``std::sort`` of at most 16 elements
+    is an insertion sort, which is stable)."""
+    return sorted(dims, key=lambda d: -strides[d])
+
+
+def _exec_fft(shape: tuple[int, ...], strides: tuple[int, ...], out_shape: tuple[int, ...],
+              dims: list[int]) -> tuple[int, ...]:
+    """The strides of ``_exec_fft``'s output: the batch dimensions (partitioned out as
+    libstdc++'s ``std::partition`` does it, then by decreasing input stride) outermost, then the
+    transformed ones in ``dims``' order, dense."""
+    ndim = len(shape)
+    transformed = set(dims)
+    order = list(range(ndim))
+    first, last = 0, ndim
+    while True:  # std::partition over bidirectional iterators, keeping the batch dimensions first
+        while first != last and order[first] not in transformed:
+            first += 1
+        if first == last:
+            break
+        last -= 1
+        while first != last and order[last] in transformed:
+            last -= 1
+        if first == last:
+            break
+        order[first], order[last] = order[last], order[first]
+        first += 1
+    batch = sorted(order[:first], key=lambda d: -strides[d])
+    signal = _contiguous((1, *(out_shape[d] for d in dims)))
+    out = [0] * ndim
+    numel = 1
+    for d in reversed(batch):
+        out[d] = numel * signal[0]
+        numel *= out_shape[d]
+    for i, d in enumerate(dims):
+        out[d] = signal[1 + i]
+    return tuple(out)
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return torch.empty(shape, device="meta").stride()
+
+
+_FFTS = (aten._fft_r2c.default, aten._fft_c2c.default, aten._fft_c2r.default)
+
+#: batch norms whose CPU kernel returns no saved statistics (shape (0,)) unless it trains: op ->
+#: the position of its ``training`` argument (None: never trains); the meta kernel gives them (C,)
+_BATCH_NORMS = {aten.native_batch_norm.default: 5, aten._native_batch_norm_legit.default: 5,
+                aten._native_batch_norm_legit_no_training.default: None}
+
+
+def _batch_norm_cpu(func: Any, out: tuple, args: tuple) -> tuple:
+    at = _BATCH_NORMS[func]
+    if at is not None and (len(args) <= at or args[at]):
+        return out
+    return out[0], *(t.new_empty((0,)) for t in out[1:3]), *out[3:]
+
+
 def _magma_preferred() -> bool:
     return torch.backends.cuda.preferred_linalg_library() == torch._C._LinalgBackend.Magma
 
@@ -64,6 +143,10 @@ def eager_layout(func: Any, out: Any, device: torch.device, args: tuple = (), kw
         for op, fix in _CPU:
             if func is op:
                 return fix(out)
+        if func in _FFTS and args and isinstance(out, torch.Tensor):
+            return _fft_cpu(func, out, args)
+        if func in _BATCH_NORMS:
+            return _batch_norm_cpu(func, out, args)
     elif func is aten._linalg_svd.default and device.type == "cuda" and _magma_preferred():
         return _svd_column_major(out)
     if id(func) in _LIKE and device.type != "meta" and args and isinstance(out, torch.Tensor):

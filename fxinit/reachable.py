@@ -6,6 +6,7 @@ those are plain meta tensors fxinit never recorded. Materialize fills and checks
 
 from __future__ import annotations
 
+import collections
 import collections.abc
 import functools
 import types
@@ -42,7 +43,7 @@ def contained(x: Any, key: str = "", depth: int = 0, seen: set[int] | None = Non
 def _entries(x: Any) -> Iterable[tuple[str, Any]]:
     """The entries of one container or object, each with the suffix that names it."""
     try:
-        if isinstance(x, (list, tuple)):
+        if isinstance(x, (list, tuple, collections.deque)):
             return [(f"[{i!r}]", v) for i, v in enumerate(x)]
         if isinstance(x, collections.abc.Mapping):
             return [(f"[{k!r}]", v) for k, v in list(x.items())]
@@ -67,7 +68,7 @@ def _walked(cls: type) -> bool:
     model tensor and can reach far."""
     if cls in _HOLD_NO_TENSOR or issubclass(cls, (torch.Tensor, torch.nn.Module, type, types.ModuleType)):
         return False
-    if issubclass(cls, (list, tuple, collections.abc.Mapping)):
+    if issubclass(cls, (list, tuple, collections.deque, collections.abc.Mapping)):
         return True
     module = getattr(cls, "__module__", None) or "builtins"
     root = module.split(".")[0]
@@ -160,8 +161,9 @@ def _with_inner(kind: str, name: str, t: Any) -> Iterator[tuple[str, str, Any]]:
 
 def module_slots(mod: torch.nn.Module, seen: set[int] | None = None) -> Iterator[tuple[str, str, Any]]:
     """``(kind, name, value)`` for what one module holds: its parameters and buffers
-    (``"_parameters"``, ``"_buffers"``), its other tensor attributes (``"__dict__"``), the leaves of
-    its list, tuple and dict attributes (``"container"``, named like ``anchors[0]``), the
+    (``"_parameters"``, ``"_buffers"``), its other tensor attributes (``"__dict__"``), the tensors
+    in its containers and plain objects (``"container"``, named like ``anchors[0]``,
+    ``cache['rope']['sin']``, ``_counts.x``: ``contained``), the
     tensors held by callables: its own and its tensors' hooks, and functions kept as
     attributes (``"hook"``, named like ``weight._backward_hooks[0].<mask>``), and the tensors
     inside those of its tensors that are wrapper subclasses (``"inner"``, named like

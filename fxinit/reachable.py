@@ -80,7 +80,7 @@ def _walked(cls: type) -> bool:
 _RUNTIME_MODULES = frozenset({"builtins", "logging", "threading", "multiprocessing", "concurrent", "asyncio",
                               "socket", "io", "_io", "weakref", "_weakref", "typing", "enum", "re", "inspect",
                               "abc", "_thread", "queue", "subprocess", "numpy", "pathlib", "contextlib",
-                              "functools", "collections", "types", "ctypes", "triton", "fxinit"})
+                              "functools", "collections", "ctypes", "triton", "fxinit"})
 
 
 def captured(fn: Any, key: str, depth: int = 0) -> Iterable[tuple[str, torch.Tensor]]:

@@ -89,7 +89,7 @@ class GenBase:
         self.gens: list[str] = []  # generator expressions usable in this phase
         self.attr_gens: list[str] = []  # generators kept on self (usable in init_weights too)
         self.modules: dict[str, str] = {}  # "self.m0" -> class name
-        self.has = {"lst": False, "dct": False, "plist": False}
+        self.has = {"lst": False, "dct": False, "plist": False, "holder": False, "odct": False}
         self.lst_len = 0
         self.plist_len = 0
         self.default = "float32"

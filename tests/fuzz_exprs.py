@@ -422,7 +422,8 @@ class GenExprs(GenBase):
     def store(self, e: str, s: Sym, tags: set[str], lines: list[str]) -> Sym | None:
         trainable = s.dtype in FLOATS + COMPLEX
         opts = [("store:param",), ("store:buffer",), ("store:attr",), ("store:local",), ("store:list",),
-                ("store:dict",), ("store:paramlist",), ("store:buffer_np",), ("store:param_frozen",)]
+                ("store:dict",), ("store:paramlist",), ("store:buffer_np",), ("store:param_frozen",),
+                ("store:holder",), ("store:odict",)]
         if self.phase == "post":
             opts = [o for o in opts if o[0] != "store:local"]
         o = self.pick(opts)
@@ -470,6 +471,20 @@ class GenExprs(GenBase):
             k = self.fresh("k")
             lines.append(f'self.dct["{k}"] = {e}')
             expr, where, rg = f'self.dct["{k}"]', "dict", s.rg
+        elif kind == "store:holder":  # a plain object holding it (olmo-core's hide_from_torch)
+            if not self.has["holder"]:
+                lines.append("self.holder = types.SimpleNamespace()")
+                self.has["holder"] = True
+            k = self.fresh("h")
+            lines.append(f"self.holder.{k} = {e}")
+            expr, where, rg = f"self.holder.{k}", "holder", s.rg
+        elif kind == "store:odict":  # a dict subclass
+            if not self.has["odct"]:
+                lines.append("self.odct = collections.OrderedDict()")
+                self.has["odct"] = True
+            k = self.fresh("k")
+            lines.append(f'self.odct["{k}"] = {e}')
+            expr, where, rg = f'self.odct["{k}"]', "odict", s.rg
         else:  # paramlist
             if not self.has["plist"]:
                 lines.append("self.plist = nn.ParameterList()")
@@ -480,7 +495,7 @@ class GenExprs(GenBase):
         if s.rg and kind not in ("store:param", "store:paramlist", "store:param_frozen"):
             tags.add("store:grad_tracked")  # a tensor computed with autograd from a parameter, kept as is
         same_object = s.ref and kind in ("store:buffer", "store:buffer_np", "store:attr", "store:local", "store:list",
-                                         "store:dict")
+                                         "store:dict", "store:holder", "store:odict")
         sym = dataclasses.replace(s, expr=expr, where=where, rg=rg, ref=False,
                                   obj=s.obj if same_object else next(_OBJ))
         self.syms[expr] = sym

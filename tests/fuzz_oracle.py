@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import traceback
+import types
 from typing import Any, Callable
 
 import torch
@@ -53,6 +54,9 @@ def _walk(prefix: str, v: Any, depth: int, out: list[tuple[str, Any]]) -> None:
     elif depth > 0 and isinstance(v, dict):
         for k, x in v.items():
             _walk(f"{prefix}[{k!r}]", x, depth - 1, out)
+    elif depth > 0 and isinstance(v, types.SimpleNamespace):
+        for k, x in vars(v).items():
+            _walk(f"{prefix}.{k}", x, depth - 1, out)
     elif isinstance(v, (bool, int, float, str, complex)) or v is None:
         out.append((prefix, v))
 

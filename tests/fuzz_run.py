@@ -6,6 +6,7 @@ state (default dtype, RNG, threads) saved and put back. Part of the capture fuzz
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import hashlib
@@ -14,6 +15,7 @@ import math
 import os
 import shutil
 import tempfile
+import types
 import warnings
 from typing import Any
 
@@ -41,6 +43,7 @@ def _compiled(program: Program, phase: str):
 
 def _namespace(self_: nn.Module) -> dict[str, Any]:
     return {"self": self_, "torch": torch, "nn": nn, "F": F, "np": np, "math": math, "os": os, "copy": copy,
+            "types": types, "collections": collections,
             "fxinit": fxinit,
             "TMP": _CURRENT_TMP[-1] if _CURRENT_TMP else tempfile.gettempdir()}
 

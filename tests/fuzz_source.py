@@ -62,7 +62,7 @@ class Program:
         ind = lambda text, n: "\n".join(" " * n + ln for ln in text.splitlines())  # noqa: E731
         argnames = [f"arg{i}" for i in range(len(self.args))]
         out = [
-            "import contextlib, copy, math, os, tempfile",
+            "import collections, contextlib, copy, math, os, tempfile, types",
             "import numpy as np",
             "import torch",
             "import torch.nn as nn",

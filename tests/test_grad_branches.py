@@ -7,6 +7,7 @@ vectors, and torch.linalg's others, must stay as torch runs them."""
 
 from __future__ import annotations
 
+import random
 from typing import Callable
 
 import pytest
@@ -184,3 +185,38 @@ def test_linalg_outputs_have_the_cpu_kernels_strides(name: str, shape: tuple[int
     recorded = [t.stride() for t in traced.out]
     fxinit.materialize(traced)
     assert recorded == [t.stride() for t in eager.out] == [t.stride() for t in traced.out]
+
+
+_FFTS = {"rfftn": torch.fft.rfftn, "irfftn": torch.fft.irfftn, "fftn": torch.fft.fftn, "ifftn": torch.fft.ifftn,
+         "hfftn": torch.fft.hfftn, "ihfftn": torch.fft.ihfftn}
+
+
+@pytest.mark.parametrize("case", range(48))
+def test_fft_outputs_have_the_cpu_kernels_strides(case: int) -> None:
+    """The FFTs over permuted inputs and any dimensions: the recorded strides are the CPU
+    kernel's (``capture.layouts._fft_cpu``: MKL's ``_exec_fft`` order, pocketfft's contiguous),
+    dimensions of size one aside (found by tools/ops_differential.py: ``rfftn`` over two
+    dimensions recorded a layout the kernel does not give)."""
+    rng = random.Random(case)
+    ndim = rng.randint(1, 4)
+    dims = rng.sample(range(ndim), rng.randint(1, ndim))
+    shape = [rng.choice([2, 3, 4, 6] if d in dims else [1, 2, 3]) for d in range(ndim)]  # (eager refuses a
+    order = rng.sample(range(ndim), ndim)                                                 # c2r of 0 points)
+    name = sorted(_FFTS)[case % len(_FFTS)]
+    complex_input = name in ("irfftn", "fftn", "ifftn", "hfftn")
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            base = torch.randn(*[shape[d] for d in order], dtype=torch.complex64 if complex_input else torch.float32)
+            self.out = _FFTS[name](base.permute(*[order.index(d) for d in range(ndim)]), dim=dims)
+            self.recorded = self.out.stride()
+
+    torch.manual_seed(0)
+    eager = M()
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(M)
+    fxinit.materialize(traced)
+    wide = lambda t, stride: [s for s, n in zip(stride, t.shape) if n > 1]  # noqa: E731
+    assert wide(eager.out, traced.recorded) == wide(eager.out, eager.out.stride()) == wide(traced.out, traced.out.stride())
+    assert torch.equal(traced.out, eager.out)

@@ -177,4 +177,5 @@ def clear_meta_init_cache() -> None:
         recorder.cleared = True
         recorder.graph = None  # type: ignore[assignment]
         recorder.constants.clear()
+        recorder.lifted_with_grad.clear()
         recorder.snapshots.clear()

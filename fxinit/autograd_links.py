@@ -106,14 +106,13 @@ def plan_links(tensors: list[torch.Tensor], value_of: ValueOf | None = None) -> 
         return []
     links = []
     by_recorder: dict[int, _Inputs] = {}
-    with plain_attributes():  # what eager's graphs reach requires grad there, whatever it requires now
-        reached = {id(p) for t in derived for p in autograd_leaves(t)}
-    for t in derived:
+    with plain_attributes():
+        leaves_of = [autograd_leaves(t) for t in derived]
+    reached = {id(p) for leaves in leaves_of for p in leaves}  # they required grad there, whatever they do now
+    for t, reaches in zip(derived, leaves_of):
         rec = state_of(t).recorder
         if id(rec) not in by_recorder:
             by_recorder[id(rec)] = _inputs(rec, tensors, reached)
-        with plain_attributes():
-            reaches = autograd_leaves(t)
         mine = {id(p) for p in reaches}
         inputs = by_recorder[id(rec)].preferring(mine)
         link = _view_link(t, inputs.parameters) or _link(t, reaches, inputs,

@@ -15,6 +15,12 @@ from hypothesis import strategies as st
 from fuzz_draw import _OBJ, COMPLEX, FLOATS, INTS, NP_OK, GenBase, Sym, dt, lit, shape_src
 
 
+#: stores under a key: kind -> (attribute, what makes it, ``Sym.where``, key prefix, key access)
+_KEYED = {"store:dict": ("dct", "{}", "dict", "k", '["{}"]'),
+          "store:holder": ("holder", "types.SimpleNamespace()", "holder", "h", ".{}"),
+          "store:odict": ("odct", "collections.OrderedDict()", "odict", "k", '["{}"]')}
+
+
 class GenExprs(GenBase):
     """The generator's tensor expressions and ``store``."""
 
@@ -464,27 +470,14 @@ class GenExprs(GenBase):
             lines.append(f"self.lst.append({e})")
             expr, where, rg = f"self.lst[{self.lst_len}]", "list", s.rg
             self.lst_len += 1
-        elif kind == "store:dict":
-            if not self.has["dct"]:
-                lines.append("self.dct = {}")
-                self.has["dct"] = True
-            k = self.fresh("k")
-            lines.append(f'self.dct["{k}"] = {e}')
-            expr, where, rg = f'self.dct["{k}"]', "dict", s.rg
-        elif kind == "store:holder":  # a plain object holding it (olmo-core's hide_from_torch)
-            if not self.has["holder"]:
-                lines.append("self.holder = types.SimpleNamespace()")
-                self.has["holder"] = True
-            k = self.fresh("h")
-            lines.append(f"self.holder.{k} = {e}")
-            expr, where, rg = f"self.holder.{k}", "holder", s.rg
-        elif kind == "store:odict":  # a dict subclass
-            if not self.has["odct"]:
-                lines.append("self.odct = collections.OrderedDict()")
-                self.has["odct"] = True
-            k = self.fresh("k")
-            lines.append(f'self.odct["{k}"] = {e}')
-            expr, where, rg = f'self.odct["{k}"]', "odict", s.rg
+        elif kind in _KEYED:  # a dict, a plain object (olmo-core's hide_from_torch), a dict subclass
+            attr, made, where, prefix, access = _KEYED[kind]
+            if not self.has[attr]:
+                lines.append(f"self.{attr} = {made}")
+                self.has[attr] = True
+            expr = f"self.{attr}" + access.format(self.fresh(prefix))
+            lines.append(f"{expr} = {e}")
+            rg = s.rg
         else:  # paramlist
             if not self.has["plist"]:
                 lines.append("self.plist = nn.ParameterList()")

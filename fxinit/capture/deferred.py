@@ -314,10 +314,10 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
     elif func is _FORMAT and len(args) == 2 and is_deferred_tensor(args[0]) and args[0].__class__ is DeferredTensor \
             and state_of(args[0]).device.type != "meta" and args[0].dim() == 0:
         return args[0].item().__format__(args[1])  # eager formats a plain 0-dim tensor as its number
-    elif func in _TENSOR_SPLITS and _split_points(args, kwargs) is not None:
+    elif func in _TENSOR_SPLITS and (split := _split_points(args, kwargs)) is not None:
         # torch checks that the points are on the CPU before it reads them: a deferred tensor
         # says meta there. Eager reads their values, so this does (0-dim: a number of sections).
-        points = _split_points(args, kwargs).tolist()  # type: ignore[union-attr]
+        points = split.tolist()
         rest = args[1:] if _SPLIT_POINTS in kwargs else args[2:]
         kwargs = {k: v for k, v in kwargs.items() if k != _SPLIT_POINTS}
         return func(args[0], points, *rest, **kwargs)

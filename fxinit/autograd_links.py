@@ -13,6 +13,9 @@ and tensors materialized in the same call (prune's ``weight_mask``), each only w
 writes it after eager's op read it (constants and factories: nowhere), so that the value
 taken is the value eager's op read. A view of a parameter is rebuilt as a view of the
 real parameter, whatever was written into it since (a view sees those writes in eager too).
+In-place writes to the kept tensor and to the temporaries it was computed from run again
+too, in their order and each in the grad mode eager ran it in (``self.b.add_(self.w1)`` with
+autograd on is part of eager's ``grad_fn``).
 
 Where eager's ops read what cannot be replayed so (``_link``, given ``value_of``), the values
 they read are computed (``ValueOf``: the slice up to the reading op). A parameter written or
@@ -29,10 +32,11 @@ that cannot be rebuilt keeps its value, as a leaf: docs/failure-modes.md says wh
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 import sys
 import warnings
 from dataclasses import dataclass, field
-from functools import partial
 from typing import AbstractSet, Any, Callable
 
 import torch
@@ -40,7 +44,7 @@ import torch.fx as fx
 
 from fxinit.capture.deferred import dressed_as, is_deferred_tensor, plain_attributes, state_of
 from fxinit.ops import is_view, reads_no_data
-from fxinit.passes.roots import storage_root
+from fxinit.passes.roots import storage_root, writes_first_argument
 
 _MAX_OPS = 64  # a longer recipe is not the kind of tensor this is for
 
@@ -64,6 +68,8 @@ class Link:
     value_of: Callable[[fx.Node, fx.Node], torch.Tensor] | None = None
     reached: tuple[torch.Tensor, ...] = ()  # the leaves eager's grad_fn reaches (they required grad then)
     overwritten: bool = False  # ``tensor`` itself written after (under no_grad): its values copied in after
+    result: fx.Node | None = None  # the node whose value is ``tensor`` (default: the last of ``nodes``)
+    fallback: Link | None = None  # tried where this one's replay is not eager's (``_link``)
 
 
 @dataclass
@@ -78,6 +84,7 @@ class _Inputs:
     # nodes that several parameters stand for (``Parameter(torch.from_numpy(p.detach().numpy()))``:
     # another object on the same storage), each with all of them
     aliased: dict[fx.Node, list[torch.Tensor]] = field(default_factory=dict)
+    writes: dict[fx.Node, list[fx.Node]] = field(default_factory=dict)  # storage root -> the ops writing it, in order
 
     def preferring(self, leaves: AbstractSet[int]) -> _Inputs:
         """These inputs, a node that several parameters stand for standing for the one among
@@ -116,7 +123,7 @@ def plan_links(tensors: list[torch.Tensor], value_of: ValueOf | None = None) -> 
         mine = {id(p) for p in reaches}
         inputs = by_recorder[id(rec)].preferring(mine)
         link = _view_link(t, inputs.parameters) or _link(t, reaches, inputs,
-                                                         None if value_of is None else partial(value_of, rec))
+                                                         None if value_of is None else functools.partial(value_of, rec))
         if link is not None:
             link.reached = tuple({id(p): p for p in link.leaves.values() if id(p) in mine}.values())
             links.append(link)
@@ -124,33 +131,53 @@ def plan_links(tensors: list[torch.Tensor], value_of: ValueOf | None = None) -> 
 
 
 def relink(links: list[Link]) -> None:
-    """Rebuild each planned tensor from the now real parameters (after the swap), the ones
-    computed last first: an older ``grad_fn`` of a later tensor holds the earlier tensors it
-    read, and swapping those waits until it is gone."""
-    for link in sorted(links, key=lambda link: -link.nodes[-1].meta["pos"] if link.nodes else 0):
+    """Rebuild each planned tensor from the now real parameters (after the swap). The ops run
+    in eager's order, so that autograd numbers its functions as eager's (a backward through
+    several such tensors adds their gradients in eager's order, to eager's bits); the swaps go
+    the other way, the ones computed last first: an older ``grad_fn`` of a later tensor holds
+    the earlier tensors it read, and swapping those waits until it is gone."""
+    rebuilt = []
+    for link in sorted(links, key=_made):
         if any(is_deferred_tensor(p) or (p.grad_fn is not None and node.op != "get_attr")  # (a real tensor lifted)
                for node, p in link.leaves.items()):
             continue  # its parameters were not materialized by this call
-        t = link.tensor
-        if t.is_meta:
+        if link.tensor.is_meta:
             continue  # no values to check the replay against
-        try:
-            with torch.enable_grad():
-                value = _run(link)
-            if link.overwritten and _same_layout(value, t):  # written after, not by autograd (the signature
-                value.data.copy_(t)                            # says): its values, its version kept
-            same = _same(value, t) and (link.signature is None or graph_signature(value) == link.signature)
-        except Exception:  # noqa: BLE001 - the tensor keeps its (right) value as a leaf
-            continue
-        if not same:
-            continue
+        value = _replayed(link)
+        if value is not None:  # (else the tensor keeps its right value, as a leaf)
+            rebuilt.append((link.tensor, value))
+    while rebuilt:
+        t, value = rebuilt.pop()
         new = dressed_as(t, value, keep_autograd=True)
+        del value
         try:
             torch.utils.swap_tensors(t, new)
         except RuntimeError as exc:
             warnings.warn(f"fxinit: a tensor computed with autograd from parameters keeps its value but not its "
                           f"grad_fn ({exc}): compute it after materialize to have eager's", stacklevel=4)
         del new
+
+
+def _made(link: Link) -> int:
+    node = link.result if link.result is not None else link.nodes[-1] if link.nodes else None
+    return node.meta["pos"] if node is not None else 0
+
+
+def _replayed(link: Link | None) -> torch.Tensor | None:
+    """``link``'s tensor rebuilt with eager's bits and ``grad_fn`` graph (or its fallback's), or None."""
+    while link is not None:
+        t = link.tensor
+        try:
+            with torch.enable_grad():
+                value = _run(link)
+            if link.overwritten and _same_layout(value, t):  # written after, not by autograd (the signature
+                value.data.copy_(t)                            # says): its values, its version kept
+            if _same(value, t) and (link.signature is None or _matches(graph_signature(value), link.signature)):
+                return value
+        except Exception:  # noqa: BLE001
+            pass
+        link = link.fallback
+    return None
 
 
 def autograd_leaves(t: torch.Tensor) -> list[torch.Tensor]:
@@ -192,12 +219,16 @@ def _inputs(rec: Any, tensors: list[torch.Tensor], reached: AbstractSet[int] = f
                 else:
                     held.setdefault(node, p)
     written: dict[fx.Node, int] = {}
+    writes: dict[fx.Node, list[fx.Node]] = {}
     for n in rec.graph.nodes:
         if n.meta.get("mutates"):
-            for x in n.all_input_nodes:
-                root = storage_root(x)
+            roots = {storage_root(x) for x in n.all_input_nodes}
+            for root in roots:
                 written[root] = max(written.get(root, -1), n.meta["pos"])
-    return _Inputs(parameters, held, rec.constants, written, rec.lifted_with_grad, aliased)
+            first = n.args[0] if n.args and writes_first_argument(n) else None
+            for root in [storage_root(first)] if isinstance(first, fx.Node) else roots:
+                writes.setdefault(root, []).append(n)
+    return _Inputs(parameters, held, rec.constants, written, rec.lifted_with_grad, aliased, writes)
 
 
 def _view_link(t: torch.Tensor, parameters: dict[fx.Node, torch.Tensor]) -> Link | None:
@@ -224,63 +255,131 @@ def _link(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
     holds its value then while the ops run again; anything else that cannot be replayed (a random
     or written temporary, a parameter eager's op read with no gradient) is taken as the value it
     had, where no gradient passes it. Both need ``value_of``; without it such a tensor has no link.
-    The rebuilt tensor must have eager's ``grad_fn`` graph (``signature``)."""
-    mine = [p for p in reaches if is_deferred_tensor(p)]
-    mine_ids = {id(p) for p in reaches}
+    The rebuilt tensor must have eager's ``grad_fn`` graph (``signature``).
+
+    First choice: the in-place writes to ``t`` and to the temporaries it was computed from run
+    again too, each in the grad mode eager ran it in (``self.b = self.w.clone()``, then
+    ``self.b.add_(self.w1)``: eager's ``grad_fn`` is ``AddBackward0``). Where that replay is not
+    eager's, or a write cannot run again (a random fill), the ``fallback`` takes written
+    temporaries as their values and copies ``t``'s later values in."""
     with plain_attributes():
         signature = graph_signature(t)
+    walk = functools.partial(_walk, t, reaches, inputs, value_of, signature)
+    without = walk(False)
+    with_writes = walk(True)
+    if with_writes is None or (without is not None and with_writes.nodes == without.nodes):
+        return without
+    with_writes.fallback = without
+    return with_writes
+
+
+def _walk(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
+          value_of: Callable[[fx.Node, fx.Node], torch.Tensor] | None, signature: list,
+          replay_writes: bool) -> Link | None:
+    """``_link``'s walk back from ``t``'s node: with ``replay_writes``, the in-place writes
+    to each replayed temporary up to its last reader join the ops (ordered by position, they
+    write what later readers read, as in eager), and a view or a write passes its reader on to
+    the tensor it acts on."""
+    mine = [p for p in reaches if is_deferred_tensor(p)]
+    mine_ids = {id(p) for p in reaches}
     roots = {storage_root(node) for p in mine for node in (state_of(p).node, *state_of(p).former)}
     materialized = {id(p) for p in inputs.parameters.values()}
     needed: dict[fx.Node, None] = {}
     leaves: dict[fx.Node, torch.Tensor] = {}
     earlier: dict[fx.Node, fx.Node] = {}
     values: dict[fx.Node, fx.Node] = {}
-    made = state_of(t).node.meta["pos"]
-    todo: list[tuple[fx.Node, fx.Node | None]] = [(state_of(t).node, None)]
+    read_until: dict[fx.Node, float] = {}  # replayed temporaries -> the last position they are read at
+    end = state_of(t).node
+    made = end.meta["pos"]
+    todo: list[tuple[fx.Node, fx.Node | None]] = [(end, None)]
     while todo:
-        node, reader = todo.pop()
-        if node in needed or node in leaves or node in values:
-            continue
-        # written after eager's op read it (the kept tensor itself: ``overwritten``)
-        stale = reader is not None and inputs.written.get(storage_root(node), -1) > reader.meta["pos"]
-        param = _as_parameter(node, mine)
-        then = param is not None and (stale or node is not state_of(param).node)  # written or rebound since
-        if param is not None and (not then or id(param) in materialized):
-            if then and value_of is None:
+        while todo:
+            node, reader = todo.pop()
+            passes = replay_writes and (is_view(node) or writes_first_argument(node))  # acts on its first argument
+            if node in needed:
+                if replay_writes and node in read_until:
+                    read_until[node] = max(read_until[node], _position(reader))
+                elif passes:
+                    todo.append((node.args[0], reader))
+                continue
+            if node in leaves or node in values:
+                continue
+            # written after eager's op read it (the kept tensor itself: ``overwritten``)
+            stale = reader is not None and inputs.written.get(storage_root(node), -1) > reader.meta["pos"]
+            param = _as_parameter(node, mine)
+            then = param is not None and (stale or node is not state_of(param).node)  # written or rebound since
+            if param is not None and (not then or id(param) in materialized):
+                if then and value_of is None:
+                    return None
+                leaves[node] = param
+                if then:
+                    earlier[node] = reader  # type: ignore[assignment]
+                continue
+            if node in inputs.held and not stale:
+                leaves[node] = inputs.held[node]
+                continue
+            if node.op == "get_attr" and node.target in inputs.constants and storage_root(node) not in inputs.written:
+                leaf = inputs.constants[node.target]
+                if node.target in inputs.lifted:  # a copy of a real tensor that gradients pass in eager
+                    leaf = _lifted_leaf(inputs, node.target, mine_ids)
+                    if leaf is None:  # lifted above autograd (``self.w * g``): eager's graph passes ``g``, the
+                        return None   # recorded one does not, so no graph rebuilt from it can be eager's
+                leaves[node] = leaf
+                continue
+            if not _replayable(node, inputs, stale, replay_writes):
+                if value_of is None or reader is None or storage_root(node) in roots:  # a parameter's storage,
+                    return None                                                         # not read as the parameter
+                values[node] = reader  # no gradient passes it: eager's graph (signature) says so
+                continue
+            if len(needed) >= _MAX_OPS:
                 return None
-            leaves[node] = param
-            if then:
-                earlier[node] = reader  # type: ignore[assignment]
-            continue
-        if node in inputs.held and not stale:
-            leaves[node] = inputs.held[node]
-            continue
-        if node.op == "get_attr" and node.target in inputs.constants and storage_root(node) not in inputs.written:
-            leaf = inputs.constants[node.target]
-            if node.target in inputs.lifted:  # a copy of a real tensor that gradients pass in eager
-                leaf = _lifted_leaf(inputs, node.target, mine_ids)
-                if leaf is None:  # lifted above autograd (``self.w * g``): eager's graph passes ``g``, the
-                    return None   # recorded one does not, so no graph rebuilt from it can be eager's
-            leaves[node] = leaf
-            continue
-        replayable = node.op == "call_function" and not node.meta.get("generators") and not node.meta.get("mutates") \
-            and (not stale or is_view(node)) and (node.all_input_nodes or (
-                getattr(node.target, "overloadpacket", None) in _VALUE_FACTORIES and node not in inputs.written))
-        if not replayable:
-            if value_of is None or reader is None or storage_root(node) in roots:  # a parameter's storage,
-                return None                                                         # not read as the parameter
-            values[node] = reader  # no gradient passes it: eager's graph (signature) says so
-            continue
-        if len(needed) >= _MAX_OPS:
-            return None
-        needed[node] = None
-        # the op that reads its inputs' data: this one, or for a view or ``zeros_like`` the one reading it
-        todo.extend((x, reader if reads_no_data(node) and reader is not None else node) for x in node.all_input_nodes)
-    overwritten = inputs.written.get(storage_root(state_of(t).node), -1) > made
+            needed[node] = None
+            if replay_writes and storage_root(node) is node:
+                read_until[node] = _position(reader)
+            for i, x in enumerate(node.all_input_nodes):
+                if passes and i == 0:  # a view or a write is read where its reader reads it
+                    todo.append((x, reader))
+                else:  # the op that reads its inputs' data: this one, or for ``zeros_like`` the one reading it
+                    todo.append((x, reader if reads_no_data(node) and reader is not None else node))
+        for root, until in read_until.items():  # the writes before each temporary's last reader
+            if until == float("inf"):  # ``t`` itself: writes under no_grad after its last one with autograd on
+                until = _last_graded_write(inputs.writes.get(root, ()), root) + 1  # are copied in (``overwritten``)
+            for w in inputs.writes.get(root, ()):
+                if root.meta["pos"] < w.meta["pos"] < until and w not in needed:
+                    if not (writes_first_argument(w) and storage_root(w.args[0]) is root
+                            and _replayable(w, inputs, False, True)):
+                        return None  # (a random, out= or opaque write: the fallback)
+                    todo.append((w, w))
+    last = storage_root(end)
+    since = made if last not in read_until else _last_graded_write(inputs.writes.get(last, ()), last)
+    overwritten = any(w.meta["pos"] > since for w in inputs.writes.get(last, ()))
     if not needed or not any(id(p) in materialized for p in leaves.values()):
         return None
     return Link(t, sorted(needed, key=lambda n: n.meta["pos"]), leaves, earlier, values, signature, value_of,
-                overwritten=overwritten)
+                overwritten=overwritten, result=end)
+
+
+def _last_graded_write(writes: Any, root: fx.Node) -> int:
+    """The position of the last of ``writes`` that ran with autograd on (else ``root``'s)."""
+    return max((w.meta["pos"] for w in writes if not w.meta.get("no_grad")), default=root.meta["pos"])
+
+
+def _position(reader: fx.Node | None) -> float:
+    """Where ``reader`` reads (None: the kept tensor itself, read from now on)."""
+    return float("inf") if reader is None else reader.meta["pos"]
+
+
+def _replayable(node: fx.Node, inputs: _Inputs, stale: bool, replay_writes: bool) -> bool:
+    """``node`` runs again to eager's value: a recorded op that draws nothing, reads what it read
+    (not written since, unless its writes run again too), and writes nothing (but for the writes
+    that run again)."""
+    if node.op != "call_function" or node.meta.get("generators"):
+        return False
+    if replay_writes:
+        return (not node.meta.get("mutates") or writes_first_argument(node)) and bool(
+            node.all_input_nodes or getattr(node.target, "overloadpacket", None) in _VALUE_FACTORIES)
+    return not node.meta.get("mutates") and (not stale or is_view(node)) and bool(node.all_input_nodes or (
+        getattr(node.target, "overloadpacket", None) in _VALUE_FACTORIES and node not in inputs.written))
 
 
 def _lifted_leaf(inputs: _Inputs, target: str, reached: AbstractSet[int]) -> torch.Tensor | None:
@@ -332,6 +431,29 @@ def graph_signature(t: torch.Tensor) -> list:
     return out
 
 
+def _matches(replayed: list, recorded: list) -> bool:
+    """The replayed ``grad_fn`` graph is the one the capture recorded, but where a view's
+    base was written in place after the view was made: real tensors then regenerate the view's
+    function as ``AsStridedBackward0``, which eager's are, and the capture's deferred tensors
+    (a subclass: torch replays the view op for those) as the view op's own."""
+    if len(replayed) != len(recorded):
+        return False
+    for got, want in zip(replayed, recorded):
+        if got != want and not (got[0] == "AsStridedBackward0" and got[1] == want[1] and _views(want[0])):
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _views(grad_fn_name: str) -> bool:
+    """``SliceBackward0`` and the like: the backward of an aten view op."""
+    stem = grad_fn_name.removesuffix("Backward0")
+    op = getattr(torch.ops.aten, re.sub(r"(?<!^)(?=[A-Z])", "_", stem).lower(), None)
+    schemas = [getattr(op, name)._schema for name in op.overloads()] if op is not None else []
+    return any(s.returns and s.returns[0].alias_info is not None and not s.returns[0].alias_info.is_write
+               for s in schemas)
+
+
 #: Ops without tensor inputs that run again to the same values (``empty`` does not).
 _VALUE_FACTORIES = frozenset(getattr(torch.ops.aten, name) for name in (
     "full", "zeros", "ones", "arange", "linspace", "logspace", "eye", "scalar_tensor"))
@@ -372,8 +494,9 @@ def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor]) -> torch.Tensor:
     for node in link.nodes:
         args = fx.node.map_aggregate(node.args, value)
         kwargs = fx.node.map_aggregate(node.kwargs, value)
-        env[node] = node.target(*args, **kwargs)
-    return env[link.nodes[-1]]
+        with torch.set_grad_enabled(not node.meta.get("no_grad")):  # as eager ran it
+            env[node] = node.target(*args, **kwargs)
+    return env[link.result if link.result is not None else link.nodes[-1]]
 
 
 def _same_layout(value: torch.Tensor, t: torch.Tensor) -> bool:

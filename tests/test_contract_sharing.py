@@ -166,6 +166,46 @@ def test_gradient_paths_through_constants_factories_and_buffers() -> None:
         assert want is not None and got is not None and same_bits(got, want), name
 
 
+def test_kept_tensors_written_in_place_with_autograd_on() -> None:
+    """In-place writes with autograd on are part of eager's ``grad_fn`` (``AddBackward0`` over
+    ``CloneBackward0``; ``CopySlices`` for a write through a view; a temporary written before it
+    is read): they run again, each in the grad mode eager ran it in (found by the fuzzer: such a
+    tensor was a leaf, and a backward through it missed the parameter the write read)."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 3))
+            self.w1 = nn.Parameter(torch.randn(4, 3))
+            self.register_buffer("b", self.w.clone())
+            self.b.add_(self.w1)
+            self.t = self.w * 2
+            self.t[0].mul_(self.w1[0])  # through a view
+            self.u = self.w.clone()
+            with torch.no_grad():
+                self.u.fill_(1.0)  # not in eager's graph
+            self.u.add_(self.w1)
+            a = self.w.clone()
+            v = a[1:]
+            a.mul_(self.w1)  # before `v` is read: `s` sees it
+            self.s = v + 1
+            a.add_(100.0)  # after: `s` does not
+            self.r = self.w.clone()
+            self.r.add_(self.w1)
+            with torch.no_grad():
+                self.r.normal_()  # a random write that cannot run again: the value copied in, the grad_fn kept
+
+    eager, traced = _both(M)
+    for name in ("b", "t", "u", "s", "r"):
+        got, want = getattr(traced, name), getattr(eager, name)
+        assert same_bits(got, want), name
+        assert type(got.grad_fn).__name__ == type(want.grad_fn).__name__, (name, got.grad_fn, want.grad_fn)
+    for m in (eager, traced):
+        (m.b.sum() + m.t.pow(2).sum() + m.u.sum() + m.s.pow(2).sum() + m.r.sum()).backward()
+    for name in ("w", "w1"):
+        got, want = getattr(traced, name).grad, getattr(eager, name).grad
+        assert want is not None and got is not None and same_bits(got, want), name
+
+
 def test_gradient_paths_from_parameters_written_after() -> None:
     """A kept tensor computed from a parameter that is written after (the old ``weight_norm``'s
     ``weight``, then ``weight_g`` filled), or from a random temporary: eager's op read the

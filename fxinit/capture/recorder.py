@@ -101,6 +101,9 @@ class Recorder(Shadows, Doors):
         # Autocast was on when the torch function being run was called (it is off inside dispatch).
         self.autocast = False
         self.composite_device: torch.device | None = None  # its deferred input's device (modes.py)
+        # Subclasses' __torch_function__ was on where the op being dispatched was called (the
+        # recorder runs with it off; a wrapper subclass's own __torch_dispatch__ runs as in eager).
+        self.torch_function_outside = True
         # Storages whose value a real tensor or array holds a copy of where eager shares them
         # (storage id -> how): a later write to one cannot reach that copy, so it is refused.
         self.copied_out: dict[int, str] = {}
@@ -195,6 +198,8 @@ class Recorder(Shadows, Doors):
                 node.kwargs = kwargs
         node.meta["pos"] = self._pos
         self._pos += 1
+        if not torch.is_grad_enabled():  # (autograd_links replays the op in the mode eager ran it in)
+            node.meta["no_grad"] = True
         dt = torch.get_default_dtype()
         if dt != self.default_dtype:
             node.meta["default_dtype"] = dt
@@ -450,7 +455,7 @@ class Recorder(Shadows, Doors):
                     raise self.fail(
                         "a plain meta tensor (not created under fxinit) was mixed into a deferred computation"
                         + (f", inside {dispatcher}: a tensor subclass's own code, where a deferred tensor says it is "
-                           "on 'meta' (torch turns __torch_function__ off there)" if dispatcher else ""),
+                           "on 'meta' if subclasses' __torch_function__ is off there" if dispatcher else ""),
                         op=str(func),
                         hint="wrap (quantize) after materializing, or build inside __torch_dispatch__ on the device "
                              "of the wrapper itself" if dispatcher else

@@ -137,14 +137,21 @@ def _deferred_inside(t: torch.Tensor) -> list[torch.Tensor]:
     return list({id(x): x for _, x in inner_tensors(t, "") if is_deferred_tensor(x)}.values())
 
 
-def _inner_slots(tensors: list[torch.Tensor], where: dict[int, list[Location]]) -> list[tuple[torch.Tensor, str]]:
+def _inner_slots(tensors: list[torch.Tensor], where: dict[int, list[Location]],
+                 model: torch.nn.Module) -> list[tuple[torch.Tensor, str]]:
     """``(tensor, name)`` of the deferred tensors held inside wrapper subclasses (``"inner"``
-    slots), named with their module's path."""
+    slots), named with their module's path (under the traced root; for a module made after
+    the trace, under ``model``)."""
     found = []
+    under_model: dict[int, str] | None = None
     for t in tensors:
         for mod, name, kind in where.get(id(t), ()):
             if kind == "inner":
                 path = state_of(t).recorder.module_paths().get(id(mod))
+                if path is None:
+                    if under_model is None:
+                        under_model = {id(m): p for p, m in model.named_modules(remove_duplicate=False)}
+                    path = under_model.get(id(mod))
                 found.append((t, f"{path}.{name}" if path else name))
     return found
 
@@ -157,17 +164,19 @@ def _same_device(asked: torch.device, recorded: torch.device) -> bool:
 def _refuse_meta_wrappers(slots: Iterable[tuple[str, Any]]) -> None:
     """A wrapper tensor subclass around deferred tensors that says it is on meta (``(name,
     tensor)`` of ``slots``): its own code built it on the device a deferred tensor reported
-    inside ``__torch_dispatch__``, where torch turns ``__torch_function__`` off and a deferred
-    tensor is meta underneath. Eager's device is unknown: refused, whatever is asked."""
+    where subclasses' ``__torch_function__`` was off (inside a ``__torch_function__`` handler,
+    ``DisableTorchFunctionSubclass``), and a deferred tensor is meta underneath. Eager's device
+    is unknown: refused, whatever is asked."""
     for name, t in slots:
         if isinstance(t, torch.Tensor) and not is_deferred_tensor(t) and hasattr(type(t), "__tensor_flatten__") \
                 and t.is_meta and _deferred_inside(t):
             raise DeferredInitError(
                 f"{type(t).__name__} {name} is a wrapper tensor subclass around deferred tensors that says it is on "
-                "'meta': its code read a deferred tensor's device inside __torch_dispatch__, where fxinit cannot "
-                "report the intended device (torch turns __torch_function__ off there), so eager's device is unknown",
-                hint="build the wrapper with the device of the tensor it wraps as seen outside __torch_dispatch__ "
-                     "(torchao's NF4Tensor does), or wrap after materializing")
+                "'meta': its code read a deferred tensor's device where subclasses' __torch_function__ was off (in a "
+                "__torch_function__ handler, or under torch._C.DisableTorchFunctionSubclass), where a deferred tensor "
+                "cannot report its intended device, so eager's device is unknown",
+                hint="wrap (quantize) after materializing, or build the wrapper with the device of the tensor it wraps "
+                     "as seen outside those (torchao's NF4Tensor does)")
 
 
 def _refuse_changing_wrappers(inner: list[tuple[torch.Tensor, str]], device: torch.device | None,
@@ -407,7 +416,7 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
         rec = recorder_of_root(obj)  # tensors the caller holds that share the model's storages
         tensors += [t for t in (rec.adopted if rec is not None else ()) if is_deferred_tensor(t)]
         _refuse_meta_wrappers((f"{path}.{name}" if path else name, t) for path, _, _, name, t in walked[id(obj)])
-        inner = _inner_slots(tensors, where)
+        inner = _inner_slots(tensors, where, obj)
     elif is_deferred_tensor(obj):
         tensors, where, inner = [obj], {}, []
     elif isinstance(obj, torch.Tensor):  # a wrapper subclass: the deferred tensors inside it

@@ -170,8 +170,7 @@ def test_changing_a_wrapper_subclass_is_refused_by_name(kwargs, what) -> None:
 
 class AsksInside(Scaled):
     """Builds ``detach``'s result on the device its inner tensor reports inside
-    ``__torch_dispatch__``, where torch turns ``__torch_function__`` off: a deferred tensor says
-    'meta' there."""
+    ``__torch_dispatch__`` (torchao's float8 training weights do)."""
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
@@ -187,9 +186,33 @@ class AsksInsideLinear(nn.Module):
         self.weight = nn.Parameter(AsksInside(w.to(torch.int8), w.abs().amax()), requires_grad=False)
 
 
-def test_a_wrapper_built_on_meta_is_refused_by_name() -> None:
+class AsksWithoutTorchFunction(nn.Module):
+    """The same, built where subclasses' ``__torch_function__`` is off: a deferred tensor is
+    meta underneath, and says so there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        w = torch.randn(4, 4)
+        with torch._C.DisableTorchFunctionSubclass():
+            self.weight = nn.Parameter(AsksInside(w.to(torch.int8), w.abs().amax()), requires_grad=False)
+
+
+def test_a_wrapper_built_in_its_own_torch_dispatch_has_eagers_device() -> None:
+    """Inside a wrapper subclass's ``__torch_dispatch__`` eager's ``__torch_function__`` is on, so
+    a deferred tensor says its device there (found by a sweep of torchao: the recorder's own
+    guard was still on there, and ``convert_to_float8_training`` with FSDP's float8 all-gather in
+    ``__init__`` was refused)."""
     assert AsksInsideLinear().weight.device.type == "cpu"  # eager's
+    report = fxinit.check(AsksInsideLinear)
+    assert report.ok, report
     m = fxinit.trace_init(AsksInsideLinear)
+    fxinit.materialize(m)
+    assert m.weight.device.type == "cpu" and not fxinit.is_deferred(m.weight.q)
+
+
+def test_a_wrapper_built_on_meta_is_refused_by_name() -> None:
+    assert AsksWithoutTorchFunction().weight.device.type == "cpu"  # eager's
+    m = fxinit.trace_init(AsksWithoutTorchFunction)
     with pytest.raises(DeferredInitError, match=r"AsksInside weight is a wrapper tensor subclass .* on 'meta'"):
         fxinit.materialize(m)
 
@@ -260,7 +283,7 @@ def test_wrappers_at_any_depth_and_in_any_slot() -> None:
 
 @pytest.mark.parametrize("how", ["materialize_module", "tensor", "init=False"])
 def test_a_wrapper_built_on_meta_is_refused_on_every_path(how) -> None:
-    m = fxinit.trace_init(AsksInsideLinear)
+    m = fxinit.trace_init(AsksWithoutTorchFunction)
     with pytest.raises(DeferredInitError, match="says it is on 'meta'"):
         if how == "materialize_module":
             fxinit.materialize_module(m)

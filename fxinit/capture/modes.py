@@ -62,8 +62,13 @@ class CaptureDispatchMode(TorchDispatchMode):
         if self.recorder.is_suspended:
             return func(*args, **kwargs)
         # The recorder reads sizes, strides and storages of deferred tensors: as plain tensors.
-        with torch._C.DisableTorchFunctionSubclass():
-            return self.recorder.dispatch(func, args, kwargs)
+        recorder, outside = self.recorder, self.recorder.torch_function_outside
+        recorder.torch_function_outside = _SUBCLASS_TORCH_FUNCTION_ON()
+        try:
+            with torch._C.DisableTorchFunctionSubclass():
+                return recorder.dispatch(func, args, kwargs)
+        finally:
+            recorder.torch_function_outside = outside
 
 
 class CaptureFunctionMode(TorchFunctionMode):

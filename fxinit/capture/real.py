@@ -76,7 +76,7 @@ def real_tensor_op(recorder: Any, func: Any, args: tuple, kwargs: dict) -> Any:
             # ``zeros_like(real, device="cuda")``, ``real.to("cuda")``: built on meta for a device
             # (which this machine may lack), so deferred there, with the real inputs as constants
             return NOT_REAL
-        with recorder.suspended():
+        with recorder.suspended(), _as_called(recorder, tensors):
             return func(*args, **kwargs)
     if any(recorder.value_of(t, bounded=recorder.capturing) is None for t in deferred):
         raise recorder.fail(
@@ -86,6 +86,16 @@ def real_tensor_op(recorder: Any, func: Any, args: tuple, kwargs: dict) -> Any:
             hint="let the tensor written be deferred too (build it inside the constructor, not before it), or "
                  "compute this after fxinit.materialize")
     return recorder.compute_real(func, args, kwargs)
+
+
+def _as_called(recorder: Any, tensors: list[torch.Tensor]) -> Any:
+    """Subclasses' ``__torch_function__`` as it was where the op was called, for a wrapper
+    subclass's own ``__torch_dispatch__`` (torchao's float8 weights): there eager's deferred
+    tensors say their device, not meta."""
+    foreign = any(type(t).__torch_dispatch__ is not torch.Tensor.__torch_dispatch__ for t in tensors)
+    if foreign and recorder.torch_function_outside and not torch._C._is_torch_function_enabled():
+        return torch._C._EnableTorchFunction()
+    return contextlib.nullcontext()
 
 
 def _on_meta(kwargs: dict) -> bool:

@@ -259,7 +259,9 @@ def _link(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
 
     First choice: the in-place writes to ``t`` and to the temporaries it was computed from run
     again too, each in the grad mode eager ran it in (``self.b = self.w.clone()``, then
-    ``self.b.add_(self.w1)``: eager's ``grad_fn`` is ``AddBackward0``). Where that replay is not
+    ``self.b.add_(self.w1)``: eager's ``grad_fn`` is ``AddBackward0``), and what a view reads
+    is read where the view's reader reads it (``self.b = self.w.expand(2)``, ``self.w`` written
+    under no_grad, then ``.double()``: eager's ``b`` saw the write). Where that replay is not
     eager's, or a write cannot run again (a random fill), the ``fallback`` takes written
     temporaries as their values and copies ``t``'s later values in."""
     with plain_attributes():
@@ -267,7 +269,8 @@ def _link(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
     walk = functools.partial(_walk, t, reaches, inputs, value_of, signature)
     without = walk(False)
     with_writes = walk(True)
-    if with_writes is None or (without is not None and with_writes.nodes == without.nodes):
+    if with_writes is None or (without is not None and (with_writes.nodes, with_writes.earlier, with_writes.values)
+                               == (without.nodes, without.earlier, without.values)):
         return without
     with_writes.fallback = without
     return with_writes

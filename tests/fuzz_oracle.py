@@ -184,14 +184,50 @@ def compare(traced: Built, eager: Built) -> list[tuple[str, str]]:
         sg, sw = _partition(tens_g, _storage_key), _partition(tens_w, _storage_key)
         if sg != sw:
             errs.append(("storage-sharing", f"shared-storage groups {sg} vs eager {sw}"))
+    if not errs:
+        errs += _gradients(got, want)
     if traced.after is not None and eager.after is not None and not torch.equal(traced.after, eager.after):
         errs.append(("rng", f"torch.rand(3) after construction: {traced.after.tolist()} vs eager {eager.after.tolist()}"))
     return errs
 
 
+def _gradients(got: list[tuple[str, Any]], want: list[tuple[str, Any]]) -> list[tuple[str, str]]:
+    """One backward through every kept tensor that has a ``grad_fn`` (each weighted by its
+    place), in both builds: the gradients of the leaves must be eager's, bit for bit (the
+    order autograd adds them in included). Where eager's backward raises (a tensor it saved
+    was written in place since) fxinit's may run: documented, not compared."""
+    def loss_and_leaves(items: list[tuple[str, Any]]) -> tuple[Any, list[tuple[str, torch.Tensor]]]:
+        tensors = [(n, t) for n, t in items if isinstance(t, torch.Tensor)]
+        derived = [t for _, t in tensors if t.grad_fn is not None and t.is_floating_point()]
+        leaves = list({id(t): (n, t) for n, t in tensors if t.requires_grad and t.grad_fn is None}.values())
+        loss = sum((t.double() * (i + 1)).sum() for i, t in enumerate(derived)) if derived else None
+        return loss, leaves
+
+    want_loss, want_leaves = loss_and_leaves(want)
+    if want_loss is None or not want_leaves:
+        return []
+    try:
+        want_grads = torch.autograd.grad(want_loss, [t for _, t in want_leaves], retain_graph=True, allow_unused=True)
+    except RuntimeError:
+        return []
+    got_loss, got_leaves = loss_and_leaves(got)
+    if got_loss is None or [n for n, _ in got_leaves] != [n for n, _ in want_leaves]:
+        return [("autograd", "the kept tensors with a grad_fn, or the leaves they reach, differ from eager's")]
+    try:
+        got_grads = torch.autograd.grad(got_loss, [t for _, t in got_leaves], retain_graph=True, allow_unused=True)
+    except RuntimeError as exc:
+        return [("autograd", f"backward raised where eager's runs: {_first_line(exc)}")]
+    errs = []
+    for (name, _), g, w in zip(got_leaves, got_grads, want_grads):
+        if (g is None) != (w is None) or (g is not None and not _same_values(g, w)[0]):
+            errs.append(("gradient", f"{name}: gradient {None if g is None else 'differs'} vs eager's "
+                                     f"{None if w is None else 'gradient'}"))
+    return errs
+
+
 # the precedence of categories: the first present names the hole
 CATEGORY_ORDER = ("exception", "deferred", "structure", "value", "dtype/shape", "type", "device", "rng", "generator",
-                  "python-value", "storage-sharing", "identity", "requires_grad", "autograd", "layout")
+                  "python-value", "storage-sharing", "identity", "requires_grad", "autograd", "gradient", "layout")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -206,6 +206,27 @@ def test_kept_tensors_written_in_place_with_autograd_on() -> None:
         assert want is not None and got is not None and same_bits(got, want), name
 
 
+def test_a_kept_view_cast_after_its_parameter_was_written() -> None:
+    """``b = w.expand(2)``, ``w`` written under no_grad, then ``Module.double()``: eager's ``b``
+    is ``ToCopyBackward0`` of the view, whose values saw the write (found by the fuzzer with the
+    gradient oracle: the view's input was read as it was when the view was made)."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(()))
+            self.register_buffer("b", self.w.expand(2))
+            with torch.no_grad():
+                self.w.add_(0.5)
+
+    eager, traced = _both(M, lambda m: m.double())
+    assert same_bits(traced.b, eager.b) and type(traced.b.grad_fn).__name__ == "ToCopyBackward0"
+    for m in (eager, traced):
+        m.b.sum().backward()
+    # The same gradient; its dtype is the documented difference (docs/failure-modes.md): eager
+    # regenerates the view's function lazily as AsStridedBackward0 once ``w`` is float64.
+    assert torch.equal(traced.w.grad.double(), eager.w.grad)
+
+
 def test_gradient_paths_from_parameters_written_after() -> None:
     """A kept tensor computed from a parameter that is written after (the old ``weight_norm``'s
     ``weight``, then ``weight_g`` filled), or from a random temporary: eager's op read the

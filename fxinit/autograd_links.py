@@ -70,6 +70,7 @@ class Link:
     overwritten: bool = False  # ``tensor`` itself written after (under no_grad): its values copied in after
     result: fx.Node | None = None  # the node whose value is ``tensor`` (default: the last of ``nodes``)
     fallback: Link | None = None  # tried where this one's replay is not eager's (``_link``)
+    written: frozenset[fx.Node] = frozenset()  # leaves the ops write in place (constants: copied first)
 
 
 @dataclass
@@ -299,10 +300,11 @@ def _walk(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
         while todo:
             node, reader = todo.pop()
             passes = replay_writes and (is_view(node) or writes_first_argument(node))  # acts on its first argument
+            if node in read_until:  # a replayed temporary or a copied constant, read again
+                read_until[node] = max(read_until[node], _position(reader))
+                continue
             if node in needed:
-                if replay_writes and node in read_until:
-                    read_until[node] = max(read_until[node], _position(reader))
-                elif passes:
+                if passes:
                     todo.append((node.args[0], reader))
                 continue
             if node in leaves or node in values:
@@ -320,6 +322,11 @@ def _walk(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
                 continue
             if node in inputs.held and not stale:
                 leaves[node] = inputs.held[node]
+                continue
+            if replay_writes and node.op == "get_attr" and node.target in inputs.constants \
+                    and node.target not in inputs.lifted and storage_root(node) in inputs.written:
+                leaves[node] = inputs.constants[node.target]  # (copied for each run: its writes run again)
+                read_until[node] = _position(reader)
                 continue
             if node.op == "get_attr" and node.target in inputs.constants and storage_root(node) not in inputs.written:
                 leaf = inputs.constants[node.target]
@@ -359,7 +366,7 @@ def _walk(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
     if not needed or not any(id(p) in materialized for p in leaves.values()):
         return None
     return Link(t, sorted(needed, key=lambda n: n.meta["pos"]), leaves, earlier, values, signature, value_of,
-                overwritten=overwritten, result=end)
+                overwritten=overwritten, result=end, written=frozenset(n for n in leaves if n in read_until))
 
 
 def _last_graded_write(writes: Any, root: fx.Node) -> int:
@@ -490,6 +497,9 @@ def _run(link: Link) -> torch.Tensor:
 
 def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor]) -> torch.Tensor:
     env: dict[fx.Node, Any] = {**link.leaves, **values}
+    for node in link.leaves:
+        if node.op == "get_attr" and node in link.written:  # a constant the ops write: theirs to write
+            env[node] = env[node].clone()
 
     def value(x: Any) -> Any:
         return env[x] if isinstance(x, fx.Node) else x

@@ -193,14 +193,16 @@ def test_kept_tensors_written_in_place_with_autograd_on() -> None:
             self.r.add_(self.w1)
             with torch.no_grad():
                 self.r.normal_()  # a random write that cannot run again: the value copied in, the grad_fn kept
+            self.register_buffer("c", torch.tensor([-1.0, 2.0, 3.0]))  # a constant of the capture, written
+            self.c[1:].copy_(self.w[0, 1:])
 
     eager, traced = _both(M)
-    for name in ("b", "t", "u", "s", "r"):
+    for name in ("b", "t", "u", "s", "r", "c"):
         got, want = getattr(traced, name), getattr(eager, name)
         assert same_bits(got, want), name
         assert type(got.grad_fn).__name__ == type(want.grad_fn).__name__, (name, got.grad_fn, want.grad_fn)
     for m in (eager, traced):
-        (m.b.sum() + m.t.pow(2).sum() + m.u.sum() + m.s.pow(2).sum() + m.r.sum()).backward()
+        (m.b.sum() + m.t.pow(2).sum() + m.u.sum() + m.s.pow(2).sum() + m.r.sum() + m.c.pow(3).sum()).backward()
     for name in ("w", "w1"):
         got, want = getattr(traced, name).grad, getattr(eager, name).grad
         assert want is not None and got is not None and same_bits(got, want), name

@@ -146,6 +146,8 @@ def relink(links: list[Link]) -> None:
             continue  # no values to check the replay against
         value = _replayed(link)
         if value is not None:  # (else the tensor keeps its right value, as a leaf)
+            if not value._is_view():  # (a view of a parameter is one already)
+                value.data = link.tensor.data  # the same bits: its memory, which others may share (an alias)
             rebuilt.append((link.tensor, value))
     while rebuilt:
         t, value = rebuilt.pop()
@@ -320,8 +322,8 @@ def _walk(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
                 if then:
                     earlier[node] = reader  # type: ignore[assignment]
                 continue
-            if node in inputs.held and not stale:
-                leaves[node] = inputs.held[node]
+            if node in inputs.held and not stale and node is not end:  # (``t`` itself: an alias of it is held,
+                leaves[node] = inputs.held[node]                         # ``Parameter(t, requires_grad=False)``)
                 continue
             if replay_writes and node.op == "get_attr" and node.target in inputs.constants \
                     and node.target not in inputs.lifted and storage_root(node) in inputs.written:

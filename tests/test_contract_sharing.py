@@ -208,6 +208,23 @@ def test_kept_tensors_written_in_place_with_autograd_on() -> None:
         assert want is not None and got is not None and same_bits(got, want), name
 
 
+def test_a_kept_tensor_with_a_frozen_parameter_on_its_storage() -> None:
+    """``Parameter(b, requires_grad=False)`` of a kept tensor ``b = w.clone()`` shares its
+    storage, with no ``grad_fn``; ``b`` keeps eager's ``CloneBackward0`` (found by the fuzzer:
+    the replay took the parameter for ``b`` itself)."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(3))
+            self.register_buffer("b", self.w.clone())
+            self.frozen = nn.Parameter(self.b, requires_grad=False)
+
+    report = fxinit.check(M)
+    assert report.ok, report
+    eager, traced = _both(M)
+    assert type(traced.b.grad_fn).__name__ == "CloneBackward0" and _shares(traced.b, traced.frozen)
+
+
 def test_a_kept_view_cast_after_its_parameter_was_written() -> None:
     """``b = w.expand(2)``, ``w`` written under no_grad, then ``Module.double()``: eager's ``b``
     is ``ToCopyBackward0`` of the view, whose values saw the write (found by the fuzzer with the

@@ -21,7 +21,7 @@ from torch.nn.modules.module import _IncompatibleKeys
 
 from fxinit.autograd_links import autograd_leaves, plan_links, relink
 from fxinit.arguments import checked_device, checked_dtype, checked_seed
-from fxinit.capture.api import clear_meta_init_cache, recorder_of_root
+from fxinit.capture.api import clear_meta_init_cache, recorder_of_root, unguard
 from fxinit.capture.deferred import (MATERIALIZED, dressed_as, grad_fn_of, is_deferred_tensor, plain_attributes,
                                      state_of)
 from fxinit.capture.recorder import Recorder
@@ -445,8 +445,10 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
         materialize_dtensors(sharded, device, init, compute, dtype,
                              {k: v for k, v in (loaded or {}).items() if k in sharded})
     _materialize_tensors(tensors, where, device, init, loaded, seed_asked, dtype, compile, walked)
-    if dtype is not None and isinstance(obj, torch.nn.Module):
-        _cast_real(obj, dtype)
+    if isinstance(obj, torch.nn.Module):
+        unguard(obj)
+        if dtype is not None:
+            _cast_real(obj, dtype)
     if from_meta_init and not keep_cache:
         clear_meta_init_cache()
     if state_dict is not None and not strict:

@@ -375,6 +375,22 @@ def test_calling_a_deferred_model_says_so_until_it_is_materialized() -> None:
     assert not any(m._forward_pre_hooks for m in net.modules())  # the guards removed themselves
 
 
+def test_a_materialized_model_holds_no_guard_and_saves_and_scripts_as_eager() -> None:
+    """The guards go with materialize, not with the first call (found by a sweep of
+    flash-linear-attention: a materialized model never called kept a closure hook in every
+    module, so ``torch.save(model)`` and ``torch.jit.script`` raised where eager's work)."""
+    import io
+
+    net = fxinit.trace_init(lambda: nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)))
+    fxinit.materialize(net[2])
+    assert not net[2]._forward_pre_hooks and net[0]._forward_pre_hooks  # the part still deferred keeps its own
+    fxinit.materialize(net)
+    assert not any(m._forward_pre_hooks for m in net.modules())
+    torch.save(net, io.BytesIO())
+    assert torch.equal(pickle.loads(pickle.dumps(net))[0].weight, net[0].weight)
+    torch.jit.script(net)
+
+
 def test_arguments_are_checked_at_the_door() -> None:
     """A wrong seed, dtype or device raises before any value is computed; dtype names work."""
     torch.manual_seed(0)

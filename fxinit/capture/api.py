@@ -25,6 +25,8 @@ _PARAMETRIZE = "torch.nn.utils.parametriz"  # parametrize, parametrizations
 _local = threading.local()
 _META_INIT_RECORDERS: list[Recorder] = []
 _ROOT_RECORDERS: "weakref.WeakKeyDictionary[torch.nn.Module, Recorder]" = weakref.WeakKeyDictionary()
+#: The hook ``guard_calls`` put on each module, until that module's tensors are materialized.
+_GUARDS: "weakref.WeakKeyDictionary[torch.nn.Module, Any]" = weakref.WeakKeyDictionary()
 
 
 def _depth() -> int:
@@ -89,6 +91,7 @@ def guard_calls(module: torch.nn.Module, recorder: Recorder) -> None:
                             None)
             if deferred is None:
                 holder[0].remove()
+                _GUARDS.pop(mod, None)
                 return
             raise DeferredInitError(
                 f"{path or type(mod).__name__} was called while its tensors are deferred (built by fxinit.trace_init, "
@@ -98,6 +101,18 @@ def guard_calls(module: torch.nn.Module, recorder: Recorder) -> None:
 
         refuse.fxinit_own = True  # type: ignore[attr-defined]  # holds no tensor of the model (reachable.captured)
         holder.append(mod.register_forward_pre_hook(refuse))
+        _GUARDS[mod] = holder[0]
+
+
+def unguard(module: torch.nn.Module) -> None:
+    """Take ``guard_calls``' hook off each module of ``module`` whose own tensors are all
+    materialized: a materialized model holds no hook of fxinit's (eager's has none: it pickles,
+    ``torch.save``s and scripts as eager's does)."""
+    for mod in module.modules():
+        handle = _GUARDS.get(mod)
+        if handle is not None and not any(_is_deferred(t) for t in (*mod._parameters.values(), *mod._buffers.values())):
+            handle.remove()
+            del _GUARDS[mod]
 
 
 def _is_deferred(t: Any) -> bool:

@@ -71,6 +71,7 @@ class Link:
     result: fx.Node | None = None  # the node whose value is ``tensor`` (default: the last of ``nodes``)
     fallback: Link | None = None  # tried where this one's replay is not eager's (``_link``)
     written: frozenset[fx.Node] = frozenset()  # leaves the ops write in place (constants: copied first)
+    eager: str = ""  # eager's grad_fn and where the tensor was computed (a warning's words where it is lost)
 
 
 @dataclass
@@ -125,10 +126,21 @@ def plan_links(tensors: list[torch.Tensor], value_of: ValueOf | None = None) -> 
         inputs = by_recorder[id(rec)].preferring(mine)
         link = _view_link(t, inputs.parameters) or _link(t, reaches, inputs,
                                                          None if value_of is None else functools.partial(value_of, rec))
-        if link is not None:
-            link.reached = tuple({id(p): p for p in link.leaves.values() if id(p) in mine}.values())
-            links.append(link)
+        if link is None:
+            link = Link(t, [], {})  # none: it keeps its value, as a leaf (``relink`` says so)
+        link.reached = tuple({id(p): p for p in link.leaves.values() if id(p) in mine}.values())
+        link.eager = _eager_words(t)
+        links.append(link)
     return links
+
+
+def _eager_words(t: torch.Tensor) -> str:
+    """``t``'s ``grad_fn`` (recorded by the capture) and the source line that computed it."""
+    with plain_attributes():
+        fn = type(t.grad_fn).__name__
+    prov = state_of(t).node.meta.get("prov")
+    source = getattr(prov, "source", None)
+    return f"{fn}, {source}" if source else fn
 
 
 def relink(links: list[Link]) -> None:
@@ -138,17 +150,25 @@ def relink(links: list[Link]) -> None:
     the other way, the ones computed last first: an older ``grad_fn`` of a later tensor holds
     the earlier tensors it read, and swapping those waits until it is gone."""
     rebuilt = []
+    lost = []
     for link in sorted(links, key=_made):
         if any(is_deferred_tensor(p) or (p.grad_fn is not None and node.op != "get_attr")  # (a real tensor lifted)
                for node, p in link.leaves.items()):
             continue  # its parameters were not materialized by this call
         if link.tensor.is_meta:
             continue  # no values to check the replay against
-        value = _replayed(link)
-        if value is not None:  # (else the tensor keeps its right value, as a leaf)
-            if not value._is_view():  # (a view of a parameter is one already)
-                value.data = link.tensor.data  # the same bits: its memory, which others may share (an alias)
-            rebuilt.append((link.tensor, value))
+        value = _replayed(link) if link.nodes else None
+        if value is None:  # the tensor keeps its right value, as a leaf
+            lost.append(link.eager)
+            continue
+        if not value._is_view():  # (a view of a parameter is one already)
+            value.data = link.tensor.data  # the same bits: its memory, which others may share (an alias)
+        rebuilt.append((link.tensor, value))
+    if lost:
+        warnings.warn(f"fxinit: {len(lost)} tensor(s) computed with autograd from parameters keep eager's values but "
+                      f"not eager's grad_fn ({'; '.join(lost[:3])}{' ...' if len(lost) > 3 else ''}), so a backward "
+                      "through them does not reach the parameters: compute them in forward or after materialize "
+                      "(docs/failure-modes.md says which ones fxinit cannot rebuild)", stacklevel=5)
     while rebuilt:
         t, value = rebuilt.pop()
         new = dressed_as(t, value, keep_autograd=True)
@@ -157,7 +177,7 @@ def relink(links: list[Link]) -> None:
             torch.utils.swap_tensors(t, new)
         except RuntimeError as exc:
             warnings.warn(f"fxinit: a tensor computed with autograd from parameters keeps its value but not its "
-                          f"grad_fn ({exc}): compute it after materialize to have eager's", stacklevel=4)
+                          f"grad_fn ({exc}): compute it after materialize to have eager's", stacklevel=5)
         del new
 
 

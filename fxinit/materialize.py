@@ -25,6 +25,7 @@ from fxinit.capture.api import clear_meta_init_cache, recorder_of_root, unguard
 from fxinit.capture.deferred import (MATERIALIZED, dressed_as, grad_fn_of, is_deferred_tensor, plain_attributes,
                                      state_of)
 from fxinit.capture.recorder import Recorder
+from fxinit.capture.storages import storage_key
 from fxinit.checkpoint import CheckpointSource, checkpoint_values
 from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materialize_dtensors
 from fxinit.errors import DeferredInitError
@@ -82,34 +83,77 @@ def _deferred_in_module(module: torch.nn.Module, walk: list[Slot] | None = None
 
 
 def _with_companions(tensors: list[torch.Tensor], where: dict[int, list[Location]],
-                     walked: Mapping[int, list[Slot]] = {}) -> list[torch.Tensor]:
+                     walked: dict[int, list[Slot]] | None = None, all_places: bool = True) -> list[torch.Tensor]:
     """Add the traced model's other deferred tensors that must be materialized with ``tensors``.
 
     Tensors that alias one storage in eager construction (a parameter that is a view of
     another, a buffer aliasing a parameter) must be materialized from one computation to
     alias one real storage too, whichever of them was asked for. Tensors computed with
     autograd from parameters go with the parameters they came from (``autograd_links``).
+    ``all_places``: ``where`` gets every place in the model of the tensors returned (else
+    those it has, when nothing else of the model need go with them: ``_alone``).
     """
-    out = _companions(tensors, where, walked)
+    walked = {} if walked is None else walked
+    out = _companions(tensors, where, walked, all_places)
     ids = {id(t) for t in out}
     with plain_attributes():
         derived = [t for t in out if grad_fn_of(t) is not None]
     leaves = [p for t in derived for p in autograd_leaves(t) if is_deferred_tensor(p) and id(p) not in ids]
-    return _companions(out + leaves, where, walked) if leaves else out
+    return _companions(out + leaves, where, walked, all_places) if leaves else out
+
+
+#: How many references a storage has (by its ``storage_key``): each tensor over it holds one.
+_STORAGE_REFERENCES: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
+
+
+@functools.cache
+def _references_count_tensors() -> bool:
+    """Whether this torch counts a storage's references as ``_alone`` reads them: one for its
+    Python storage object, one for each tensor over it (else ``_alone`` answers no)."""
+    if _STORAGE_REFERENCES is None or not hasattr(torch.Tensor, "_use_count"):
+        return False
+    t = torch.empty(2, device="meta")
+    held = torch._C.TensorBase.untyped_storage(t)
+    alone = _STORAGE_REFERENCES(storage_key(t))
+    alias = t.detach()
+    return (alone, _STORAGE_REFERENCES(storage_key(t))) == (2, 3) and alias is not held
+
+
+def _alone(rec: Recorder, tensors: list[torch.Tensor]) -> bool:
+    """Whether no other deferred tensor of ``rec``'s model must go with ``tensors``: no other
+    tensor holds their storages (each holds a reference; so does the recorder's record of it,
+    ``Storages``), nothing else holds them (a ``grad_fn`` that reaches a parameter holds it, a
+    view its base: ``_use_count``), and they have no ``grad_fn``. Decided without walking the
+    model, which materializing it module by module would walk once per module."""
+    if not _references_count_tensors():
+        return False
+    with plain_attributes():
+        for t in tensors:
+            rec.storage_id(t)  # (recorded: the recorder holds it)
+            if _STORAGE_REFERENCES(storage_key(t)) != 2 or t._use_count() != 1 or grad_fn_of(t) is not None:
+                return False
+    return True
 
 
 def _companions(tensors: list[torch.Tensor], where: dict[int, list[Location]],
-                walked: Mapping[int, list[Slot]]) -> list[torch.Tensor]:
+                walked: dict[int, list[Slot]], all_places: bool = True) -> list[torch.Tensor]:
     """``_with_companions``' tensors of one step (``walked``: ``module_walk`` of modules
-    already walked, by ``id``)."""
+    already walked, by ``id``; a walk of the model made here is added)."""
     out = {id(t): t for t in tensors}
     for rec in {id(state_of(t).recorder): state_of(t).recorder for t in tensors}.values():
         root = rec.root
         if root is None:
             continue
-        wanted = {rec.storage_id(t) for t in tensors if state_of(t).recorder is rec}
+        mine = [t for t in tensors if state_of(t).recorder is rec]
+        wanted = {rec.storage_id(t) for t in mine}
+        if not all_places and _alone(rec, mine):
+            slots: list[Slot] = []
+        elif id(root) in walked:
+            slots = walked[id(root)]
+        else:
+            slots = walked[id(root)] = module_walk(root)
         with plain_attributes():
-            for _, mod, kind, name, t in walked.get(id(root)) or module_walk(root):
+            for _, mod, kind, name, t in slots:
                 if not is_deferred_tensor(t):
                     continue
                 # Tensors computed with autograd (weight_norm's ``weight``) hold the parameters
@@ -210,6 +254,7 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
         try:
             torch.utils.swap_tensors(t, new)
         except RuntimeError as exc:
+            _companions([t], where, {})  # its places in the whole model
             places = where.get(id(t))
             if not places:
                 raise DeferredInitError(
@@ -233,12 +278,12 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
                          device: torch.device | str | None, init: bool,
                          loaded: Mapping[int, Callable[[], torch.Tensor]] | None = None,
                          seed: int | None = None, dtype: torch.dtype | None = None, compile: bool | str | None = None,
-                         walked: Mapping[int, list[Slot]] = {}) -> None:
+                         walked: dict[int, list[Slot]] | None = None) -> None:
     """Compute (or, with ``loaded``, read from a checkpoint) and swap in; ``loaded`` maps
     ``id(tensor)`` to a reader of its checkpoint value (called once, just before the copy,
     so that only one checkpoint tensor is held at a time); ``walked``: ``module_walk`` of
     modules already walked, by ``id``."""
-    tensors = _with_companions(tensors, where, walked)
+    tensors = _with_companions(tensors, where, walked, all_places=dtype is not None)  # (where casts them)
     loaded = loaded or {}
     by_recorder: dict[int, tuple[Recorder, list[torch.Tensor]]] = {}
     for t in tensors:

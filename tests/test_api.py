@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 import torch
@@ -113,6 +115,59 @@ def test_materialize_each_tensor_and_each_module_in_any_order() -> None:
     fxinit.materialize(m.bn)
     fxinit.materialize(m)
     assert_modules_equal(m, ref)
+
+
+class _Shared(nn.Module):
+    """Plain layers (one of them tied: one object), and tensors a part of the model must bring
+    along: a parameter over another module's storage, a tensor computed with autograd from a
+    parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plain = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+        self.a = nn.Linear(3, 3)
+        self.b = nn.Module()
+        self.b.row = nn.Parameter(self.a.weight.data[1])
+        self.c = nn.Linear(3, 3)
+        self.d = nn.Module()
+        self.d.register_buffer("twice", self.c.weight * 2)
+        self.e = nn.Linear(3, 3, bias=False)
+        self.e.weight = self.plain[0].weight
+
+
+@pytest.mark.parametrize("order", ["modules", "tensors"])
+def test_a_part_of_the_model_brings_along_what_shares_with_it_and_nothing_else(
+        order: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Materializing module by module (or tensor by tensor) gives eager's values, storages
+    and gradient paths. Only a part that shares a storage or a gradient path with the rest
+    looks through the whole model for it: walking the whole model for every part made
+    materializing a model part by part quadratic in its size."""
+    materialize_module = sys.modules["fxinit.materialize"]
+    torch.manual_seed(0)
+    eager = _Shared()
+    torch.manual_seed(0)
+    m = fxinit.trace_init(_Shared)
+    walked = []
+    real_walk = materialize_module.module_walk
+    monkeypatch.setattr(materialize_module, "module_walk", lambda mod: walked.append(mod) or real_walk(mod))
+    if order == "modules":
+        parts = [m.plain[1], m.plain[0], m.b, m.a, m.d, m.c, m.e]
+    else:
+        parts = [t for _, _, t in reversed(named_tensors(m))]
+    for part in parts:
+        whole_walks = sum(w is m for w in walked)
+        fxinit.materialize(part)
+        if any(part is x for x in [m.plain[0], m.plain[1], m.e, *m.plain.parameters()]):  # (tied: one object)
+            assert sum(w is m for w in walked) == whole_walks, part
+        elif part is m.b or part is m.b.row:  # it finds a.weight's storage, d.twice its gradient path
+            assert sum(w is m for w in walked) == whole_walks + 1
+    assert not fxinit.is_deferred(m)
+    assert_modules_equal(m, eager)
+    assert m.b.row.data_ptr() == m.a.weight[1].data_ptr() and m.e.weight is m.plain[0].weight
+    assert type(m.d.twice.grad_fn) is type(eager.d.twice.grad_fn)
+    m.d.twice.sum().backward()
+    eager.d.twice.sum().backward()
+    assert_bits(m.c.weight.grad, eager.c.weight.grad)
 
 
 def test_materialize_explicit_device_cpu() -> None:

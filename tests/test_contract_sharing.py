@@ -400,12 +400,43 @@ def test_gradient_paths_through_real_tensors_mixed_in() -> None:
         g = torch.randn(3, requires_grad=True)
         m = fxinit.trace_init(M, g) if traced else M(g)
         if traced:
-            fxinit.materialize(m)
+            with pytest.warns(UserWarning, match=r"1 tensor\(s\) computed with autograd .* not eager's grad_fn "
+                                                 r"\(MulBackward0, .*test_contract_sharing.py:\d+: +self.t = self.w \* g"):
+                fxinit.materialize(m)
             assert m.t.grad_fn is None
         assert type(m.v.grad_fn).__name__ == "CatBackward0"
         m.v.sum().backward()
         grads.append((m.z.grad, m.w.grad))
     assert all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(*grads))
+
+
+class _Twice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 2
+
+
+def test_a_kept_tensor_from_a_custom_autograd_function_is_a_leaf_said_aloud() -> None:
+    """A custom ``autograd.Function`` in ``__init__``: its forward's ops are recorded, not the
+    function, so eager's ``grad_fn`` (``_TwiceBackward``) cannot be rebuilt. The tensor keeps
+    eager's values as a leaf, and materialize says so (it was silent)."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.register_buffer("twice", _Twice.apply(self.lin.weight))
+
+    torch.manual_seed(0)
+    eager = M()
+    torch.manual_seed(0)
+    m = fxinit.trace_init(M)
+    with pytest.warns(UserWarning, match=r"not eager's grad_fn \(_TwiceBackward, .*return x \* 2"):
+        fxinit.materialize(m.lin)  # (the buffer goes with the parameter it came from)
+    assert not fxinit.is_deferred(m) and same_bits(m.twice, eager.twice) and m.twice.grad_fn is None
 
 
 def test_a_view_of_a_parameter_made_as_a_view_stays_a_view_of_it() -> None:

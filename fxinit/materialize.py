@@ -113,10 +113,12 @@ def _references_count_tensors() -> bool:
     if _STORAGE_REFERENCES is None or not hasattr(torch.Tensor, "_use_count"):
         return False
     t = torch.empty(2, device="meta")
-    held = torch._C.TensorBase.untyped_storage(t)
+    held = torch._C.TensorBase.untyped_storage(t)  # as the recorder's record of a storage holds it
     alone = _STORAGE_REFERENCES(storage_key(t))
     alias = t.detach()
-    return (alone, _STORAGE_REFERENCES(storage_key(t))) == (2, 3) and alias is not held
+    counts = (alone, _STORAGE_REFERENCES(storage_key(t)))
+    del held, alias
+    return counts == (2, 3)
 
 
 def _alone(rec: Recorder, tensors: list[torch.Tensor]) -> bool:

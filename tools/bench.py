@@ -22,6 +22,8 @@ Rows:
   fxinit materialize    the materialize of "fxinit exact" alone (timed after the trace)
   fxinit materialize warm   the same, after one materialize of another trace in the process (one-time
                         checks and caches done): the per-node cost alone
+  fxinit materialize by layer   the same, one materialize per decoder layer, then the model (FSDP1's
+                        param_init_fn materializes one wrapped module at a time)
   fxinit exact 1 thread   the same without concurrent tensor generation
   fxinit portable       trace_init + materialize(rng="portable"): counter-based stream, not eager's
                         values (compiled kernels cached by an earlier process)
@@ -106,6 +108,10 @@ ROWS = {
     "fxinit materialize warm": (  # the same after one materialize of another trace: per-node cost alone
         "fxinit.materialize(fxinit.trace_init(LlamaForCausalLM, cfg))\ntorch.manual_seed(0)\n"
         "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nt0 = time.perf_counter()\nfxinit.materialize(m)\nextra = None"
+    ),
+    "fxinit materialize by layer": (  # one call per decoder layer, then the rest (FSDP1's param_init_fn)
+        "m = fxinit.trace_init(LlamaForCausalLM, cfg)\nt0 = time.perf_counter()\n"
+        "for layer in m.model.layers:\n    fxinit.materialize(layer)\nfxinit.materialize(m)\nextra = None"
     ),
     "fxinit exact 1 thread": (
         "torch.set_num_threads(1)\nm = fxinit.trace_init(LlamaForCausalLM, cfg)\nfxinit.materialize(m)\nextra = None"

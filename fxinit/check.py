@@ -178,7 +178,8 @@ def compare_builds(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) 
         if name not in got:
             found.append(Divergence(name, "missing", "eager construction has this tensor, fxinit's build does not"))
             continue
-        d = compare_tensors(name, got[name], ref)
+        d = compare_tensors(name, got[name], ref) if isinstance(ref, torch.Tensor) and isinstance(got[name], torch.Tensor) \
+            else _compare_objects(name, got[name], ref)
         if d is None and got_ties[name] != want_ties[name]:
             d = Divergence(name, "tie", f"the same tensor object as {_names(got_ties[name])} in fxinit's build, "
                                         f"as {_names(want_ties[name])} in eager's")
@@ -187,6 +188,19 @@ def compare_builds(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) 
     found += [Divergence(name, "extra", "fxinit's build has this tensor, eager construction does not")
               for name in got if name not in want]
     return found
+
+
+def _compare_objects(name: str, got: Any, want: Any) -> Divergence | None:
+    """A ``state_dict`` entry that is not a tensor in one build or both: a module's extra
+    state (``get_extra_state``: None in megatron-core's parallel linears), equal where it is
+    of one class and compares equal (by ``repr`` where ``==`` has no single answer)."""
+    if type(got) is not type(want):
+        return Divergence(name, "type", f"{type(got).__name__} here, {type(want).__name__} in eager construction")
+    try:
+        same = bool(got == want)
+    except Exception:  # noqa: BLE001  (tensors inside: an element-wise answer)
+        same = repr(got) == repr(want)
+    return None if same else Divergence(name, "values", f"{got!r:.80} here, {want!r:.80} in eager construction")
 
 
 def compare_tensors(name: str, got: torch.Tensor, want: torch.Tensor) -> Divergence | None:
@@ -303,7 +317,8 @@ def _tie_groups(tensors: dict[str, torch.Tensor]) -> dict[str, frozenset[str]]:
     """name -> the other names that are the same tensor object."""
     by_id: dict[int, set[str]] = defaultdict(set)
     for name, t in tensors.items():
-        by_id[id(t)].add(name)
+        if isinstance(t, torch.Tensor):  # (not a module's extra state: None is one object)
+            by_id[id(t)].add(name)
     return {name: frozenset(by_id[id(t)] - {name}) for name, t in tensors.items()}
 
 

@@ -76,12 +76,16 @@ class _Part:
         return self._file.get_slice(name)[index]
 
     def get(self, name: str) -> torch.Tensor:
-        self._open()
-        value = self._dict[name] if self._dict is not None else self._file.get_tensor(name)
+        value = self.entry(name)
         if not isinstance(value, torch.Tensor):
             raise DeferredInitError(f"checkpoint entry {name!r} is a {type(value).__name__}, not a tensor",
                                     hint="pass a state dict that maps names to tensors")
         return value
+
+    def entry(self, name: str) -> Any:
+        """What the checkpoint holds under ``name``, a tensor or not (a module's extra state)."""
+        self._open()
+        return self._dict[name] if self._dict is not None else self._file.get_tensor(name)
 
 
 class Checkpoint:
@@ -111,6 +115,9 @@ class Checkpoint:
 
     def get(self, name: str) -> torch.Tensor:
         return self._part_of[name].get(name)
+
+    def entry(self, name: str) -> Any:
+        return self._part_of[name].entry(name)
 
 
 def _names_at(path: Path) -> dict[str, _Part]:
@@ -182,15 +189,21 @@ def _torch_load(path: Path) -> Mapping[str, torch.Tensor]:
 
 def checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], state_dict: CheckpointSource,
                        prefix: str, strict: bool, sharded: Mapping[int, tuple[Any, Any]] | None = None,
-                       incompatible: list[list[str]] | None = None) -> dict[int, Callable[[], torch.Tensor]]:
+                       incompatible: list[list[str]] | None = None
+                       ) -> tuple[dict[int, Callable[[], torch.Tensor]], Callable[[], None]]:
     """``id(tensor) -> reader of its checkpoint tensor`` for the deferred tensors the checkpoint
-    names; for the deferred DTensors of ``sharded``, a reader of this rank's part only.
+    names (for the deferred DTensors of ``sharded``, a reader of this rank's part only), and
+    what ``load_state_dict`` does besides, to run once they are materialized: each module's
+    extra state handed to its ``set_extra_state`` (megatron-core's and Transformer Engine's
+    layers keep one; ``load_state_dict`` reads it under ``<module>._extra_state``).
 
     Names are ``prefix`` + the name under ``module``; of tied names, the first the
-    checkpoint has wins. Non-persistent buffers are not read, as ``load_state_dict`` reads
-    none. Shapes must match; dtypes are converted as ``load_state_dict`` does. ``strict``
-    refuses missing keys (deferred tensors the checkpoint lacks) and unexpected ones (keys
-    under ``prefix`` that name no tensor of the module); ``incompatible`` receives both lists.
+    checkpoint has wins. Tensors that are real already are not read (a part materialized
+    before, from this checkpoint or not). Non-persistent buffers are not read, as
+    ``load_state_dict`` reads none. Shapes must match; dtypes are converted as
+    ``load_state_dict`` does. ``strict`` refuses missing keys (deferred tensors the checkpoint
+    lacks, and the extra state of a module that holds one) and unexpected ones (keys under
+    ``prefix`` that name nothing of the module); ``incompatible`` receives both lists.
     """
     ckpt = Checkpoint(state_dict)
     keys = ckpt.keys()
@@ -203,12 +216,18 @@ def checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], stat
             module_keys.add(prefix + name)  # the names load_state_dict reads
             if id(t) in targets:
                 names[id(t)].append(prefix + name)
+    extra_keys = [(mod, f"{prefix}{path}{'.' if path else ''}{_EXTRA_STATE}")
+                  for path, mod in module.named_modules(remove_duplicate=False)
+                  if type(mod).set_extra_state is not _PLAIN_SET_EXTRA_STATE]
+    module_keys.update(key for _, key in extra_keys)
+    holding = {id(mod) for _, mod, _, _, t in tensor_slots(module) if id(t) in targets}  # (deferred ones)
     found: dict[int, str] = {}
     for tid, fqns in names.items():
         hit = next((k for k in fqns if k in keys), None)
         if hit is not None:
             found[tid] = hit
-    missing = sorted(n for tid, fqns in names.items() if tid not in found for n in fqns)
+    missing = sorted([n for tid, fqns in names.items() if tid not in found for n in fqns]
+                     + [key for mod, key in extra_keys if key not in keys and id(mod) in holding])
     unexpected = sorted(k for k in keys if k.startswith(prefix) and k not in module_keys)
     if incompatible is not None:
         incompatible.extend([missing, unexpected])
@@ -232,7 +251,19 @@ def checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], stat
             out[tid] = functools.partial(local_part, targets[tid], functools.partial(ckpt.get_part, key))
         else:
             out[tid] = functools.partial(ckpt.get, key)
-    return out
+    extra = [(mod, key) for mod, key in extra_keys if key in keys]
+    return out, functools.partial(_set_extra_states, ckpt, extra)
+
+
+_EXTRA_STATE = "_extra_state"  # torch's key suffix (torch.nn.modules.module._EXTRA_STATE_KEY_SUFFIX)
+_PLAIN_SET_EXTRA_STATE = torch.nn.Module.set_extra_state
+
+
+def _set_extra_states(ckpt: Checkpoint, extra: list[tuple[torch.nn.Module, str]]) -> None:
+    """``checkpoint_values``' second answer: each module's ``set_extra_state`` with what the
+    checkpoint holds for it, once its tensors are materialized (``load_state_dict``'s order)."""
+    for mod, key in extra:
+        mod.set_extra_state(ckpt.entry(key))
 
 
 def _prefix_hint(missing: list[str], unexpected: list[str], prefix: str) -> str:

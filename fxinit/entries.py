@@ -19,6 +19,7 @@ from fxinit.errors import DeferredInitError
 
 _PLAIN_STATE_DICT = torch.nn.Module.state_dict
 _PLAIN_SAVE = torch.nn.Module._save_to_state_dict
+_PLAIN_GET_EXTRA_STATE = torch.nn.Module.get_extra_state
 
 
 @dataclass(frozen=True)
@@ -39,17 +40,25 @@ def has_state_dict_hooks(module: torch.nn.Module) -> bool:
                for m in module.modules())
 
 
+def extra_state_keys(module: torch.nn.Module) -> list[str]:
+    """The keys of ``module.state_dict()`` that hold a module's extra state (``get_extra_state``:
+    megatron-core's parallel linears, Transformer Engine's layers), not a tensor of the model."""
+    return [f"{path}{'.' if path else ''}_extra_state" for path, mod in module.named_modules(remove_duplicate=False)
+            if type(mod).get_extra_state is not _PLAIN_GET_EXTRA_STATE]
+
+
 def model_entries(module: torch.nn.Module, non_persistent: bool = False) -> list[Entry]:
-    """The entries of ``module.state_dict()`` in its order, each tied name included; with
-    ``non_persistent``, the non-persistent buffers after them (the slots' order when the
-    model has no state-dict hooks)."""
+    """The tensors of ``module.state_dict()`` in its order, each tied name included (not the
+    modules' extra states: ``extra_state_keys``); with ``non_persistent``, the non-persistent
+    buffers after them (the slots' order when the model has no state-dict hooks)."""
     if not has_state_dict_hooks(module):
         return [Entry(fqn, t, kind == "_parameters",
                       kind == "_parameters" or name not in mod._non_persistent_buffers_set)
                 for fqn, mod, kind, name, t in tensor_slots(module)
                 if non_persistent or kind == "_parameters" or name not in mod._non_persistent_buffers_set]
     parameters = {id(p) for _, mod in module.named_modules(remove_duplicate=False) for p in mod._parameters.values()}
-    state = module.state_dict(keep_vars=True)
+    extra = set(extra_state_keys(module))
+    state = {k: v for k, v in module.state_dict(keep_vars=True).items() if k not in extra}
     other = [k for k, v in state.items() if not isinstance(v, torch.Tensor)]
     if other:
         raise DeferredInitError(

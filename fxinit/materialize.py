@@ -479,11 +479,12 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     if isinstance(obj, torch.nn.Module) and init:
         _refuse_left_behind(obj, walked[id(obj)])
     loaded = None
+    set_extra_states: Callable[[], None] | None = None
     incompatible: list[list[str]] = []
     if state_dict is not None:
         if not isinstance(obj, torch.nn.Module):
             raise TypeError("state_dict= needs a module to name the tensors")
-        loaded = checkpoint_values(obj, tensors, state_dict, prefix, strict, sharded, incompatible)
+        loaded, set_extra_states = checkpoint_values(obj, tensors, state_dict, prefix, strict, sharded, incompatible)
     from_meta_init = any(state_of(t).recorder.kind == "meta_init" for t in tensors)
     if sharded:
         def compute(rec: Recorder, locals_: list[torch.Tensor], describe: Callable[[int], str]) -> list[torch.Tensor]:
@@ -492,6 +493,8 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
         materialize_dtensors(sharded, device, init, compute, dtype,
                              {k: v for k, v in (loaded or {}).items() if k in sharded})
     _materialize_tensors(tensors, where, device, init, loaded, seed_asked, dtype, compile, walked)
+    if set_extra_states is not None:
+        set_extra_states()
     if isinstance(obj, torch.nn.Module):
         unguard(obj)
         if dtype is not None:

@@ -72,6 +72,24 @@ def test_linear_is_equal_and_the_global_rng_is_left_alone() -> None:
     assert "check" in fxinit.__all__
 
 
+class _ExtraStateNone(nn.Linear):
+    def get_extra_state(self) -> None:  # megatron-core's parallel linears: None in every state_dict
+        return None
+
+    def set_extra_state(self, state: Any) -> None:
+        pass
+
+
+def test_a_state_dict_entry_that_is_not_a_tensor_is_compared_not_a_crash() -> None:
+    """Found by a sweep of megatron-core: ``check`` crashed on the ``_extra_state: None``
+    entries of its layers' ``state_dict``. Such an entry is compared as an object."""
+    report = fxinit.check(lambda: nn.Sequential(_ExtraStateNone(3, 3), _ExtraStateNone(3, 2)))
+    assert report.ok and report.tensors_checked == 6, report
+    from fxinit.check import compare_builds
+    assert [(d.name, d.what) for d in compare_builds({"x": {"amax": 1.0}}, {"x": {"amax": 2.0}})] == [("x", "values")]
+    assert [(d.name, d.what) for d in compare_builds({"x": None}, {"x": torch.zeros(1)})] == [("x", "type")]
+
+
 def test_rng_after_can_be_left_unchecked() -> None:
     report = fxinit.check(build, layers=1, rng_after=False)
     assert report.ok and report.rng_after_equal is None and report.tensors_checked == 6

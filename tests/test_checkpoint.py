@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -321,3 +322,76 @@ def test_checkpoints_are_strict_by_default_and_name_the_prefix_that_explains_the
     ref = _llama()
     got = fxinit.materialize(m, state_dict=dict(state, extra=torch.ones(1)), strict=False)
     assert got == ref.load_state_dict(dict(state, extra=torch.ones(1)), strict=False)
+
+
+class _KeepsExtraState(nn.Linear):
+    """A layer with extra state in its ``state_dict`` (``<name>._extra_state``), as
+    megatron-core's parallel linears and Transformer Engine's layers have."""
+
+    def __init__(self) -> None:
+        super().__init__(3, 3)
+        self.amax: Any = None
+
+    def get_extra_state(self) -> Any:
+        return self.amax
+
+    def set_extra_state(self, state: Any) -> None:
+        self.amax = state
+
+
+class _WithExtraState(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = _KeepsExtraState()
+        self.b = nn.Linear(3, 2)
+
+
+def test_a_modules_extra_state_in_a_checkpoint_loads_as_load_state_dict_loads_it() -> None:
+    """Found by a sweep of megatron-core: its checkpoints' ``_extra_state`` keys were refused
+    as unexpected, and with ``strict=False`` the modules' ``set_extra_state`` never ran."""
+    torch.manual_seed(1)
+    source = _WithExtraState()
+    source.a.amax = {"amax": 2.5}
+    state = source.state_dict()
+    assert "a._extra_state" in state
+    torch.manual_seed(0)
+    eager = _WithExtraState()
+    eager.load_state_dict(state)
+    torch.manual_seed(0)
+    m = fxinit.trace_init(_WithExtraState)
+    assert fxinit.materialize(m, state_dict=state) is m
+    assert m.a.amax == {"amax": 2.5} and all(same_bits(x, y) for x, y in zip(m.parameters(), eager.parameters()))
+
+    tensors_only = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    with pytest.raises(RuntimeError, match="a._extra_state"):
+        _WithExtraState().load_state_dict(tensors_only)
+    m = fxinit.trace_init(_WithExtraState)
+    with pytest.raises(DeferredInitError, match=r"1 missing key\(s\) \['a._extra_state'\], 0 unexpected"):
+        fxinit.materialize(m, state_dict=tensors_only)
+    keys = fxinit.materialize(m, state_dict=tensors_only, strict=False)
+    assert tuple(keys) == tuple(_WithExtraState().load_state_dict(tensors_only, strict=False)) and m.a.amax is None
+
+
+def test_extra_state_is_left_out_of_exports_and_said_so(tmp_path: Path) -> None:
+    """fxinit's checkpoints hold the model's tensors; a module's extra state is not one. A
+    module with its own ``_save_to_state_dict`` beside it no longer makes the export refuse."""
+    class Router(nn.Linear):
+        def _save_to_state_dict(self, *args: Any, **kwargs: Any) -> None:
+            super()._save_to_state_dict(*args, **kwargs)
+
+    class M(_WithExtraState):
+        def __init__(self) -> None:
+            super().__init__()
+            self.router = Router(3, 2)
+
+    torch.manual_seed(0)
+    m = fxinit.trace_init(M)
+    assert list(fxinit.init_graph(m).outputs) == ["a.weight", "a.bias", "b.weight", "b.bias", "router.weight",
+                                                  "router.bias"]
+    with pytest.warns(UserWarning, match=r"the extra state of 1 module\(s\) \(a._extra_state: get_extra_state\)"):
+        fxinit.save(m, tmp_path / "m.safetensors", format="safetensors")
+    torch.manual_seed(0)
+    eager = M()
+    saved = safetensors_torch.load_file(tmp_path / "m.safetensors")
+    assert sorted(saved) == sorted(k for k in eager.state_dict() if not k.endswith("_extra_state"))
+    assert all(same_bits(saved[k], v) for k, v in eager.state_dict().items() if k in saved)

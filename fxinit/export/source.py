@@ -9,6 +9,7 @@ for a partly materialized model, from the real tensors it already holds.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -148,9 +149,15 @@ def _of_module(module: torch.nn.Module) -> Source:
     from torch.distributed.tensor import DTensor
 
     from fxinit.capture.deferred import is_deferred_tensor
-    from fxinit.entries import model_entries
+    from fxinit.entries import extra_state_keys, model_entries
     from fxinit.extract import hf_config, init_graph
 
+    extra = extra_state_keys(module)
+    if extra:
+        warnings.warn(f"fxinit writes the model's tensors: the extra state of {len(extra)} module(s) "
+                      f"({', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}: get_extra_state) is not in this "
+                      "checkpoint; load it with strict=False, or save model.state_dict() with torch after "
+                      "materialize to keep it", stacklevel=4)
     tensors: dict[str, torch.Tensor] = {}
     groups: dict[int, list[str]] = {}
     parameters = set()

@@ -422,7 +422,9 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     ``prefix`` that name none of its tensors, saying which prefix explains them when one
     does (``module.``, ``_orig_mod.``); with ``strict=False`` what the checkpoint lacks
     initializes exactly, and materialize returns ``load_state_dict``'s result
-    (``missing_keys``, ``unexpected_keys``) instead of ``obj``.
+    (``missing_keys``, ``unexpected_keys``) instead of ``obj``. A module's extra state
+    (``<module>._extra_state``) goes to its ``set_extra_state`` after the tensors, as
+    ``load_state_dict`` does; tensors that are real already are not read.
 
     When it returns, nothing reachable from a module ``obj`` (parameters, buffers, tensor
     attributes, tensors in list and dict attributes) is deferred any more; a plain meta

@@ -14,7 +14,7 @@ import gc
 import warnings
 import weakref
 from collections import defaultdict
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from typing import AbstractSet, Any, Callable, Iterable, Mapping, TypeVar
 
 import torch
 from torch.nn.modules.module import _IncompatibleKeys
@@ -29,7 +29,7 @@ from fxinit.capture.storages import storage_key
 from fxinit.checkpoint import CheckpointSource, checkpoint_values
 from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materialize_dtensors
 from fxinit.errors import DeferredInitError
-from fxinit.module_to import Location, buffer_slots_apart, separate_buffer_slots, takes_dtype
+from fxinit.module_to import Location, buffer_slots_apart, casting_themselves, separate_buffer_slots, takes_dtype
 from fxinit.reachable import Slot, inner_tensors, left_behind, module_slots, module_walk
 from fxinit.spec import dtype_after_to
 from fxinit.values import TRACED_SEED, compute_values, moved, stream_seed, value_of_at_read
@@ -280,12 +280,19 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
                          device: torch.device | str | None, init: bool,
                          loaded: Mapping[int, Callable[[], torch.Tensor]] | None = None,
                          seed: int | None = None, dtype: torch.dtype | None = None, compile: bool | str | None = None,
-                         walked: dict[int, list[Slot]] | None = None) -> None:
+                         walked: dict[int, list[Slot]] | None = None, inside: AbstractSet[int] = frozenset()
+                         ) -> None:
     """Compute (or, with ``loaded``, read from a checkpoint) and swap in; ``loaded`` maps
     ``id(tensor)`` to a reader of its checkpoint value (called once, just before the copy,
     so that only one checkpoint tensor is held at a time); ``walked``: ``module_walk`` of
-    modules already walked, by ``id``."""
+    modules already walked, by ``id``; ``inside``: modules (by ``id``) whose own ``_apply``
+    casts what only they hold, later (``module_to.casting_themselves``)."""
     tensors = _with_companions(tensors, where, walked, all_places=dtype is not None)  # (where casts them)
+    uncast = {id(t) for t in tensors if where.get(id(t)) and all(id(mod) in inside for mod, _, _ in where[id(t)])}
+
+    def casts(t: torch.Tensor) -> bool:
+        return id(t) not in uncast and takes_dtype(t, where.get(id(t), []), dtype)
+
     loaded = loaded or {}
     by_recorder: dict[int, tuple[Recorder, list[torch.Tensor]]] = {}
     for t in tensors:
@@ -307,7 +314,7 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
         direct_ids = {id(t) for t in direct}
         rest = [t for t in ts if id(t) not in direct_ids]
         # Module.to(dtype) leaves plain attributes (and a buffer object a plain attribute holds) uncast
-        cast = [takes_dtype(t, where.get(id(t), []), dtype) for t in rest]
+        cast = [casts(t) for t in rest]
         rest = [t for t, c in zip(rest, cast) if c] + [t for t, c in zip(rest, cast) if not c]
         n_cast = sum(cast)
         if init:
@@ -323,11 +330,11 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
             for t, v in zip(rest, values):
                 if id(t) in loaded:
                     v.copy_(loaded[id(t)]())
-            values += [_empty_like(t, target, dtype if takes_dtype(t, where.get(id(t), []), dtype) else None)
+            values += [_empty_like(t, target, dtype if casts(t) else None)
                        .copy_(loaded[id(t)]()) for t in direct]
         plan.append((rest + direct, values))
     links = plan_links(tensors, value_of_at_read(target, seed, compile) if init else None)
-    apart = buffer_slots_apart(tensors, where, dtype)
+    apart = buffer_slots_apart([t for t in tensors if id(t) not in uncast], where, dtype)
     holders = _weakref_holders(where, tensors)
     for mod in holders:
         mod._flat_weight_refs = []
@@ -494,13 +501,17 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
 
         materialize_dtensors(sharded, device, init, compute, dtype,
                              {k: v for k, v in (loaded or {}).items() if k in sharded})
-    _materialize_tensors(tensors, where, device, init, loaded, seed_asked, dtype, compile, walked)
+    casting = casting_themselves(obj) if dtype is not None and isinstance(obj, torch.nn.Module) else []
+    inside = {id(m) for top in casting for m in top.modules()}
+    _materialize_tensors(tensors, where, device, init, loaded, seed_asked, dtype, compile, walked, inside)
     if set_extra_states is not None:
         set_extra_states()
     if isinstance(obj, torch.nn.Module):
         unguard(obj)
         if dtype is not None:
-            _cast_real(obj, dtype)
+            _cast_real(obj, dtype, inside)
+            for top in casting:  # their own code, as eager's .to(dtype) runs it
+                top.to(dtype)
     if from_meta_init and not keep_cache:
         clear_meta_init_cache()
     if state_dict is not None and not strict:
@@ -508,12 +519,14 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     return obj
 
 
-def _cast_real(module: torch.nn.Module, dtype: torch.dtype) -> None:
+def _cast_real(module: torch.nn.Module, dtype: torch.dtype, inside: AbstractSet[int] = frozenset()) -> None:
     """``dtype=`` for the real tensors the model held already (loaded or constant data kept as
     it was): cast as ``Module.to(dtype)`` casts them — a parameter in place through ``.data``,
     a buffer replaced — so the whole model is eager construction followed by ``.to(dtype)``."""
     done: set[int] = set()
     for mod in module.modules():
+        if id(mod) in inside:  # (cast by its own _apply)
+            continue
         for kind in ("_parameters", "_buffers"):
             slots = getattr(mod, kind)
             for name, t in list(slots.items()):

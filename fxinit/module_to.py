@@ -11,7 +11,10 @@
 - plain attributes and tensors in lists and dicts are left as they are.
 
 Tensors whose dtype ``d`` does not change (integer buffers) are returned as they are by
-``.to``, so they keep every tie. fxinit swaps values into the deferred objects in place;
+``.to``, so they keep every tie. A module whose class has its own ``_apply`` (timm's rotary
+embeddings rebuild their ``bands`` in float32 after a downcast; others keep a ``dtype``
+attribute in step) is cast by that code, as in eager: its tensors materialize in the dtype they
+were built in, then ``module.to(d)`` runs (:func:`casting_themselves`). fxinit swaps values into the deferred objects in place;
 these rules decide which value each object gets (:func:`takes_dtype`) and which slots get a
 tensor of their own afterwards (:func:`separate_buffer_slots`).
 
@@ -91,3 +94,35 @@ def separate_buffer_slots(apart: list[tuple[torch.Tensor, list[tuple[torch.nn.Mo
                 if mod._buffers.get(name) is t:
                     mod._buffers[name] = t.to(dtype_after_to(t.dtype, dtype)) if cast \
                         else t.clone(memory_format=torch.preserve_format)
+
+
+#: ``_apply`` overrides whose effect on a ``.to(dtype)`` fxinit's own casting gives: torch's
+#: RNNs (their flat-weight references, rebuilt around every swap), FSDP2's modules (resharding,
+#: which a model being materialized has nothing to do), torchtitan's modules (annotations kept).
+_APPLY_AS_PLAIN = frozenset({
+    ("torch.nn.modules.module", "Module._apply"),
+    ("torch.nn.modules.rnn", "RNNBase._apply"),
+    ("torch.distributed.fsdp._fully_shard._fully_shard", "FSDPModule._apply"),
+    ("torchtitan.protocols.module", "Module._apply"),
+})
+
+
+def casting_themselves(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The outermost modules of ``module``'s tree (itself included) whose class has an
+    ``_apply`` of its own that ``.to(dtype)`` runs in eager: what it does is that code's."""
+    found: dict[int, torch.nn.Module] = {}
+    seen: set[int] = set()
+
+    def visit(mod: torch.nn.Module) -> None:
+        if id(mod) in seen:
+            return
+        seen.add(id(mod))
+        fn = type(mod)._apply
+        if (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)) not in _APPLY_AS_PLAIN:
+            found[id(mod)] = mod
+            return
+        for child in mod.children():
+            visit(child)
+
+    visit(module)
+    return list(found.values())

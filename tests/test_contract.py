@@ -466,6 +466,61 @@ def test_dtype_casts_the_real_tensors_too(tmp_path: Any) -> None:
     _assert_equal(eager, traced)
 
 
+class _BandsInFloat32(nn.Module):
+    """timm's rotary embeddings: ``_apply`` rebuilds ``bands`` in float32 after a downcast."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("bands", 1.0 / 10000 ** (torch.arange(8).float() / 8), persistent=False)
+        self.proj = nn.Linear(4, 4)
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> nn.Module:
+        module = super()._apply(fn, *args, **kwargs)
+        if self.bands.dtype != torch.float32:
+            self.register_buffer("bands", 1.0 / 10000 ** (torch.arange(8).float() / 8), persistent=False)
+        return module
+
+
+class _DtypeInStep(nn.Module):
+    """timm's tasks: ``_apply`` keeps a ``dtype`` attribute in step with the module's tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dtype = torch.float32
+        self.lin = nn.Linear(3, 3)
+        self.rope = _BandsInFloat32()
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> nn.Module:
+        self.dtype = fn(torch.empty(0, dtype=self.dtype)).dtype
+        return super()._apply(fn, *args, **kwargs)
+
+
+def test_dtype_runs_a_modules_own_apply_as_to_does() -> None:
+    """Found by a sweep of open_clip (EVA02's and PE-Core's timm rotary embeddings): eager's
+    ``.to(dtype)`` runs a module's own ``_apply``, and fxinit's cast bypassed it (``bands``
+    bfloat16 where eager keeps float32; a ``dtype`` attribute left behind). Such a module is
+    cast by its own code; torch's RNNs, FSDP2's and torchtitan's modules, whose overrides
+    change no value, keep fxinit's cast (never the float32 model whole)."""
+    from fxinit.module_to import casting_themselves
+
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = nn.Linear(3, 3)
+            self.rnn = nn.LSTM(3, 3)
+            self.inner = _DtypeInStep()
+
+    torch.manual_seed(0)
+    eager = Outer().to(torch.bfloat16)
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(Outer)
+    assert casting_themselves(traced) == [traced.inner]
+    fxinit.materialize(traced, dtype=torch.bfloat16)
+    _assert_equal(eager, traced)
+    assert traced.inner.rope.bands.dtype == torch.float32 and traced.inner.dtype == torch.bfloat16
+    assert eager.inner.dtype == torch.bfloat16
+
+
 def test_indexed_assignment_and_parametrized_weights_in_init_steps() -> None:
     """After the trace no mode sees torch wrap a number for ``w[i] = x``; reading a
     parametrized weight runs its parametrization (recorded), never guarded like a forward."""

@@ -22,7 +22,7 @@ from torch.nn.modules.module import _IncompatibleKeys
 from fxinit.autograd_links import autograd_leaves, plan_links, relink
 from fxinit.arguments import checked_device, checked_dtype, checked_seed
 from fxinit.capture.api import clear_meta_init_cache, recorder_of_root, unguard
-from fxinit.capture.deferred import (MATERIALIZED, dressed_as, grad_fn_of, is_deferred_tensor, plain_attributes,
+from fxinit.capture.deferred import (dressed_as, grad_fn_of, is_deferred_tensor, plain_attributes,
                                      state_of)
 from fxinit.capture.recorder import Recorder
 from fxinit.capture.storages import storage_key
@@ -281,8 +281,9 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
                          loaded: Mapping[int, Callable[[], torch.Tensor]] | None = None,
                          seed: int | None = None, dtype: torch.dtype | None = None, compile: bool | str | None = None,
                          walked: dict[int, list[Slot]] | None = None, inside: AbstractSet[int] = frozenset()
-                         ) -> None:
-    """Compute (or, with ``loaded``, read from a checkpoint) and swap in; ``loaded`` maps
+                         ) -> set[int]:
+    """Compute (or, with ``loaded``, read from a checkpoint) and swap in, and say which tensors
+    (by ``id``: ``tensors`` and the others that went with them); ``loaded`` maps
     ``id(tensor)`` to a reader of its checkpoint value (called once, just before the copy,
     so that only one checkpoint tensor is held at a time); ``walked``: ``module_walk`` of
     modules already walked, by ``id``; ``inside``: modules (by ``id``) whose own ``_apply``
@@ -347,6 +348,7 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
     relink(links)
     if dtype is not None:
         separate_buffer_slots(apart, dtype)
+    return {id(t) for t in tensors}
 
 
 def _refuse_meta_values(tensors: list[torch.Tensor], loaded: Mapping[int, Any], target: torch.device | None) -> None:
@@ -503,13 +505,13 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
                              {k: v for k, v in (loaded or {}).items() if k in sharded})
     casting = casting_themselves(obj) if dtype is not None and isinstance(obj, torch.nn.Module) else []
     inside = {id(m) for top in casting for m in top.modules()}
-    _materialize_tensors(tensors, where, device, init, loaded, seed_asked, dtype, compile, walked, inside)
+    made = _materialize_tensors(tensors, where, device, init, loaded, seed_asked, dtype, compile, walked, inside)
     if set_extra_states is not None:
         set_extra_states()
     if isinstance(obj, torch.nn.Module):
         unguard(obj)
         if dtype is not None:
-            _cast_real(obj, dtype, inside)
+            _cast_real(obj, dtype, made, inside)
             for top in casting:  # their own code, as eager's .to(dtype) runs it
                 top.to(dtype)
     if from_meta_init and not keep_cache:
@@ -519,27 +521,30 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     return obj
 
 
-def _cast_real(module: torch.nn.Module, dtype: torch.dtype, inside: AbstractSet[int] = frozenset()) -> None:
-    """``dtype=`` for the real tensors the model held already (loaded or constant data kept as
-    it was): cast as ``Module.to(dtype)`` casts them — a parameter in place through ``.data``,
-    a buffer replaced — so the whole model is eager construction followed by ``.to(dtype)``."""
-    done: set[int] = set()
+def _cast_real(module: torch.nn.Module, dtype: torch.dtype, made: AbstractSet[int],
+               inside: AbstractSet[int] = frozenset()) -> None:
+    """``dtype=`` for the real tensors the model holds besides those this call made (``made``,
+    by ``id``, cast as they were made): data loaded or kept as it was, and parts materialized
+    before, by this trace or another (a module handed to the constructor). Cast as
+    ``Module.to(dtype)`` casts them — a parameter in place through ``.data``, each buffer slot
+    given a cast tensor of its own — so the whole model is eager construction followed by
+    ``.to(dtype)``. Modules in ``inside`` cast themselves (``module_to.casting_themselves``)."""
     for mod in module.modules():
-        if id(mod) in inside:  # (cast by its own _apply)
+        if id(mod) in inside:
             continue
         for kind in ("_parameters", "_buffers"):
             slots = getattr(mod, kind)
             for name, t in list(slots.items()):
-                if t is None or id(t) in done or is_deferred_tensor(t) or MATERIALIZED in t.__dict__:
+                if t is None or id(t) in made or is_deferred_tensor(t) or hasattr(t, "_local_tensor"):
                     continue
-                done.add(id(t))
-                if dtype_after_to(t.dtype, dtype) == t.dtype or hasattr(t, "_local_tensor"):
+                cast = dtype_after_to(t.dtype, dtype)
+                if cast == t.dtype:
                     continue
                 with torch.no_grad():
                     if kind == "_parameters":
-                        t.data = t.data.to(dtype_after_to(t.dtype, dtype))
+                        t.data = t.data.to(cast)
                     else:
-                        slots[name] = t.to(dtype_after_to(t.dtype, dtype))
+                        slots[name] = t.to(cast)
 
 
 def _refuse_left_behind(module: torch.nn.Module, walk: list[Slot] | None = None) -> None:

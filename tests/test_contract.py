@@ -521,6 +521,35 @@ def test_dtype_runs_a_modules_own_apply_as_to_does() -> None:
     assert eager.inner.dtype == torch.bfloat16
 
 
+def test_dtype_casts_what_was_materialized_before_too() -> None:
+    """``materialize(m, dtype=)`` is eager construction + ``m.to(dtype)`` also for the parts
+    of ``m`` that are real already: a part materialized before, or a module materialized from
+    another trace and handed to the constructor (they kept their float32: fxinit's mark of
+    what it had materialized outlived the call that made them). A real buffer under two names
+    gets a cast tensor in each slot, as ``Module.to`` gives."""
+    class Wrapper(nn.Module):
+        def __init__(self, backbone: nn.Module) -> None:
+            super().__init__()
+            self.backbone = backbone
+            self.head = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
+            self.register_buffer("scale", torch.ones(2))
+            self.register_buffer("scale_again", self.scale)
+
+    torch.manual_seed(0)
+    eager = Wrapper(nn.Linear(3, 3)).to(torch.bfloat16)
+    torch.manual_seed(0)
+    backbone = fxinit.materialize(fxinit.trace_init(nn.Linear, 3, 3))
+    traced = fxinit.trace_init(Wrapper, backbone)
+    fxinit.materialize(traced.head[0])
+    fxinit.materialize(traced.scale)
+    fxinit.materialize(traced, dtype=torch.bfloat16)
+    _assert_equal(eager, traced)
+    assert traced.backbone.weight.dtype == traced.head[0].weight.dtype == torch.bfloat16
+    assert traced.scale is not traced.scale_again and traced.scale.dtype == torch.bfloat16 == eager.scale_again.dtype
+    fxinit.materialize(traced, dtype=torch.float64)  # all real: as .to(float64) again
+    _assert_equal(eager.to(torch.float64), traced)
+
+
 def test_indexed_assignment_and_parametrized_weights_in_init_steps() -> None:
     """After the trace no mode sees torch wrap a number for ``w[i] = x``; reading a
     parametrized weight runs its parametrization (recorded), never guarded like a forward."""

@@ -36,11 +36,13 @@ def init_graph(module: torch.nn.Module, carry_real: bool = True, entries: list[E
     real: dict[str, torch.Tensor] = {}
     if entries is None:
         entries = model_entries(module, non_persistent=True)
+    traced = {state_of(e.tensor).recorder.serial for e in entries if is_deferred_tensor(e.tensor)}
     for e in entries:
         fqn, t = e.key, e.tensor
         if fqn in named or fqn in real:
             continue
-        if is_deferred_tensor(t) or (carry_real and t.device.type != "meta" and MATERIALIZED not in t.__dict__
+        # (real: not what this trace materialized; a module materialized by another trace is data here)
+        if is_deferred_tensor(t) or (carry_real and t.device.type != "meta" and t.__dict__.get(MATERIALIZED) not in traced
                                      and not hasattr(t, "_local_tensor")):
             (named if is_deferred_tensor(t) else real)[fqn] = t
             info[fqn] = OutputInfo(requires_grad=t.requires_grad, is_parameter=e.is_parameter,

@@ -35,7 +35,7 @@ _META = torch.device("meta")
 _DISTRIBUTED_DIR = os.path.join(os.path.dirname(torch.__file__), "distributed") + os.sep
 STATE_ATTR = "_fxinit_state"
 PARAMETER_CLASS = "_fxinit_parameter_class"  # an nn.Parameter subclass the tensor was made as (capture.doors)
-MATERIALIZED = "_fxinit_materialized"  # on every tensor materialize swapped a value into
+MATERIALIZED = "_fxinit_materialized"  # on every tensor materialize swapped a value into: its trace's serial
 #: fxinit's own entries of a deferred tensor's ``__dict__`` (``_is_param``: a class attribute of Parameter)
 OWN_ATTRIBUTES = frozenset((STATE_ATTR, PARAMETER_CLASS, MATERIALIZED, "_is_param"))
 
@@ -176,7 +176,8 @@ def dressed_as(deferred: torch.Tensor, value: torch.Tensor, keep_autograd: bool 
             registered = hooks.__get__(deferred)
             if registered:
                 hooks.__set__(new, registered)
-    new.__dict__[MATERIALIZED] = True
+    st = deferred.__dict__.get(STATE_ATTR)  # (none: a tensor materialized already, rebuilt by autograd_links)
+    new.__dict__[MATERIALIZED] = st.recorder.serial if st is not None else deferred.__dict__.get(MATERIALIZED)
     return new
 
 

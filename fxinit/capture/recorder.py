@@ -20,6 +20,7 @@ ids, names of storages and modules), ``capture.shadows`` (exact values while rec
 from __future__ import annotations
 
 import contextlib
+import itertools
 import operator
 import os
 import sys
@@ -72,6 +73,7 @@ class Recorder(Shadows, Doors):
 
     def __init__(self, kind: str = "trace") -> None:
         self.kind = kind
+        self.serial = next(_SERIALS)  # what a materialized tensor's mark names (``deferred.MATERIALIZED``)
         open_doors_after_trace()
         self.graph = fx.Graph()
         self.constants: dict[str, torch.Tensor] = {}
@@ -584,6 +586,7 @@ class Recorder(Shadows, Doors):
         return map_tree(lambda o: next(replacements) if isinstance(o, torch.Tensor) else o, mout)
 
 _NAMES: dict[Any, str] = {}
+_SERIALS = itertools.count(1)
 _ABSENT_HINT = "trace on a machine with that device, or for the CPU and materialize with device=..."
 
 

@@ -43,6 +43,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.capture.deferred import dressed_as, is_deferred_tensor, plain_attributes, state_of
+from fxinit.capture.storages import storage_key
 from fxinit.ops import is_view, reads_no_data
 from fxinit.passes.roots import storage_root, writes_first_argument
 
@@ -158,6 +159,8 @@ def relink(links: list[Link]) -> None:
         if link.tensor.is_meta:
             continue  # no values to check the replay against
         value = _replayed(link) if link.nodes else None
+        if value is not None and value._is_view() and _memory_shared_elsewhere(link.tensor, value):
+            value = None  # a view of a replayed temporary would leave the memory eager's tensor shares
         if value is None:  # the tensor keeps its right value, as a leaf
             lost.append(link.eager)
             continue
@@ -179,6 +182,16 @@ def relink(links: list[Link]) -> None:
             warnings.warn(f"fxinit: a tensor computed with autograd from parameters keeps its value but not its "
                           f"grad_fn ({exc}): compute it after materialize to have eager's", stacklevel=5)
         del new
+
+
+def _memory_shared_elsewhere(t: torch.Tensor, view: torch.Tensor) -> bool:
+    """Whether ``view`` (``t`` rebuilt as a view) is not over ``t``'s memory, which another tensor
+    holds too (``b4 = b0.t()`` kept beside a kept ``b0 = w.clone()``: ``b4`` replayed from a clone
+    of its own). A view of a parameter is over the parameter's memory."""
+    if view.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+        return False
+    references = getattr(torch._C, "_storage_Use_Count", None)
+    return references is None or references(storage_key(t)) > 1
 
 
 def _made(link: Link) -> int:

@@ -439,6 +439,44 @@ def test_a_kept_tensor_from_a_custom_autograd_function_is_a_leaf_said_aloud() ->
     assert not fxinit.is_deferred(m) and same_bits(m.twice, eager.twice) and m.twice.grad_fn is None
 
 
+def test_an_empty_kept_tensor_has_eagers_strides_and_grad_fn() -> None:
+    """Found by the fuzzer (seed 811): ``w0 * 2.0 + 1`` of a ``(0, 1)`` parameter. Run in
+    place, the ``add`` kept the strides CPU's ``mul`` gives an empty result, ``(1, 0)``, where
+    eager's ``add`` gives ``(1, 1)``; the replay then no longer matched it, and the buffer lost
+    its ``grad_fn``."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w0 = nn.Parameter(torch.zeros((0, 1)))
+            self.register_buffer("b4", self.w0 * 2.0 + 1)
+
+    eager, traced = _both(M)
+    assert traced.b4.stride() == eager.b4.stride() == (1, 1)
+    assert type(traced.b4.grad_fn).__name__ == type(eager.b4.grad_fn).__name__ == "AddBackward0"
+
+
+def test_a_kept_view_of_a_kept_tensor_keeps_its_memory_said_aloud() -> None:
+    """Found by the fuzzer (seed 811): ``b4 = b0.t().contiguous()`` of a 1x1 ``b0 =
+    w.clone()`` is a view of ``b0`` (``contiguous`` returns it). Its rebuilt ``grad_fn`` came
+    with memory of its own, silently apart from ``b0``'s; it keeps the memory eager's shares
+    (a write to one is seen by the other) and loses the ``grad_fn``, with a warning."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m1 = nn.Linear(1, 1, bias=False)
+            self.b0 = self.m1.weight.clone()
+            self.register_buffer("b4", self.b0.t().contiguous())
+
+    torch.manual_seed(0)
+    eager = M()
+    torch.manual_seed(0)
+    m = fxinit.trace_init(M)
+    with pytest.warns(UserWarning, match=r"not eager's grad_fn \(TBackward0"):
+        fxinit.materialize(m)
+    assert _shares(eager.b0, eager.b4) and _shares(m.b0, m.b4) and same_bits(m.b4, eager.b4)
+    assert type(m.b0.grad_fn).__name__ == "CloneBackward0" and m.b4.grad_fn is None
+
+
 def test_a_view_of_a_parameter_made_as_a_view_stays_a_view_of_it() -> None:
     """``weight_norm``'s ``original0`` is itself made by a view op (``norm(...).view(...)``); a
     buffer ``original0.t().contiguous()`` (``.t()`` itself) is rebuilt as a view of the real

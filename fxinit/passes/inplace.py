@@ -5,7 +5,9 @@ reads runs in place on it.
 as recorded; run in place, it allocates one. The in-place variant of a pointwise op runs
 the same kernel on the same inputs, so the bits are the same; it is used only where the
 result has exactly the input's shape, strides, dtype and device (no broadcasting into a
-larger result, no type promotion) and the input is a fresh value with no other reader.
+larger result, no type promotion) and the input is a fresh value with no other reader. Not
+for empty tensors: their strides are each kernel's choice (``mul`` of a ``(0, 1)`` tensor on
+the CPU gives strides ``(1, 0)``, ``add`` then ``(1, 1)``), which in place would keep.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def in_place_chains(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
             continue
         if x.op == "get_attr" or not allocates(x) or x.meta.get("spec") is None:
             continue
-        if n.meta.get("spec") != x.meta["spec"] or n.meta.get("generators"):
-            continue
+        if n.meta.get("spec") != x.meta["spec"] or n.meta.get("generators") or x.meta["spec"].numel == 0:
+            continue  # (an empty result's strides are the kernel's choice: on CPU, not the meta kernel's)
         out[n] = op
     return out

@@ -178,8 +178,8 @@ def compare_builds(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) 
         if name not in got:
             found.append(Divergence(name, "missing", "eager construction has this tensor, fxinit's build does not"))
             continue
-        d = compare_tensors(name, got[name], ref) if isinstance(ref, torch.Tensor) and isinstance(got[name], torch.Tensor) \
-            else _compare_objects(name, got[name], ref)
+        tensors = isinstance(ref, torch.Tensor) and isinstance(got[name], torch.Tensor)
+        d = compare_tensors(name, got[name], ref) if tensors else _compare_objects(name, got[name], ref)
         if d is None and got_ties[name] != want_ties[name]:
             d = Divergence(name, "tie", f"the same tensor object as {_names(got_ties[name])} in fxinit's build, "
                                         f"as {_names(want_ties[name])} in eager's")

@@ -42,8 +42,8 @@ def init_graph(module: torch.nn.Module, carry_real: bool = True, entries: list[E
         if fqn in named or fqn in real:
             continue
         # (real: not what this trace materialized; a module materialized by another trace is data here)
-        if is_deferred_tensor(t) or (carry_real and t.device.type != "meta" and t.__dict__.get(MATERIALIZED) not in traced
-                                     and not hasattr(t, "_local_tensor")):
+        if is_deferred_tensor(t) or (carry_real and t.device.type != "meta"
+                                     and t.__dict__.get(MATERIALIZED) not in traced and not hasattr(t, "_local_tensor")):
             (named if is_deferred_tensor(t) else real)[fqn] = t
             info[fqn] = OutputInfo(requires_grad=t.requires_grad, is_parameter=e.is_parameter,
                                    persistent=e.persistent)

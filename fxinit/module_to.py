@@ -11,12 +11,13 @@
 - plain attributes and tensors in lists and dicts are left as they are.
 
 Tensors whose dtype ``d`` does not change (integer buffers) are returned as they are by
-``.to``, so they keep every tie. A module whose class has its own ``_apply`` (timm's rotary
-embeddings rebuild their ``bands`` in float32 after a downcast; others keep a ``dtype``
-attribute in step) is cast by that code, as in eager: its tensors materialize in the dtype they
-were built in, then ``module.to(d)`` runs (:func:`casting_themselves`). fxinit swaps values into the deferred objects in place;
+``.to``, so they keep every tie. fxinit swaps values into the deferred objects in place;
 these rules decide which value each object gets (:func:`takes_dtype`) and which slots get a
-tensor of their own afterwards (:func:`separate_buffer_slots`).
+tensor of their own afterwards (:func:`separate_buffer_slots`). A module whose class has its
+own ``_apply`` (timm's rotary embeddings rebuild their ``bands`` in float32 after a downcast;
+others keep a ``dtype`` attribute in step) is cast by that code, as in eager: its tensors
+materialize in the dtype they were built in, then ``module.to(d)`` runs
+(:func:`casting_themselves`).
 
 >>> import torch, fxinit
 >>> class M(torch.nn.Module):

@@ -401,7 +401,7 @@ def test_gradient_paths_through_real_tensors_mixed_in() -> None:
         m = fxinit.trace_init(M, g) if traced else M(g)
         if traced:
             with pytest.warns(UserWarning, match=r"1 tensor\(s\) computed with autograd .* not eager's grad_fn "
-                                                 r"\(MulBackward0, .*test_contract_sharing.py:\d+: +self.t = self.w \* g"):
+                                                 r"\(MulBackward0, .*sharing.py:\d+: +self.t = self.w \* g"):
                 fxinit.materialize(m)
             assert m.t.grad_fn is None
         assert type(m.v.grad_fn).__name__ == "CatBackward0"

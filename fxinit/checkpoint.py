@@ -266,6 +266,51 @@ def _set_extra_states(ckpt: Checkpoint, extra: list[tuple[torch.nn.Module, str]]
         mod.set_extra_state(ckpt.entry(key))
 
 
+#: ``_load_from_state_dict`` overrides whose effect fxinit's reading by name gives (torch's norm
+#: layers: versions of their buffers older than any ``state_dict()`` of these years).
+_LOADS_AS_PLAIN = frozenset({("torch.nn.modules.module", "Module._load_from_state_dict"),
+                             ("torch.nn.modules.batchnorm", "_NormBase._load_from_state_dict"),
+                             ("torch.nn.modules.instancenorm", "_InstanceNorm._load_from_state_dict")})
+
+
+def loads_by_its_own_code(module: torch.nn.Module) -> list[str]:
+    """The modules of ``module``'s tree (by path) whose own code changes what
+    ``load_state_dict`` reads: load-state-dict hooks (torchtune's fusion layers rename keys,
+    its CLIP embeddings interpolate a checkpoint's tiles, transformers' Mamba renames
+    ``embedding.``) and ``_load_from_state_dict`` overrides (DETR's frozen batch norm)."""
+    found = []
+    for path, mod in module.named_modules():
+        fn = type(mod)._load_from_state_dict
+        hooks = [getattr(h, "hook", h) for h in (*mod._load_state_dict_pre_hooks.values(),
+                                                 *mod._load_state_dict_post_hooks.values())]
+        if any(not getattr(h, "__module__", "").startswith(_FSDP2) for h in hooks) or \
+                (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)) not in _LOADS_AS_PLAIN:
+            found.append(path or type(mod).__name__)
+    return found
+
+
+#: FSDP2's load hooks: sharding what was loaded, which fxinit's reading of each rank's part does
+_FSDP2 = "torch.distributed.fsdp._fully_shard."
+
+
+def load_by_its_own_code(module: torch.nn.Module, state_dict: CheckpointSource, prefix: str,
+                         strict: bool) -> tuple[list[str], list[str]]:
+    """``module.load_state_dict`` of the checkpoint's entries under ``prefix``, on the deferred
+    model (its copies are recorded like any other write), for a model whose own code changes
+    what loading reads (``loads_by_its_own_code``); the missing and unexpected keys, with
+    ``prefix``. The entries are read whole, as ``load_state_dict`` takes them."""
+    ckpt = Checkpoint(state_dict)
+    entries = {k[len(prefix):]: ckpt.entry(k) for k in sorted(ckpt.keys()) if k.startswith(prefix)}
+    try:
+        result = module.load_state_dict(entries, strict=strict)
+    except RuntimeError as exc:
+        raise DeferredInitError(
+            f"checkpoint does not match the module, as its own load_state_dict says: {exc}",
+            hint="pass strict=False to initialize what the checkpoint lacks (the loads that matched were recorded, "
+                 "as eager's load_state_dict copies them before it raises)") from exc
+    return [prefix + k for k in result.missing_keys], [prefix + k for k in result.unexpected_keys]
+
+
 def _prefix_hint(missing: list[str], unexpected: list[str], prefix: str) -> str:
     """A hint when one prefix added or dropped explains the mismatch (``module.`` of DDP,
     ``_orig_mod.`` of torch.compile, ``model.`` of a wrapper)."""

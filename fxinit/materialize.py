@@ -26,7 +26,7 @@ from fxinit.capture.deferred import (dressed_as, grad_fn_of, is_deferred_tensor,
                                      state_of)
 from fxinit.capture.recorder import Recorder
 from fxinit.capture.storages import storage_key
-from fxinit.checkpoint import CheckpointSource, checkpoint_values
+from fxinit.checkpoint import CheckpointSource, checkpoint_values, load_by_its_own_code, loads_by_its_own_code
 from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materialize_dtensors
 from fxinit.errors import DeferredInitError
 from fxinit.module_to import Location, buffer_slots_apart, casting_themselves, separate_buffer_slots, takes_dtype
@@ -433,7 +433,8 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     initializes exactly, and materialize returns ``load_state_dict``'s result
     (``missing_keys``, ``unexpected_keys``) instead of ``obj``. A module's extra state
     (``<module>._extra_state``) goes to its ``set_extra_state`` after the tensors, as
-    ``load_state_dict`` does; tensors that are real already are not read.
+    ``load_state_dict`` does; tensors that are real already are not read. A model whose
+    load hooks rename or rebuild what it reads runs its own ``load_state_dict``, recorded.
 
     When it returns, nothing reachable from a module ``obj`` (parameters, buffers, tensor
     attributes, tensors in list and dict attributes) is deferred any more; a plain meta
@@ -466,6 +467,12 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     if rng not in ("exact", "portable"):
         raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
     seed, dtype, device = checked_seed(seed), checked_dtype(dtype), checked_device(device)
+    if state_dict is not None and isinstance(obj, torch.nn.Module) and loads_by_its_own_code(obj):
+        # its load hooks rename or rebuild what it reads: its own load_state_dict runs, recorded
+        missing, unexpected = load_by_its_own_code(obj, state_dict, prefix, strict)
+        materialize(obj, device=device, init=init, keep_cache=keep_cache, rng=rng, seed=seed, dtype=dtype,
+                    compile=compile)
+        return obj if strict else _IncompatibleKeys(missing, unexpected)  # type: ignore[return-value]
     seed_asked = None if rng == "exact" else (TRACED_SEED if seed is None else seed)
     walked: dict[int, list[Slot]] = {}
     if isinstance(obj, torch.nn.Module):

@@ -395,3 +395,59 @@ def test_extra_state_is_left_out_of_exports_and_said_so(tmp_path: Path) -> None:
     saved = safetensors_torch.load_file(tmp_path / "m.safetensors")
     assert sorted(saved) == sorted(k for k in eager.state_dict() if not k.endswith("_extra_state"))
     assert all(same_bits(saved[k], v) for k, v in eager.state_dict().items() if k in saved)
+
+
+class _Fused(nn.Module):
+    """torchtune's ``FusionLayer``: its ``state_dict`` drops ``layer.`` from the keys of the
+    layer it wraps, and a load pre-hook puts it back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(3, 3)
+        self.gate = nn.Linear(3, 1)
+        self._register_state_dict_hook(_Fused._drop)
+        self._register_load_state_dict_pre_hook(_Fused._put_back, with_module=True)
+
+    @staticmethod
+    def _drop(module: nn.Module, state: dict, prefix: str, *args: Any) -> None:
+        for key in [k for k in state if k.startswith(prefix + "layer.")]:
+            state[prefix + key[len(prefix + "layer."):]] = state.pop(key)
+
+    def _put_back(self, state: dict, prefix: str, *args: Any) -> None:
+        for key in [k for k in state if k.startswith(prefix) and k[len(prefix):] in ("weight", "bias")]:
+            state[prefix + "layer." + key[len(prefix):]] = state.pop(key)
+
+
+def test_a_model_whose_load_hooks_rename_keys_loads_by_its_own_code(tmp_path: Path) -> None:
+    """Found by a sweep of torchtune (its fusion layers, Llama 3.2 Vision): fxinit read the
+    checkpoint by module path, so with ``strict=False`` the renamed tensors initialized where
+    eager's ``load_state_dict`` loads them (and ``strict=True`` refused). Such a model runs
+    its own ``load_state_dict`` on the deferred model, recorded, then materializes."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fused = _Fused()
+            self.head = nn.Linear(3, 2)
+
+    torch.manual_seed(1)
+    state = M().state_dict()
+    assert "fused.weight" in state and "fused.layer.weight" not in state
+    torch.manual_seed(0)
+    eager = M()
+    eager.load_state_dict(state)
+    for strict in (True, False):
+        torch.manual_seed(0)
+        m = fxinit.trace_init(M)
+        got = fxinit.materialize(m, state_dict=state, strict=strict)
+        assert got is m if strict else (got.missing_keys, got.unexpected_keys) == ([], [])
+        assert all(same_bits(a, b) for a, b in zip(m.state_dict().values(), eager.state_dict().values()))
+    partial = {k: v for k, v in state.items() if not k.startswith("head.")}
+    torch.manual_seed(0)
+    m = fxinit.trace_init(M)
+    keys = fxinit.materialize(m, state_dict=partial, strict=False)
+    torch.manual_seed(0)
+    want = M().load_state_dict(partial, strict=False)
+    assert (keys.missing_keys, keys.unexpected_keys) == (want.missing_keys, want.unexpected_keys) == (
+        ["head.weight", "head.bias"], [])
+    with pytest.raises(DeferredInitError, match="as its own load_state_dict says"):
+        fxinit.materialize(fxinit.trace_init(M), state_dict=partial)

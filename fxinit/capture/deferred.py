@@ -16,6 +16,7 @@ It is a meta tensor underneath (so every shape computation is PyTorch's own), wi
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import types
@@ -36,6 +37,7 @@ _DISTRIBUTED_DIR = os.path.join(os.path.dirname(torch.__file__), "distributed") 
 STATE_ATTR = "_fxinit_state"
 PARAMETER_CLASS = "_fxinit_parameter_class"  # an nn.Parameter subclass the tensor was made as (capture.doors)
 MATERIALIZED = "_fxinit_materialized"  # on every tensor materialize swapped a value into: its trace's serial
+TRACE_SERIALS = itertools.count(1)  # one per recorder (``Recorder.serial``)
 #: fxinit's own entries of a deferred tensor's ``__dict__`` (``_is_param``: a class attribute of Parameter)
 OWN_ATTRIBUTES = frozenset((STATE_ATTR, PARAMETER_CLASS, MATERIALIZED, "_is_param"))
 

@@ -20,7 +20,6 @@ ids, names of storages and modules), ``capture.shadows`` (exact values while rec
 from __future__ import annotations
 
 import contextlib
-import itertools
 import operator
 import os
 import sys
@@ -33,7 +32,8 @@ import torch.fx as fx
 from torch._C import TensorBase
 
 from fxinit import execute
-from fxinit.capture.deferred import STATE_ATTR, DeferredState, DeferredTensor, is_deferred_tensor, state_of
+from fxinit.capture.deferred import (STATE_ATTR, TRACE_SERIALS, DeferredState, DeferredTensor, is_deferred_tensor,
+                                     state_of)
 from fxinit.capture.devices import CPU, META, default_device, device_available, output_device
 from fxinit.capture.doors import Doors, open_doors_after_trace
 from fxinit.capture.grad_branches import eager_arguments
@@ -72,8 +72,7 @@ class Recorder(Shadows, Doors):
     """Records init ops of one trace into an fx graph."""
 
     def __init__(self, kind: str = "trace") -> None:
-        self.kind = kind
-        self.serial = next(_SERIALS)  # what a materialized tensor's mark names (``deferred.MATERIALIZED``)
+        self.kind, self.serial = kind, next(TRACE_SERIALS)  # (serial: a materialized tensor's mark names it)
         open_doors_after_trace()
         self.graph = fx.Graph()
         self.constants: dict[str, torch.Tensor] = {}
@@ -95,8 +94,7 @@ class Recorder(Shadows, Doors):
         # The default device around the constructor was meta (trace_init under
         # `with torch.device("meta")`): its tensors have no values unless later init gives them some.
         self.meta_around = kind == "trace" and default_device().type == "meta"
-        self._pos = 0
-        self._suspended = 0
+        self._pos = self._suspended = 0
         self._intended: torch.device | None = None
         self._module_ref: weakref.ReferenceType | None = None
         self.call_site: types.FrameType | None = None  # the caller of the torch function being run (modes.py)
@@ -586,7 +584,6 @@ class Recorder(Shadows, Doors):
         return map_tree(lambda o: next(replacements) if isinstance(o, torch.Tensor) else o, mout)
 
 _NAMES: dict[Any, str] = {}
-_SERIALS = itertools.count(1)
 _ABSENT_HINT = "trace on a machine with that device, or for the CPU and materialize with device=..."
 
 

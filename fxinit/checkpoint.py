@@ -294,11 +294,18 @@ _FSDP2 = "torch.distributed.fsdp._fully_shard."
 
 
 def load_by_its_own_code(module: torch.nn.Module, state_dict: CheckpointSource, prefix: str,
-                         strict: bool) -> tuple[list[str], list[str]]:
+                         strict: bool, init: bool = True) -> tuple[list[str], list[str]]:
     """``module.load_state_dict`` of the checkpoint's entries under ``prefix``, on the deferred
     model (its copies are recorded like any other write), for a model whose own code changes
     what loading reads (``loads_by_its_own_code``); the missing and unexpected keys, with
-    ``prefix``. The entries are read whole, as ``load_state_dict`` takes them."""
+    ``prefix``. The entries are read whole, as ``load_state_dict`` takes them. Refused for a
+    materialize with ``init=False``, which runs no recorded write."""
+    if not init:
+        raise DeferredInitError(
+            f"materialize(init=False, state_dict=...) of a model whose own code changes what load_state_dict reads "
+            f"({', '.join(loads_by_its_own_code(module)[:3])}): fxinit loads it by that code, as recorded writes, "
+            "which init=False does not run", hint="materialize(..., state_dict=...) with init=True, or "
+                                                   "materialize(init=False) and then model.load_state_dict(...)")
     ckpt = Checkpoint(state_dict)
     entries = {k[len(prefix):]: ckpt.entry(k) for k in sorted(ckpt.keys()) if k.startswith(prefix)}
     try:

@@ -469,7 +469,7 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     seed, dtype, device = checked_seed(seed), checked_dtype(dtype), checked_device(device)
     if state_dict is not None and isinstance(obj, torch.nn.Module) and loads_by_its_own_code(obj):
         # its load hooks rename or rebuild what it reads: its own load_state_dict runs, recorded
-        missing, unexpected = load_by_its_own_code(obj, state_dict, prefix, strict)
+        missing, unexpected = load_by_its_own_code(obj, state_dict, prefix, strict, init)
         materialize(obj, device=device, init=init, keep_cache=keep_cache, rng=rng, seed=seed, dtype=dtype,
                     compile=compile)
         return obj if strict else _IncompatibleKeys(missing, unexpected)  # type: ignore[return-value]

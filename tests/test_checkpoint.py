@@ -451,3 +451,5 @@ def test_a_model_whose_load_hooks_rename_keys_loads_by_its_own_code(tmp_path: Pa
         ["head.weight", "head.bias"], [])
     with pytest.raises(DeferredInitError, match="as its own load_state_dict says"):
         fxinit.materialize(fxinit.trace_init(M), state_dict=partial)
+    with pytest.raises(DeferredInitError, match=r"init=False, state_dict=.*\(fused\)"):
+        fxinit.materialize(fxinit.trace_init(M), state_dict=state, init=False)

@@ -43,7 +43,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.capture.deferred import dressed_as, is_deferred_tensor, plain_attributes, state_of
-from fxinit.capture.storages import storage_key
+from fxinit.capture.storages import storage_references
 from fxinit.ops import is_view, reads_no_data
 from fxinit.passes.roots import storage_root, writes_first_argument
 
@@ -190,8 +190,8 @@ def _memory_shared_elsewhere(t: torch.Tensor, view: torch.Tensor) -> bool:
     of its own). A view of a parameter is over the parameter's memory."""
     if view.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
         return False
-    references = getattr(torch._C, "_storage_Use_Count", None)
-    return references is None or references(storage_key(t)) > 1
+    references = storage_references(t)
+    return references is None or references > 1
 
 
 def _made(link: Link) -> int:

@@ -211,7 +211,10 @@ def checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], stat
     targets.update({tid: dt for tid, (dt, _) in (sharded or {}).items()})
     names: dict[int, list[str]] = defaultdict(list)
     module_keys: set[str] = set()
+    holding: set[int] = set()  # modules (by id) holding a tensor this call materializes
     for name, mod, kind, local, t in tensor_slots(module):
+        if id(t) in targets:
+            holding.add(id(mod))
         if not (kind == "_buffers" and local in mod._non_persistent_buffers_set):
             module_keys.add(prefix + name)  # the names load_state_dict reads
             if id(t) in targets:
@@ -220,7 +223,6 @@ def checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], stat
                   for path, mod in module.named_modules(remove_duplicate=False)
                   if type(mod).set_extra_state is not _PLAIN_SET_EXTRA_STATE]
     module_keys.update(key for _, key in extra_keys)
-    holding = {id(mod) for _, mod, _, _, t in tensor_slots(module) if id(t) in targets}  # (deferred ones)
     found: dict[int, str] = {}
     for tid, fqns in names.items():
         hit = next((k for k in fqns if k in keys), None)

@@ -25,7 +25,7 @@ from fxinit.capture.api import clear_meta_init_cache, recorder_of_root, unguard
 from fxinit.capture.deferred import (dressed_as, grad_fn_of, is_deferred_tensor, plain_attributes,
                                      state_of)
 from fxinit.capture.recorder import Recorder
-from fxinit.capture.storages import storage_key
+from fxinit.capture.storages import storage_references
 from fxinit.checkpoint import CheckpointSource, checkpoint_values, load_by_its_own_code, loads_by_its_own_code
 from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materialize_dtensors
 from fxinit.errors import DeferredInitError
@@ -102,37 +102,16 @@ def _with_companions(tensors: list[torch.Tensor], where: dict[int, list[Location
     return _companions(out + leaves, where, walked, all_places) if leaves else out
 
 
-#: How many references a storage has (by its ``storage_key``): each tensor over it holds one.
-_STORAGE_REFERENCES: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
-
-
-@functools.cache
-def _references_count_tensors() -> bool:
-    """Whether this torch counts a storage's references as ``_alone`` reads them: one for its
-    Python storage object, one for each tensor over it (else ``_alone`` answers no)."""
-    if _STORAGE_REFERENCES is None or not hasattr(torch.Tensor, "_use_count"):
-        return False
-    t = torch.empty(2, device="meta")
-    held = torch._C.TensorBase.untyped_storage(t)  # as the recorder's record of a storage holds it
-    alone = _STORAGE_REFERENCES(storage_key(t))
-    alias = t.detach()
-    counts = (alone, _STORAGE_REFERENCES(storage_key(t)))
-    del held, alias
-    return counts == (2, 3)
-
-
 def _alone(rec: Recorder, tensors: list[torch.Tensor]) -> bool:
     """Whether no other deferred tensor of ``rec``'s model must go with ``tensors``: no other
     tensor holds their storages (each holds a reference; so does the recorder's record of it,
     ``Storages``), nothing else holds them (a ``grad_fn`` that reaches a parameter holds it, a
     view its base: ``_use_count``), and they have no ``grad_fn``. Decided without walking the
     model, which materializing it module by module would walk once per module."""
-    if not _references_count_tensors():
-        return False
     with plain_attributes():
         for t in tensors:
             rec.storage_id(t)  # (recorded: the recorder holds it)
-            if _STORAGE_REFERENCES(storage_key(t)) != 2 or t._use_count() != 1 or grad_fn_of(t) is not None:
+            if storage_references(t) != 2 or t._use_count() != 1 or grad_fn_of(t) is not None:
                 return False
     return True
 

@@ -3,6 +3,7 @@ in-place writes) and, for small ones, an exact shadow value (``capture.shadows``
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
@@ -16,6 +17,29 @@ def _untyped_storage_key(t: torch.Tensor) -> int:
 
 #: The address of a tensor's storage: torch's own accessor skips building a storage object.
 storage_key: Callable[[torch.Tensor], int] = getattr(torch._C, "_storage_id", _untyped_storage_key)
+
+
+@functools.cache
+def _references_counted() -> bool:
+    """Whether this torch counts a storage's references as ``storage_references`` reads them:
+    one for its Python storage object, one for each tensor over it."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    if count is None or not hasattr(torch.Tensor, "_use_count"):
+        return False
+    t = torch.empty(2, device="meta")
+    held = TensorBase.untyped_storage(t)  # as a trace's record of a storage holds it
+    alone = count(storage_key(t))
+    alias = t.detach()
+    counts = (alone, count(storage_key(t)))
+    del held, alias
+    return counts == (2, 3)
+
+
+def storage_references(t: torch.Tensor) -> int | None:
+    """How many references ``t``'s storage has now: one from each tensor over it (views and
+    aliases included) and one from each Python storage object of it (a trace's record holds
+    one); None where this torch does not count them so."""
+    return torch._C._storage_Use_Count(storage_key(t)) if _references_counted() else None
 
 
 class StorageInfo:

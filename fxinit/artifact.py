@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # annotations only: graph.py imports this module
     from fxinit.graph import InitGraph
 
 FORMAT = "fxinit-init-graph"
-SCHEMA_VERSION = 4  # 4: opaque nodes' body fingerprints; 3: CUDA snapshots pending their device (rng.philox); 2: hf_config;
+SCHEMA_VERSION = 5  # 5: nodes of ops eager runs otherwise ("inexact"); 4: opaque nodes' body fingerprints; 3: CUDA snapshots pending their device (rng.philox); 2: hf_config;
 # 1: the payload of the older header layout, still read
 MAX_NODES = 10_000_000
 MAX_CONFIG_DEPTH = 32
@@ -145,6 +145,7 @@ def _encode_node(n: fx.Node, names: dict[fx.Node, str]) -> dict[str, Any]:
         "opaque": m.get("opaque"),
         "body": m.get("body"),
         "default_dtype": _dtype_name(m["default_dtype"]) if "default_dtype" in m else None,
+        **({"inexact": m["inexact"]} if m.get("inexact") else {}),
     }
 
 
@@ -190,7 +191,7 @@ def _decode(p: Any) -> dict[str, Any]:
     if version > SCHEMA_VERSION:
         raise ArtifactError(f"schema version {version} is newer than this fxinit reads ({SCHEMA_VERSION})",
                             hint="upgrade fxinit to load it")
-    _expect(version in (1, 2, 3, SCHEMA_VERSION), f"unknown schema version {version}")
+    _expect(version in (1, 2, 3, 4, SCHEMA_VERSION), f"unknown schema version {version}")
     _expect(("hf_config" in p) == (version >= 2),
             f"a schema {version} payload {'without' if version >= 2 else 'with'} hf_config")
     _expect(p.get("default_dtype") in _DTYPES, "bad default dtype")
@@ -287,12 +288,12 @@ def _checked_config(config: Any, problem: str) -> dict[str, Any] | None:
 
 
 _NODE_KEYS = {"name", "op", "target", "args", "kwargs", "pos", "spec", "reads", "mutates", "overwrites", "rng",
-              "prov", "module", "opaque", "default_dtype"}  # schema 4 adds "body"
+              "prov", "module", "opaque", "default_dtype"}  # schema 4 adds "body", 5 "inexact"
 
 
 def _decode_node(graph: fx.Graph, rec: Any, env: dict[str, fx.Node], constants: dict[str, torch.Tensor],
                  snapshots: dict[str, Snapshot], i: int) -> fx.Node:
-    _expect(isinstance(rec, dict) and set(rec) - {"body"} == _NODE_KEYS, f"node {i} has unexpected fields")
+    _expect(isinstance(rec, dict) and set(rec) - {"body", "inexact"} == _NODE_KEYS, f"node {i} has unexpected fields")
     name = rec["name"]
     _expect(isinstance(name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) is not None
             and name not in env, f"node {i} name")
@@ -357,13 +358,13 @@ def _decode_node(graph: fx.Graph, rec: Any, env: dict[str, fx.Node], constants: 
             isinstance(k, str) and (k == "gen" or k.startswith("default:")) and v in snapshots for k, v in keys.items()),
             f"node {name}: rng keys")
         meta["generators"] = dict(keys)
-    elif op == "call_function" and draws_random(node.target):
+    elif op == "call_function" and draws_random(node.target, node.args, node.kwargs):
         raise ArtifactError(f"invalid init graph: random op {name} has no generator snapshot")
     prov = rec["prov"]
     _expect(prov is None or (isinstance(prov, list) and len(prov) == 4
                              and all(v is None or isinstance(v, str) for v in prov)), f"node {name}: provenance")
     meta["prov"] = Provenance(*prov) if prov is not None else Provenance(None, None, None)
-    for key in ("module", "opaque", "body"):
+    for key in ("module", "opaque", "body", "inexact"):
         _expect(rec.get(key) is None or isinstance(rec[key], str), f"node {name}: {key}")
         if rec.get(key) is not None:
             meta[key] = rec[key]

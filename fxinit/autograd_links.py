@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Callable
@@ -453,26 +452,36 @@ def graph_signature(t: torch.Tensor) -> list:
     (a leaf as ``AccumulateGrad`` of its object)."""
     order: dict[int, int] = {}
     out: list = []
+    met: list = []  # held until the walk ends, so that no id is reused by another function's wrapper
 
-    def visit(fn: Any) -> int | None:
-        if fn is None:
-            return None
-        if id(fn) in order:
-            return order[id(fn)]
+    def meet(fn: Any) -> Any:
+        """Number ``fn`` the first time the walk meets it; a leaf's entry is complete at once."""
         order[id(fn)] = len(out)
-        out.append(None)
+        met.append(fn)
         variable = getattr(fn, "variable", None)
-        entry: Any = ("AccumulateGrad", id(variable)) if isinstance(variable, torch.Tensor) else \
-            (type(fn).__name__, tuple(visit(next_fn) for next_fn, _ in fn.next_functions))
-        out[order[id(fn)]] = entry
-        return order[id(fn)]
+        out.append(("AccumulateGrad", id(variable)) if isinstance(variable, torch.Tensor) else None)
+        return None if isinstance(variable, torch.Tensor) else (fn, iter(fn.next_functions), [])
 
-    stack_limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(stack_limit, 10_000))
-    try:
-        visit(t.grad_fn)
-    finally:
-        sys.setrecursionlimit(stack_limit)
+    # depth first without Python's recursion: a chain of ops as long as a model's init is no limit
+    stack = [meet(t.grad_fn)] if t.grad_fn is not None else []
+    stack = [frame for frame in stack if frame is not None]
+    while stack:
+        fn, successors, positions = stack[-1]
+        next_fn = next(successors, False)
+        if next_fn is False:
+            stack.pop()
+            out[order[id(fn)]] = (type(fn).__name__, tuple(positions))
+            continue
+        next_fn = next_fn[0]
+        if next_fn is None:
+            positions.append(None)
+        elif id(next_fn) in order:
+            positions.append(order[id(next_fn)])
+        else:
+            positions.append(len(out))
+            frame = meet(next_fn)
+            if frame is not None:
+                stack.append(frame)
     return out
 
 

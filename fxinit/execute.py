@@ -113,6 +113,23 @@ def refuse_changed_init_functions(nodes: Iterable[fx.Node]) -> None:
                      "with, or use rng='portable' (fxinit's own samplers)")
 
 
+def refuse_inexact(nodes: Iterable[fx.Node]) -> None:
+    """A node recorded on the meta path of an op that eager runs with another kernel on the
+    target device (``capture.branches.inexact_branch``) would give other bits than eager's,
+    silently: refused where a value needs it, naming the op and the source line."""
+    for n in nodes:
+        why = n.meta.get("inexact")
+        if why:
+            raise DeferredInitError(
+                f"fxinit cannot give eager's values here: {why}, a kernel fxinit does not rebuild, and a "
+                f"materialized tensor's value depends on it (node {n.name})",
+                op=str(n.target), module=n.meta.get("module"), source=getattr(n.meta.get("prov"), "source", None),
+                hint="compute it after fxinit.materialize (on the real tensors), or build this model on the CPU"
+                     " without that kernel (torch.backends.mkldnn.flags(enabled=False), "
+                     "torch.nn.attention.sdpa_kernel(SDPBackend.MATH), torch.backends.cudnn.flags(enabled=False)"
+                     " around both eager construction and trace_init)")
+
+
 def _storage_labels(program: Program, targets: list[Target]) -> dict[fx.Node, str]:
     """The targets' names: their storages' (found when a plan is printed: naming walks the model)."""
     names = program.storage_names()
@@ -178,4 +195,5 @@ def run(program: Program, plan: Plan, workers: int | None = None) -> dict[fx.Nod
     """The values of ``plan``'s kept nodes."""
     if plan.rng == "exact":
         refuse_changed_init_functions(plan.nodes)
+        refuse_inexact(plan.nodes)
     return run_plan(plan, program.constants, sampler_for(program, plan), program.default_dtype, workers)

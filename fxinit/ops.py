@@ -229,15 +229,34 @@ def _returns_new(target: Any) -> bool:
     return schema.returns[0].alias_info is None
 
 
+def draws_random(target: Any, args: tuple | None = None, kwargs: dict | None = None) -> bool:
+    """Whether graph op ``target`` draws random numbers (it is seeded or takes a generator).
+    Given a call's arguments: the attention kernels draw only for dropout, so not with
+    ``dropout_p=0`` (the CPU's flash attention, which eager picks in constructors)."""
+    if not _seeded(target):
+        return False
+    at = _attention_dropout(target)
+    if at is None or args is None:
+        return True
+    p = args[at] if at < len(args) else (kwargs or {}).get("dropout_p", target._schema.arguments[at].default_value)
+    return not (isinstance(p, (int, float)) and p == 0)
+
+
 @per_target
-def draws_random(target: Any) -> bool:
-    """Whether graph op ``target`` draws random numbers (it is seeded or takes a generator)."""
+def _seeded(target: Any) -> bool:
     if target is call_init_function:
         return True
-    if isinstance(target, torch._ops.OpOverload):
-        return torch.Tag.nondeterministic_seeded in target.tags or any(
-            "Generator" in str(a.type) for a in target._schema.arguments)
-    return False
+    return isinstance(target, torch._ops.OpOverload) and (torch.Tag.nondeterministic_seeded in target.tags or any(
+        "Generator" in str(a.type) for a in target._schema.arguments))
+
+
+@per_target
+def _attention_dropout(target: Any) -> int | None:
+    """The position of a ``_scaled_dot_product_*`` kernel's ``dropout_p``, else None."""
+    if not target.__name__.startswith("_scaled_dot_product_"):
+        return None
+    names = [a.name for a in target._schema.arguments]
+    return names.index("dropout_p") if "dropout_p" in names else None
 
 
 def filled_argument(node: fx.Node) -> int | None:

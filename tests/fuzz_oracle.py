@@ -25,7 +25,7 @@ from fuzz_source import Program
 
 @dataclasses.dataclass
 class Outcome:
-    status: str  # "equal" | "refused" | "invalid"
+    status: str  # "equal" | "refused" | "invalid" | "warned"
     message: str = ""
 
 
@@ -270,12 +270,23 @@ def check(program: Program, verify_eager: bool = True) -> Outcome:
                     again.cleanup()
                 return Outcome("invalid", "eager construction is not deterministic")
             again.cleanup()
+        if errs and _all_said(errs, traced.lost_grad_fns):
+            return Outcome("warned", f"{traced.lost_grad_fns} grad_fn(s) lost, as fxinit warned")
         if errs:
             raise_hole(program, errs)
         return Outcome("equal")
     finally:
         traced.cleanup()
         eager.cleanup()
+
+
+def _all_said(errs: list[tuple[str, str]], lost_grad_fns: int) -> bool:
+    """Whether every difference is a kept tensor that is a leaf where eager's has a ``grad_fn``,
+    no more of them than fxinit's warning counted (a documented limit said aloud, not a hole)."""
+    lost = [m for c, m in errs if c == "autograd" and ": grad_fn None vs eager " in m]
+    return 0 < len(lost) <= lost_grad_fns and all(
+        c == "autograd" and (": grad_fn None vs eager " in m or m.startswith("the kept tensors with a grad_fn"))
+        for c, m in errs)
 
 
 def raise_hole(program: Program, errs: list[tuple[str, str]]) -> None:

@@ -13,6 +13,7 @@ import hashlib
 import linecache
 import math
 import os
+import re
 import shutil
 import tempfile
 import types
@@ -85,6 +86,7 @@ class Built:
         self.after: torch.Tensor | None = None
         self.tmp = tempfile.mkdtemp(prefix="fxfuzz-")
         self.phase = "setup"
+        self.lost_grad_fns = 0  # tensors fxinit said keep eager's values but not its grad_fn
 
     def cleanup(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -102,14 +104,22 @@ def _materialize(m: nn.Module, order: str) -> None:
         fxinit.materialize(m)
 
 
+def _lost_grad_fns(message: str) -> int:
+    """How many tensors an fxinit warning says keep eager's values but lose eager's grad_fn."""
+    many = re.match(r"fxinit: (\d+) tensor\(s\) computed with autograd .* not eager's grad_fn", message)
+    if many:
+        return int(many.group(1))
+    return int(message.startswith("fxinit: a tensor computed with autograd from parameters keeps its value but not"))
+
+
 def build(program: Program, trace: bool, out: Built) -> Built:
     """Construct (and for ``trace``, trace, post-init and materialize); exceptions propagate, with
     ``out.phase`` saying where."""
     ns = {"torch": torch, "np": np, "math": math, "nn": nn}
     _CURRENT_TMP.append(out.tmp)
     try:
-        with _global_state(program.default_dtype), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with _global_state(program.default_dtype), warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
             for name, expr in program.files:
                 torch.save(eval(expr, ns), os.path.join(out.tmp, name))  # noqa: S307
             torch.manual_seed(1234)
@@ -128,6 +138,7 @@ def build(program: Program, trace: bool, out: Built) -> Built:
                 _materialize(m, program.order)
             out.phase = "done"
             out.after = torch.rand(3)
+            out.lost_grad_fns = sum(_lost_grad_fns(str(w.message)) for w in said)
     finally:
         _CURRENT_TMP.pop()
     return out

@@ -523,3 +523,25 @@ def test_arrays_of_deferred_tensors_have_eagers_strides() -> None:
     for name in ("w3", "w5", "w6"):
         assert getattr(got, name).stride() == getattr(eager, name).stride(), name
         assert same_bits(getattr(got, name), getattr(eager, name)), name
+
+
+def test_a_kept_tensor_at_the_end_of_a_long_chain_of_ops() -> None:
+    """A ``grad_fn`` graph deeper than Python's recursion limit (6,000 ops on one tensor in
+    ``__init__``): reading its shape recursed once per op and raised ``RecursionError`` where
+    eager builds. The tensor keeps eager's values, a leaf past the replay's recipe size, said aloud."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(2))
+            g = self.w * 2
+            for _ in range(6000):
+                g = g + 1
+            self.register_buffer("g", g)
+
+    torch.manual_seed(0)
+    eager = M()
+    torch.manual_seed(0)
+    m = fxinit.trace_init(M)
+    with pytest.warns(UserWarning, match=r"not eager's grad_fn \(AddBackward0"):
+        fxinit.materialize(m)
+    assert same_bits(m.g, eager.g) and same_bits(m.w, eager.w)

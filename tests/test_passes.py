@@ -79,6 +79,27 @@ def test_writes_that_are_read_or_partly_overwritten_stay() -> None:
         assert_same_as_eager(cls)
 
 
+class ViewedBetween(nn.Module):
+    """A view made between two full writes reads no data (llm-foundry's gather of FSDP2's
+    ``to_empty`` shard, then its init: the gathered garbage was taken as read, and the
+    uninitialized-read check refused a value eager has)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.empty(8, 8))
+        nn.init.uniform_(self.w)
+        flat = self.w.view(-1)  # a view: no data read
+        nn.init.normal_(flat)   # all of it: the first draw is dead
+        self.register_buffer("sums", self.w.sum(0))  # reads the second
+
+
+def test_a_view_between_writes_reads_nothing() -> None:
+    torch.manual_seed(0)
+    g = fxinit.init_graph(fxinit.trace_init(ViewedBetween))
+    assert _op_names(g, g.dead_writes()) == ["uniform_"]
+    assert_same_as_eager(ViewedBetween)
+
+
 def test_reinit_after_trace_kills_the_traced_draw() -> None:
     def reinit(m: nn.Module) -> None:
         nn.init.orthogonal_(m.fc.weight)  # opaque init function: still a full overwrite

@@ -20,6 +20,7 @@ for that one and does not stop the search. The budget (``--examples``) counts pr
 generation phase only, not the shrinker's.
 
 Prints: programs run, equal, refused (the distinct refusal messages' first lines, counted),
+warned (kept tensors that lose eager's ``grad_fn``, as fxinit's warning said: documented),
 discarded (eager raised), holes (each with its minimal program as a standalone script); exits 1
 if there is any hole.
 """
@@ -224,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         f"programs run: {search.run} in {elapsed:.0f} s",
         f"  equal:     {c['equal']}",
         f"  refused:   {c['refused']} (DeferredInitError)",
+        f"  warned:    {c['warned']} (grad_fns lost as fxinit's warning said: docs/failure-modes.md)",
         f"  holes:     {holes_total} programs, {len(search.found)} distinct",
         f"  discarded: {c['invalid']} (eager raised or was not deterministic)",
         "",

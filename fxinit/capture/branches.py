@@ -17,16 +17,40 @@ Python instead, for the ops that branch. Found by reading torch's sources (2.11-
   deferred weights, ``data_ptr()`` answers 0 for all (they "alias"), so it does nothing;
   materialize flattens the real weights (``RNNBase._init_flat_weights``), as eager did
   (:data:`RAW_ACCESS_ANSWERS` in ``capture.deferred``).
+- ``aten::scaled_dot_product_attention`` (``attention.cpp``): a backend chosen per device
+  (``_fused_sdp_choice_stub``; meta has none, so math), and ``aten::lstm`` (``RNN.cpp``:
+  oneDNN's ``mkldnn_rnn_layer`` where ``use_mkldnn``, a CPU float input). For a CPU target
+  fxinit traces the call with torch's ``make_fx`` on fake CPU tensors, which tell C++ the
+  device as torch's ``FakeTensor`` does, and records the ops of that trace
+  (:func:`cpu_branch_call`): the flash attention kernel, oneDNN's LSTM, and whatever each
+  torch version does around them.
 - ``torch.normal`` and the other factories a device context does not list: ``capture.devices``.
+
+Where eager's branch on the target device is a kernel fxinit does not rebuild (cuDNN's, a
+fused CUDA cell), the ops are recorded on the meta path and marked *inexact*
+(:func:`inexact_branch`): a materialize whose tensors need their values refuses by name, and
+one that needs only their shapes (a forward run to size a layer) is unaffected:
+
+- On CUDA, ``lstm``, ``gru``, ``rnn_*`` take cuDNN, and ``lstm_cell`` / ``gru_cell`` a
+  fused kernel (``_thnn_fused_*_cell``). (``lstm`` on the CPU, where make_fx could not trace
+  it, likewise.)
+- ``aten::batch_norm`` / ``instance_norm`` (``_batch_norm_impl_index``), ``grid_sampler``
+  and ``ctc_loss`` take cuDNN's kernels on CUDA where it accepts the input.
+- ``aten::softmax`` / ``log_softmax`` of a float16 CUDA input with ``dtype=float32`` run
+  ``_softmax(half_to_float=True)``, not a cast and then ``_softmax``.
+- ``scaled_dot_product_attention`` on CUDA (flash, memory-efficient or cuDNN attention,
+  chosen by the GPU), unless only the math backend is enabled (``sdpa_kernel(MATH)``).
 """
 
 from __future__ import annotations
 
 import types
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from fxinit.capture.deferred import RAW_ACCESS_ANSWERS, is_deferred_tensor, state_of
 
@@ -60,3 +84,98 @@ def _flatten_codes() -> list[types.CodeType]:
 
 
 RAW_ACCESS_ANSWERS.update({code: 0 for code in _flatten_codes()})
+
+
+_SDPA = torch._C._nn.scaled_dot_product_attention
+#: composites whose CPU branch is not the meta one: traced as the CPU runs them (:func:`cpu_branch_call`)
+_CPU_BRANCHING = {_SDPA, torch.lstm}
+
+
+def _target(tensors: list[Any]) -> torch.device | None:
+    """The intended device of the first deferred tensor among ``tensors``."""
+    return next((state_of(t).device for t in tensors if is_deferred_tensor(t)), None)
+
+
+def cpu_branch_call(func: Any, args: tuple, kwargs: dict,
+                    suspended: Callable[[], ContextManager[Any]]) -> Callable[[], Any] | None:
+    """The ops eager runs for composite ``func`` of deferred inputs meant for the CPU, as a
+    call that runs them on those inputs (recording them), or None to run ``func`` as it is.
+
+    torch's own ``make_fx`` traces ``func`` on fake tensors that say ``cpu`` to C++, with the
+    inputs' sizes, strides, dtypes and ``requires_grad``, under ``suspended`` (nothing of it
+    is recorded): C++ picks the branch it picks for real CPU tensors (``_fused_sdp_choice``'s
+    flash attention, with its handling of 3-d inputs where torch has one; oneDNN's LSTM) and
+    the trace holds its ops. A composite that make_fx cannot trace runs as it is."""
+    if func not in _CPU_BRANCHING:
+        return None
+    flat, spec = tree_flatten((args, kwargs))
+    if _target(flat) != torch.device("cpu"):
+        return None
+    positions = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
+
+    def call(*tensors: torch.Tensor) -> Any:
+        leaves = list(flat)
+        for i, t in zip(positions, tensors):
+            leaves[i] = t
+        a, k = tree_unflatten(leaves, spec)
+        return func(*a, **k)
+
+    with suspended():
+        try:
+            probes = [_probe(flat[i]) for i in positions]
+            traced = make_fx(call, tracing_mode="fake")(*probes)
+        except Exception:  # noqa: BLE001  (invalid arguments: the call as it is raises eager's error)
+            return None
+    return lambda: traced(*(flat[i] for i in positions))
+
+
+def _probe(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialized CPU tensor with ``t``'s layout (pages untouched: free at any size)."""
+    probe = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
+    return probe.requires_grad_() if t.requires_grad else probe
+
+
+_CUDNN_RNNS = {torch.lstm: "lstm", torch.gru: "gru", torch.rnn_tanh: "rnn_tanh", torch.rnn_relu: "rnn_relu"}
+_FUSED_CELLS = {torch.lstm_cell: "lstm_cell", torch.gru_cell: "gru_cell"}
+_CUDNN_OPS = {torch.batch_norm: "batch_norm", torch.instance_norm: "instance_norm", F.batch_norm: "batch_norm",
+              F.instance_norm: "instance_norm", torch.grid_sampler: "grid_sampler", F.grid_sample: "grid_sampler",
+              torch.ctc_loss: "ctc_loss", F.ctc_loss: "ctc_loss"}
+# where each takes its dtype= when given by position
+_SOFTMAXES = {torch.softmax: ("softmax", 2), torch.log_softmax: ("log_softmax", 2), torch.Tensor.softmax: ("softmax", 2),
+              torch.Tensor.log_softmax: ("log_softmax", 2), torch.special.softmax: ("softmax", 2),
+              torch.special.log_softmax: ("log_softmax", 2), F.softmax: ("softmax", 3), F.log_softmax: ("log_softmax", 3)}
+_ONEDNN_LSTM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def inexact_branch(func: Any, args: tuple, kwargs: dict) -> str | None:
+    """Why eager, on the target device of ``func``'s deferred inputs, runs a kernel other than
+    the one fxinit records (the meta path), or None: see the module doc."""
+    name = _CUDNN_RNNS.get(func) or _FUSED_CELLS.get(func) or _CUDNN_OPS.get(func) or _SOFTMAXES.get(func, (None,))[0]
+    if name is None and func is not _SDPA:
+        return None
+    tensors = [x for a in (*args, *kwargs.values()) for x in (a if isinstance(a, (list, tuple)) else (a,))]
+    target = _target(tensors)
+    if target is None or target.type == "meta":
+        return None
+    if target.type == "cpu":
+        if func is torch.lstm and not isinstance(args[1], torch.Tensor) and torch.backends.mkldnn.is_available() \
+                and torch.backends.mkldnn.enabled and args[0].dtype in _ONEDNN_LSTM_DTYPES:
+            return "aten::lstm runs oneDNN's LSTM (mkldnn_rnn_layer) on the CPU"
+        return None
+    if func in _SOFTMAXES:
+        at = _SOFTMAXES[func][1]
+        dtype = kwargs.get("dtype", args[at] if len(args) > at else None)
+        if target.type == "cuda" and args[0].dtype == torch.float16 and dtype == torch.float32:
+            return f"aten::{name} of a float16 tensor with dtype=float32 runs _{name}(half_to_float=True) on CUDA"
+        return None
+    if func is _SDPA:
+        if target.type == "cuda" and not (torch.backends.cuda.flash_sdp_enabled()
+                                          or torch.backends.cuda.mem_efficient_sdp_enabled()
+                                          or torch.backends.cuda.cudnn_sdp_enabled()):
+            return None  # math only: the path recorded
+        return f"aten::scaled_dot_product_attention runs a fused attention kernel chosen by the {target.type} device"
+    if func in _FUSED_CELLS:
+        return f"aten::{name} runs a fused kernel (_thnn_fused_{name}) on {target.type}"
+    if func in _CUDNN_OPS and target.type == "cuda" and not torch.backends.cudnn.enabled:
+        return None
+    return f"aten::{name} runs cuDNN's kernel (or a fused cell) on {target.type}"

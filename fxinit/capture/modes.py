@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxinit.capture.deferred import (PROPERTY_CALL, DeferredTensor, deferred_torch_function, eager_device,
                                      is_deferred_tensor, state_of)
-from fxinit.capture.branches import dropout_call
+from fxinit.capture.branches import cpu_branch_call, dropout_call, inexact_branch
 from fxinit.capture.devices import context_constructors, default_device
 from fxinit.capture.grad_branches import run_as_eager
 from fxinit.capture.moves import MOVES, device_of_number, parse_move, with_index
@@ -91,6 +91,7 @@ class CaptureFunctionMode(TorchFunctionMode):
                 return deferred_torch_function(func, args, kwargs)
             return func(*args, **kwargs)
         outermost = recorder.call_site is None
+        inexact = None  # why this call's ops are not eager's on the target device (capture.branches)
         if outermost:
             # Ops recorded during this call come from the code that called it: provenance
             # walks up from there instead of through the frames inside the call.
@@ -108,9 +109,11 @@ class CaptureFunctionMode(TorchFunctionMode):
                 return recorder.constant_from(func, args, kwargs)
             if func is _NEW_TENSOR:  # torch.tensor(data) with its tensor's dtype and device
                 return recorder.new_tensor(*args, **kwargs)
-            branch = dropout_call(func, args, kwargs)
+            branch = dropout_call(func, args, kwargs) or cpu_branch_call(func, args, kwargs, recorder.suspended)
             if branch is not None:  # the kernel eager's C++ picks on the target device
                 return branch()
+            if recorder.inexact is None:
+                recorder.inexact = inexact = inexact_branch(func, args, kwargs)
             if func in MOVES:
                 move = parse_move(func, args, kwargs, eager_device)
                 if move is not None and move.device is not None and (move.device.type != "meta"
@@ -133,6 +136,8 @@ class CaptureFunctionMode(TorchFunctionMode):
             # real tensors too: under the capture's dispatch mode C++ takes them for ones that may need gradients
             return run_as_eager(func, args, kwargs, lambda: _call(func, types, args, kwargs))
         finally:
+            if inexact is not None:
+                recorder.inexact = None
             if outermost:
                 recorder.call_site = recorder.composite_device = None
 

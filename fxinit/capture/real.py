@@ -66,7 +66,7 @@ def real_tensor_op(recorder: Any, func: Any, args: tuple, kwargs: dict) -> Any:
         return NOT_REAL
     if deferred and any(t.device.type == "meta" for t in tensors if not is_deferred_tensor(t)):
         return NOT_REAL  # a plain meta tensor mixed in: the recorder says what went wrong
-    if draws_random(func):
+    if draws_random(func, args, kwargs):
         recorder.lazy_cpu.flush()
         gen = kwargs.get("generator")
         if gen is not None:
@@ -182,7 +182,7 @@ def non_strided_result(recorder: Any, func: Any, args: tuple, kwargs: dict, inpu
     """A sparse (or other non-strided) result: real, from exact values, on the device eager
     builds it on (``torch.sparse_coo_tensor`` under ``with torch.device("cuda")``), or refused."""
     device = output_device(func, inputs, kwargs, recorder._intended)
-    if not draws_random(func) and all(recorder.value_of(t) is not None for t in inputs):
+    if not draws_random(func, args, kwargs) and all(recorder.value_of(t) is not None for t in inputs):
         if device.type not in ("cpu", "meta") and not device_available(device):
             raise recorder.fail(f"fxinit cannot build {func}'s non-strided (sparse) result for {device} on a machine "
                                 "without it: it is kept as a real tensor", op=str(func),

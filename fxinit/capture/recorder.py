@@ -101,6 +101,7 @@ class Recorder(Shadows, Doors):
         # Autocast was on when the torch function being run was called (it is off inside dispatch).
         self.autocast = False
         self.composite_device: torch.device | None = None  # its deferred input's device (modes.py)
+        self.inexact: str | None = None  # why the torch function being run is not eager's there (modes.py)
         # Subclasses' __torch_function__ was on where the op being dispatched was called (the
         # recorder runs with it off; a wrapper subclass's own __torch_dispatch__ runs as in eager).
         self.torch_function_outside = True
@@ -190,12 +191,9 @@ class Recorder(Shadows, Doors):
         # at a cost per op comparable to the rest of recording.
         node = self.graph.create_node(op, target, (), {}, name=_node_name(self.graph, target))
         if args or kwargs:
-            set_both = getattr(node, "_update_args_kwargs", None)  # one update instead of two (fx >= 1.10)
-            if set_both is not None:
-                set_both(args, kwargs)
-            else:
-                node.args = args
-                node.kwargs = kwargs
+            node._update_args_kwargs(args, kwargs)  # one update instead of two
+        if self.inexact is not None:  # the meta path of an op eager runs otherwise (capture.branches)
+            node.meta["inexact"] = self.inexact
         node.meta["pos"] = self._pos
         self._pos += 1
         if not torch.is_grad_enabled():  # (autograd_links replays the op in the mode eager ran it in)
@@ -519,7 +517,7 @@ class Recorder(Shadows, Doors):
                 op=str(func), hint="let the other tensor be a view of this one (keep it deferred), or write before "
                                    "copying the value out")
         gargs, gkwargs = self._graph_args(func, args, kwargs, device, inputs)
-        random = draws_random(func) and device.type != "meta"
+        random = draws_random(func, args, kwargs) and device.type != "meta"
         if random:
             if called_from(_DTENSOR_DIR):  # DTensor runs the op on the local tensors (capture.dtensor)
                 raise self.fail(

@@ -144,7 +144,7 @@ class Shadows:
         # A random op has no shadow, on meta too (``random`` is False there): computing one
         # would draw from the user's generator, which eager's meta op leaves alone.
         small_fresh = fresh and all(w.numel() <= EAGER_SHADOW_LIMIT for w, _ in fresh)
-        if random or draws_random(func) or not (mutated or small_fresh) \
+        if random or draws_random(func, args, kwargs) or not (mutated or small_fresh) \
                 or not all(self.shadow_of(t) is not None for t in inputs):
             for t in mutated:
                 self.storages.info(t).shadow = None
@@ -170,7 +170,7 @@ class Shadows:
     def via_values(self, func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
                      data_dependent: bool, cause: Exception | None = None) -> Any:
         """Ops whose result depends on values (or that have no meta kernel): run them on exact values, or refuse."""
-        if not draws_random(func) and all(self.value_of(t) is not None for t in inputs):
+        if not draws_random(func, args, kwargs) and all(self.value_of(t) is not None for t in inputs):
             real_out = self.compute_real(func, args, kwargs)
             if not tensors_in(real_out) or not is_strided_result(real_out):
                 return real_out  # a Python value (item, bool), or a sparse tensor: kept real (capture.real)

@@ -21,6 +21,8 @@ from typing import Sequence
 
 import torch.fx as fx
 
+from fxinit.ops import is_view, reads_no_data
+
 
 def dead_writes(nodes: Sequence[fx.Node]) -> set[fx.Node]:
     """The nodes of ``nodes`` (program order) whose writes are all overwritten unread."""
@@ -28,7 +30,7 @@ def dead_writes(nodes: Sequence[fx.Node]) -> set[fx.Node]:
     dead_on: dict[fx.Node, set[int]] = defaultdict(set)
     for n in nodes:
         overwrites = set(n.meta.get("overwrites", ()))
-        for sid in n.meta.get("reads", ()):
+        for sid in () if is_view(n) or reads_no_data(n) else n.meta.get("reads", ()):  # (a view reads no data)
             if sid not in overwrites:
                 pending.pop(sid, None)  # read: those writes are live
         for sid in overwrites:

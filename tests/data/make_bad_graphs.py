@@ -59,7 +59,7 @@ REFUSALS = {
     "hf_config_tuple.pt": "is a tuple, not JSON data",
     "hf_config_too_deep.pt": "nested deeper than",
     "hf_config_in_schema_1.pt": "a schema 1 payload with hf_config",
-    "schema_2_without_hf_config.pt": "a schema [234] payload without hf_config",
+    "schema_2_without_hf_config.pt": "a schema [2-9] payload without hf_config",
     "header_layout_truncated_header.fxg": "damaged header",
     "header_layout_bitflip_body.fxg": "checksum mismatch",
     "header_layout_truncated_half.fxg": "checksum mismatch",

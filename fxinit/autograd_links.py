@@ -36,13 +36,13 @@ import functools
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import AbstractSet, Any, Callable
+from collections import Counter
+from typing import AbstractSet, Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
 
 from fxinit.capture.deferred import dressed_as, is_deferred_tensor, plain_attributes, state_of
-from fxinit.capture.storages import storage_references
 from fxinit.ops import is_view, reads_no_data
 from fxinit.passes.roots import storage_root, writes_first_argument
 
@@ -143,14 +143,16 @@ def _eager_words(t: torch.Tensor) -> str:
     return f"{fn}, {source}" if source else fn
 
 
-def relink(links: list[Link]) -> None:
-    """Rebuild each planned tensor from the now real parameters (after the swap). The ops run
+def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
+    """Rebuild each planned tensor from the now real parameters (after the swap; ``made``: the
+    tensors the call materialized). The ops run
     in eager's order, so that autograd numbers its functions as eager's (a backward through
     several such tensors adds their gradients in eager's order, to eager's bits); the swaps go
     the other way, the ones computed last first: an older ``grad_fn`` of a later tensor holds
     the earlier tensors it read, and swapping those waits until it is gone."""
     rebuilt = []
     lost = []
+    holders = Counter(p for p in map(_memory, made) if p)
     for link in sorted(links, key=_made):
         if any(is_deferred_tensor(p) or (p.grad_fn is not None and node.op != "get_attr")  # (a real tensor lifted)
                for node, p in link.leaves.items()):
@@ -158,7 +160,7 @@ def relink(links: list[Link]) -> None:
         if link.tensor.is_meta:
             continue  # no values to check the replay against
         value = _replayed(link) if link.nodes else None
-        if value is not None and value._is_view() and _memory_shared_elsewhere(link.tensor, value):
+        if value is not None and value._is_view() and _memory_shared_elsewhere(link.tensor, value, holders):
             value = None  # a view of a replayed temporary would leave the memory eager's tensor shares
         if value is None:  # the tensor keeps its right value, as a leaf
             lost.append(link.eager)
@@ -183,14 +185,22 @@ def relink(links: list[Link]) -> None:
         del new
 
 
-def _memory_shared_elsewhere(t: torch.Tensor, view: torch.Tensor) -> bool:
+def _memory_shared_elsewhere(t: torch.Tensor, view: torch.Tensor, holders: Counter[int]) -> bool:
     """Whether ``view`` (``t`` rebuilt as a view) is not over ``t``'s memory, which another tensor
-    holds too (``b4 = b0.t()`` kept beside a kept ``b0 = w.clone()``: ``b4`` replayed from a clone
-    of its own). A view of a parameter is over the parameter's memory."""
-    if view.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
-        return False
-    references = storage_references(t)
-    return references is None or references > 1
+    of the model holds too (``holders``: how many of the tensors the call materialized are over
+    each storage; ``b4 = b0.t()`` kept beside a kept ``b0 = w.clone()``: ``b4`` replayed from a
+    clone of its own). A view of a parameter is over the parameter's memory; a view of a
+    temporary (``(w * 2).t()``, an LSTM's ``batch_first`` output) has that memory to itself."""
+    ptr = t.untyped_storage().data_ptr()
+    return view.untyped_storage().data_ptr() != ptr and holders[ptr] > 1
+
+
+def _memory(t: torch.Tensor) -> int:
+    """The address of ``t``'s memory (0 for none: meta, empty, a wrapper subclass's)."""
+    try:
+        return 0 if t.is_meta else t.untyped_storage().data_ptr()
+    except RuntimeError:
+        return 0
 
 
 def _made(link: Link) -> int:

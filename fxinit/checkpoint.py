@@ -13,11 +13,12 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, Union
 
 import torch
+from torch.nn.modules.batchnorm import _NormBase
 
 from fxinit.capture.names import tensor_slots
 from fxinit.distributed import local_part
@@ -228,7 +229,8 @@ def checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], stat
         hit = next((k for k in fqns if k in keys), None)
         if hit is not None:
             found[tid] = hit
-    missing = sorted([n for tid, fqns in names.items() if tid not in found for n in fqns]
+    filled = _filled_by_norms(module, prefix, keys, _metadata(state_dict))
+    missing = sorted([n for tid, fqns in names.items() if tid not in found for n in fqns if n not in filled]
                      + [key for mod, key in extra_keys if key not in keys and id(mod) in holding])
     unexpected = sorted(k for k in keys if k.startswith(prefix) and k not in module_keys)
     if incompatible is not None:
@@ -255,6 +257,29 @@ def checkpoint_values(module: torch.nn.Module, tensors: list[torch.Tensor], stat
             out[tid] = functools.partial(ckpt.get, key)
     extra = [(mod, key) for mod, key in extra_keys if key in keys]
     return out, functools.partial(_set_extra_states, ckpt, extra)
+
+
+def _metadata(state_dict: CheckpointSource) -> Mapping[str, dict] | None:
+    """The per-module metadata ``Module.state_dict()`` attaches (``_metadata``: each module's
+    ``version``), which ``load_state_dict`` hands each module's ``_load_from_state_dict``."""
+    return getattr(state_dict, "_metadata", None) if isinstance(state_dict, Mapping) else None
+
+
+def _filled_by_norms(module: torch.nn.Module, prefix: str, keys: set[str],
+                     metadata: Mapping[str, dict] | None) -> set[str]:
+    """Keys a checkpoint lacks that the norm layers' own loading fills in, so they are not
+    missing: ``num_batches_tracked`` of a checkpoint older than the buffer (no ``version`` 2 in
+    its metadata: torchvision's ImageNet files, any plain dict), which ``_NormBase`` gives its
+    current value (here: the one the init graph computes)."""
+    filled = set()
+    for path, mod in module.named_modules():
+        if not isinstance(mod, _NormBase) or not mod.track_running_stats:
+            continue
+        key = f"{prefix}{path}{'.' if path else ''}num_batches_tracked"
+        version = (metadata or {}).get(f"{prefix}{path}".rstrip("."), {}).get("version")
+        if key not in keys and (version is None or version < 2):
+            filled.add(key)
+    return filled
 
 
 _EXTRA_STATE = "_extra_state"  # torch's key suffix (torch.nn.modules.module._EXTRA_STATE_KEY_SUFFIX)
@@ -309,7 +334,11 @@ def load_by_its_own_code(module: torch.nn.Module, state_dict: CheckpointSource, 
             "which init=False does not run", hint="materialize(..., state_dict=...) with init=True, or "
                                                    "materialize(init=False) and then model.load_state_dict(...)")
     ckpt = Checkpoint(state_dict)
-    entries = {k[len(prefix):]: ckpt.entry(k) for k in sorted(ckpt.keys()) if k.startswith(prefix)}
+    entries = OrderedDict((k[len(prefix):], ckpt.entry(k)) for k in sorted(ckpt.keys()) if k.startswith(prefix))
+    metadata = _metadata(state_dict)
+    if metadata is not None:  # each module's version, which its own _load_from_state_dict may read
+        entries._metadata = OrderedDict((path[len(prefix):], meta) for path, meta in metadata.items()  # type: ignore[attr-defined]
+                                        if (path + ".").startswith(prefix) or prefix == "")
     try:
         result = module.load_state_dict(entries, strict=strict)
     except RuntimeError as exc:

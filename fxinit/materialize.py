@@ -324,7 +324,7 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
     finally:
         for mod in holders:
             mod._init_flat_weights()
-    relink(links)
+    relink(links, tensors)
     if dtype is not None:
         separate_buffer_slots(apart, dtype)
     return {id(t) for t in tensors}

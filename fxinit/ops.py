@@ -137,6 +137,10 @@ def replay_args(target: Any, args: tuple) -> tuple:
     return args
 
 
+#: kernels whose values depend on whether autograd is on (oneDNN's LSTM picks its inference
+#: primitive under no_grad: other bits), replayed in the grad mode they were recorded in
+READS_GRAD_MODE = frozenset({torch.ops.aten.mkldnn_rnn_layer.default})
+
 #: Factories whose result holds whatever the memory held (``torch.empty`` & co.).
 ALLOCATIONS = frozenset({
     torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default, torch.ops.aten.empty_strided.default,

@@ -453,3 +453,64 @@ def test_a_model_whose_load_hooks_rename_keys_loads_by_its_own_code(tmp_path: Pa
         fxinit.materialize(fxinit.trace_init(M), state_dict=partial)
     with pytest.raises(DeferredInitError, match=r"init=False, state_dict=.*\(fused\)"):
         fxinit.materialize(fxinit.trace_init(M), state_dict=state, init=False)
+
+
+def _conv_bn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+
+
+def test_a_norm_checkpoint_older_than_num_batches_tracked_loads_as_eagers() -> None:
+    """torchvision's ImageNet files (and any plain dict without ``_metadata``) lack
+    ``num_batches_tracked``: ``_NormBase`` fills it in with its own value when the module's
+    version in the checkpoint is below 2 or absent, so eager's strict load accepts it; fxinit
+    refused it as missing (found by a sweep of torchvision's models)."""
+    torch.manual_seed(1)
+    full = _conv_bn().state_dict()
+    old = {k: v for k, v in full.items() if "num_batches_tracked" not in k}
+    for strict in (True, False):
+        torch.manual_seed(0)
+        eager = _conv_bn()
+        want = eager.load_state_dict(dict(old), strict=strict)
+        torch.manual_seed(0)
+        m = fxinit.trace_init(_conv_bn)
+        got = fxinit.materialize(m, state_dict=dict(old), strict=strict)
+        assert want.missing_keys == [] and (strict or got.missing_keys == [])
+        assert all(same_bits(a, b) for a, b in zip(m.state_dict().values(), eager.state_dict().values()))
+    versioned = type(full)(old)
+    versioned._metadata = full._metadata  # version 2: the key is missing, in eager too
+    torch.manual_seed(0)
+    want = _conv_bn().load_state_dict(versioned, strict=False)
+    got = fxinit.materialize(fxinit.trace_init(_conv_bn), state_dict=versioned, strict=False)
+    assert got.missing_keys == want.missing_keys == ["1.num_batches_tracked"]
+
+
+class _Versioned(nn.Module):
+    """Reads its version from the checkpoint's metadata, as torchvision's MNASNet does."""
+
+    _version = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, *args) -> None:  # noqa: ANN001
+        if local_metadata.get("version") != 2:
+            raise ValueError(f"version {local_metadata.get('version')}")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, *args)
+
+
+def test_a_models_own_loading_reads_the_checkpoints_metadata() -> None:
+    """A model that loads by its own code got the checkpoint's entries without ``_metadata``,
+    and its ``_load_from_state_dict`` raised where eager's loads."""
+    torch.manual_seed(1)
+    sd = nn.Sequential(_Versioned()).state_dict()
+    torch.manual_seed(0)
+    eager = nn.Sequential(_Versioned())
+    eager.load_state_dict(sd)
+    torch.manual_seed(0)
+    m = fxinit.trace_init(lambda: nn.Sequential(_Versioned()))
+    fxinit.materialize(m, state_dict=sd)
+    assert same_bits(m[0].lin.weight, eager[0].lin.weight) and same_bits(m[0].lin.weight, sd["0.lin.weight"])
+    inner = fxinit.trace_init(_Versioned)  # under a prefix: the metadata under it, relative to it
+    fxinit.materialize(inner, state_dict=sd, prefix="0.")
+    assert same_bits(inner.lin.weight, sd["0.lin.weight"])

@@ -545,3 +545,20 @@ def test_a_kept_tensor_at_the_end_of_a_long_chain_of_ops() -> None:
     with pytest.warns(UserWarning, match=r"not eager's grad_fn \(AddBackward0"):
         fxinit.materialize(m)
     assert same_bits(m.g, eager.g) and same_bits(m.w, eager.w)
+
+
+def test_a_kept_view_of_a_temporary_keeps_its_grad_fn() -> None:
+    """``(w * 2).t()`` kept as a buffer: the replay rebuilt it, and a check that counted every
+    reference to its memory (fxinit's own included) took the temporary's memory for shared
+    with another tensor, so the buffer lost ``TBackward0``, with a warning."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(3, 4))
+            self.register_buffer("o", (self.w * 2).t())
+
+    eager, traced = _both(M)
+    assert type(traced.o.grad_fn).__name__ == type(eager.o.grad_fn).__name__ == "TBackward0"
+    assert traced.o.stride() == eager.o.stride() and same_bits(traced.o, eager.o)
+    (got,), (want,) = torch.autograd.grad(traced.o.sum(), [traced.w]), torch.autograd.grad(eager.o.sum(), [eager.w])
+    assert same_bits(got, want)

@@ -95,6 +95,26 @@ def test_recurrent_layers_run_in_a_constructor(kind, kwargs) -> None:
         assert torch.equal(eager_rng, traced_rng)
 
 
+class KeptWithAutograd(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(4, 6, num_layers=2, batch_first=True)
+        self.register_buffer("out", self.rnn(torch.randn(2, 3, 4))[0])  # grad on: a grad_fn to the weights
+
+
+def test_an_lstm_output_kept_with_autograd() -> None:
+    """oneDNN's LSTM picks another primitive under no_grad (other bits): the replay runs it in
+    the grad mode it was recorded in (``ops.READS_GRAD_MODE``). Its ``batch_first`` output is a
+    view of a temporary, rebuilt with eager's ``grad_fn``."""
+    ref, m, _, _ = eager_and_traced(KeptWithAutograd)
+    fxinit.materialize(m)
+    assert_modules_equal(m, ref)
+    assert type(m.out.grad_fn).__name__ == type(ref.out.grad_fn).__name__ == "TransposeBackward0"
+    got = torch.autograd.grad(m.out.sum(), list(m.rnn.parameters()))
+    want = torch.autograd.grad(ref.out.sum(), list(ref.rnn.parameters()))
+    assert all(same_bits(a, b) for a, b in zip(got, want))
+
+
 def test_lstm_with_onednn_off_is_the_native_path() -> None:
     with torch.backends.mkldnn.flags(enabled=False):
         ref, m, _, _ = eager_and_traced(Recurrent, "LSTM", True)

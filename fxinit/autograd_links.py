@@ -35,8 +35,8 @@ import dataclasses
 import functools
 import re
 import warnings
-from dataclasses import dataclass, field
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Callable, Sequence
 
 import torch
@@ -473,8 +473,9 @@ def graph_signature(t: torch.Tensor) -> list:
         return None if isinstance(variable, torch.Tensor) else (fn, iter(fn.next_functions), [])
 
     # depth first without Python's recursion: a chain of ops as long as a model's init is no limit
-    stack = [meet(t.grad_fn)] if t.grad_fn is not None else []
-    stack = [frame for frame in stack if frame is not None]
+    stack = []
+    if t.grad_fn is not None and (first := meet(t.grad_fn)) is not None:
+        stack.append(first)
     while stack:
         fn, successors, positions = stack[-1]
         next_fn = next(successors, False)

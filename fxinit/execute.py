@@ -124,10 +124,9 @@ def refuse_inexact(nodes: Iterable[fx.Node]) -> None:
                 f"fxinit cannot give eager's values here: {why}, a kernel fxinit does not rebuild, and a "
                 f"materialized tensor's value depends on it (node {n.name})",
                 op=str(n.target), module=n.meta.get("module"), source=getattr(n.meta.get("prov"), "source", None),
-                hint="compute it after fxinit.materialize (on the real tensors), or build this model on the CPU"
-                     " without that kernel (torch.backends.mkldnn.flags(enabled=False), "
-                     "torch.nn.attention.sdpa_kernel(SDPBackend.MATH), torch.backends.cudnn.flags(enabled=False)"
-                     " around both eager construction and trace_init)")
+                hint="compute it after fxinit.materialize (on the real tensors), or turn that kernel off around "
+                     "both eager construction and trace_init (torch.backends.cudnn.flags(enabled=False), "
+                     "torch.nn.attention.sdpa_kernel(SDPBackend.MATH))")
 
 
 def _storage_labels(program: Program, targets: list[Target]) -> dict[fx.Node, str]:

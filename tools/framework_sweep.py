@@ -4,6 +4,7 @@
     python tools/framework_sweep.py litgpt [--stub-missing]
     python tools/framework_sweep.py diffusers
     python tools/framework_sweep.py peft
+    python tools/framework_sweep.py torchvision   (torch 2.14.1 + torchvision 0.29.1: DEVELOPERS.md)
 
 ``timm``: every architecture whose name marks a small variant (``tiny``, ``nano``, ``small``,
 ``resnet18``...), built with ``timm.create_model(name, num_classes=10)``: ``fxinit.check`` (eager
@@ -22,6 +23,13 @@ wider sweep of peft 0.21.2 — 30 tuners, five architectures, merges, loading, o
 the layout of ``_linalg_svd``'s ``Vh`` and moves to meta: ``capture/layouts.py``,
 ``capture/doors.py``.)
 
+``torchvision``: every builder of ``torchvision.models`` (but the four over 200M parameters),
+``weights=None``, with ``fxinit.check``, then loaded from a plain checkpoint without
+``num_batches_tracked`` (as torchvision's own files are) against eager ``load_state_dict``. (A
+wider sweep of torchvision 0.29.1 — reverse order, ``dtype=``, forward and backward, device
+contexts, FrozenBatchNorm checkpoints, quantization's ``fuse_model`` and QAT — found the two
+checkpoint refusals ``checkpoint._filled_by_norms`` and ``_metadata`` now follow.)
+
 Prints one line per model and the totals; exits 1 on any difference or crash (refusals are
 counted apart). ``--stub-missing`` stands in empty modules for imports the model code does not
 use (``torchvision`` without its C extension where no CPU wheel matches torch, ``lightning``
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import importlib.abc
 import importlib.machinery
 import math
@@ -255,6 +264,46 @@ def _peft(limit: int) -> list[tuple[str, Callable[[], Any]]]:
     return [(name, lambda name=name, c=c: both(name, c)) for name, c in _PEFT.items()][:limit]
 
 
+_TORCHVISION_HUGE = {"regnet_y_128gf", "vit_h_14", "vit_l_16", "vit_l_32"}  # over 200M parameters
+
+
+def _torchvision(limit: int) -> list[tuple[str, Callable[[], Any]]]:
+    import inspect
+
+    import torchvision
+
+    def builder(name: str) -> Callable[[], Any]:
+        accepts = inspect.signature(torchvision.models.get_model_builder(name)).parameters
+        kwargs = {k: v for k, v in (("num_classes", 10), ("weights_backbone", None)) if k in accepts}
+        return functools.partial(torchvision.models.get_model, name, weights=None, **kwargs)
+
+    def both(name: str) -> str:
+        build = builder(name)
+        whole = _check(build)
+        if whole != "equal":
+            return whole
+        import fxinit
+        from tests.conftest import compare_modules
+
+        # a checkpoint as torchvision's own files are: a plain dict without num_batches_tracked
+        torch.manual_seed(1)
+        sd = {k: v for k, v in build().state_dict().items() if not k.endswith("num_batches_tracked")}
+        torch.manual_seed(0)
+        eager = build()
+        try:
+            eager.load_state_dict(sd)
+        except (RuntimeError, ValueError):
+            return "equal"  # eager refuses that checkpoint (MNASNet asks for its version)
+        torch.manual_seed(0)
+        model = fxinit.trace_init(build)
+        fxinit.materialize(model, state_dict=sd)
+        errors = compare_modules(model, eager, "")
+        return "equal" if not errors else "different (checkpoint): " + "; ".join(errors[:3])
+
+    names = [n for n in torchvision.models.list_models() if n not in _TORCHVISION_HUGE]
+    return [(n, lambda n=n: both(n)) for n in names][:limit]
+
+
 def _check(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
     import fxinit
 
@@ -264,14 +313,15 @@ def _check(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("framework", choices=["timm", "litgpt", "diffusers", "peft"])
+    parser.add_argument("framework", choices=["timm", "litgpt", "diffusers", "peft", "torchvision"])
     parser.add_argument("--limit", type=int, default=400)
     parser.add_argument("--stub-missing", action="store_true")
     args = parser.parse_args(argv)
     if args.stub_missing:
         sys.meta_path.insert(0, _Stubs())
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
-    cases = {"timm": _timm, "litgpt": _litgpt, "diffusers": _diffusers, "peft": _peft}[args.framework](args.limit)
+    cases = {"timm": _timm, "litgpt": _litgpt, "diffusers": _diffusers, "peft": _peft,
+             "torchvision": _torchvision}[args.framework](args.limit)
     counts: collections.Counter[str] = collections.Counter()
     started = time.perf_counter()
     for name, run in cases:

@@ -137,9 +137,14 @@ def replay_args(target: Any, args: tuple) -> tuple:
     return args
 
 
-#: kernels whose values depend on whether autograd is on (oneDNN's LSTM picks its inference
-#: primitive under no_grad: other bits), replayed in the grad mode they were recorded in
-READS_GRAD_MODE = frozenset({torch.ops.aten.mkldnn_rnn_layer.default})
+_READS_GRAD_MODE = frozenset({torch.ops.aten.mkldnn_rnn_layer.default})
+
+
+@per_target
+def reads_grad_mode(target: Any) -> bool:
+    """Whether kernel ``target`` gives other values with autograd off (oneDNN's LSTM picks its
+    inference primitive under no_grad: other bits): replayed in the grad mode it was recorded in."""
+    return target in _READS_GRAD_MODE
 
 #: Factories whose result holds whatever the memory held (``torch.empty`` & co.).
 ALLOCATIONS = frozenset({

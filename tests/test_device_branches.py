@@ -104,7 +104,7 @@ class KeptWithAutograd(nn.Module):
 
 def test_an_lstm_output_kept_with_autograd() -> None:
     """oneDNN's LSTM picks another primitive under no_grad (other bits): the replay runs it in
-    the grad mode it was recorded in (``ops.READS_GRAD_MODE``). Its ``batch_first`` output is a
+    the grad mode it was recorded in (``ops.reads_grad_mode``). Its ``batch_first`` output is a
     view of a temporary, rebuilt with eager's ``grad_fn``."""
     ref, m, _, _ = eager_and_traced(KeptWithAutograd)
     fxinit.materialize(m)

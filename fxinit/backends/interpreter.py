@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.errors import DeferredInitError
-from fxinit.ops import (DEVICE_KWARGS, READS_GRAD_MODE, constant_value, filled_argument, is_random, reads_no_data,
+from fxinit.ops import (DEVICE_KWARGS, constant_value, filled_argument, is_random, reads_grad_mode, reads_no_data,
                         replay_args)
 from fxinit.passes.batched_fills import BatchedFill
 from fxinit.passes.cast_fusion import FusedCast
@@ -245,7 +245,7 @@ class Interpreter:
         factory = _FACTORIES.get(id(n.target))
         if factory is not None and kwargs.get("device") is not None:  # no device context can move it
             return factory(*args, **kwargs)
-        if n.target in READS_GRAD_MODE and not n.meta.get("no_grad"):
+        if reads_grad_mode(n.target) and not n.meta.get("no_grad"):
             with torch.enable_grad():  # (the replay's values need no graph: none of them requires grad)
                 return n.target(*replay_args(n.target, args), **kwargs)
         return n.target(*replay_args(n.target, args), **kwargs)

@@ -152,7 +152,7 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
     the earlier tensors it read, and swapping those waits until it is gone."""
     rebuilt = []
     lost = []
-    holders = Counter(p for p in map(_memory, made) if p)
+    holders = Counter(p for p in map(_memory, made) if p) if links else Counter()
     for link in sorted(links, key=_made):
         if any(is_deferred_tensor(p) or (p.grad_fn is not None and node.op != "get_attr")  # (a real tensor lifted)
                for node, p in link.leaves.items()):

@@ -18,7 +18,7 @@ import inspect
 import operator
 import os
 import re
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 import torch.fx as fx
@@ -26,8 +26,10 @@ import torch.fx as fx
 from fxinit.archive import pack, short_message, unpack
 from fxinit.capture.provenance import Provenance
 from fxinit.errors import ArtifactError
+from fxinit.init_bodies import body_fingerprint
 from fxinit.ops import OPAQUE_INIT_FUNCTIONS, call_init_function, draws_random, replay_args, resolve_init_function
 from fxinit.rng import RngSnapshot, Snapshot
+from fxinit.rng.kernel_fingerprints import fingerprint
 from fxinit.rng.philox import PENDING_FIELDS, PendingPhilox, decode_pending, encode_pending
 from fxinit.spec import OutputInfo, TensorSpec
 
@@ -35,7 +37,7 @@ if TYPE_CHECKING:  # annotations only: graph.py imports this module
     from fxinit.graph import InitGraph
 
 FORMAT = "fxinit-init-graph"
-SCHEMA_VERSION = 5  # 5: nodes of ops eager runs otherwise ("inexact"); 4: opaque nodes' body fingerprints; 3: CUDA snapshots pending their device (rng.philox); 2: hf_config;
+SCHEMA_VERSION = 6  # 6: fingerprints of the CPU random kernels ("random_kernels"); 5: nodes of ops eager runs otherwise ("inexact"); 4: opaque nodes' body fingerprints; 3: CUDA snapshots pending their device (rng.philox); 2: hf_config;
 # 1: the payload of the older header layout, still read
 MAX_NODES = 10_000_000
 MAX_CONFIG_DEPTH = 32
@@ -77,6 +79,7 @@ def save_graph(graph: InitGraph, path: str | os.PathLike) -> None:
         "rng": {**{k: {"device": s.device, "state": s.state.cpu()} for k, s in graph.snapshots.items()
                     if not isinstance(s, PendingPhilox)}, **encode_pending(graph.snapshots)},
         "hf_config": _checked_config(graph.hf_config, "cannot save this graph"),
+        "random_kernels": _random_kernels(graph.nodes),
     }
     data = pack(payload)
     tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
@@ -191,7 +194,7 @@ def _decode(p: Any) -> dict[str, Any]:
     if version > SCHEMA_VERSION:
         raise ArtifactError(f"schema version {version} is newer than this fxinit reads ({SCHEMA_VERSION})",
                             hint="upgrade fxinit to load it")
-    _expect(version in (1, 2, 3, 4, SCHEMA_VERSION), f"unknown schema version {version}")
+    _expect(version in (1, 2, 3, 4, 5, SCHEMA_VERSION), f"unknown schema version {version}")
     _expect(("hf_config" in p) == (version >= 2),
             f"a schema {version} payload {'without' if version >= 2 else 'with'} hf_config")
     _expect(p.get("default_dtype") in _DTYPES, "bad default dtype")
@@ -232,6 +235,14 @@ def _decode(p: Any) -> dict[str, Any]:
         node = _decode_node(graph, rec, env, constants, snapshots, i)
         _expect(node.meta["pos"] > last_pos, "node positions are not increasing")
         last_pos = node.meta["pos"]
+    if version < 4:
+        _fingerprint_older_opaque_nodes(graph, p.get("torch_version"))
+    kernels = p.get("random_kernels")
+    _expect((kernels is not None) == (version >= 6), f"a schema {version} payload with{'out' * (version >= 6)} "
+                                                      "random_kernels")
+    _expect(kernels is None or (isinstance(kernels, dict) and all(
+        k in _DTYPES and isinstance(v, str) for k, v in kernels.items())), "bad random_kernels")
+    _note_random_kernels(graph, kernels, p.get("torch_version"))
     outputs: dict[str, fx.Node] = {}
     for fqn, name in p["outputs"].items():
         _expect(isinstance(fqn, str) and isinstance(name, str) and name in env, f"output {fqn!r}")
@@ -374,6 +385,60 @@ def _decode_node(graph: fx.Graph, rec: Any, env: dict[str, fx.Node], constants: 
     node.meta.update(meta)
     env[name] = node
     return node
+
+
+def _fingerprint_older_opaque_nodes(graph: fx.Graph, recorded_with: Any) -> None:
+    """Opaque nodes of a graph older than their ``body`` fingerprint (schema 4): the recording
+    torch's function is this torch's where the versions agree; elsewhere it is unknown, and an
+    exact replay is refused (``execute.refuse_changed_init_functions``; torch 2.11's
+    ``trunc_normal_`` draws otherwise than 2.13's, so every later tensor would differ)."""
+    same = isinstance(recorded_with, str) and _release(recorded_with) == _release(torch.__version__)
+    for node in graph.nodes:
+        if node.meta.get("opaque") and "body" not in node.meta:
+            node.meta["body"] = (body_fingerprint(node.meta["opaque"]) if same
+                                 else f"unknown: recorded with torch {recorded_with}")
+
+
+def _random_kernels(nodes: Iterable[fx.Node]) -> dict[str, str]:
+    """``{dtype: fingerprint}`` of the dtypes the CPU random ops among ``nodes`` draw in: those
+    they were recorded with (``meta["kernels"]``, a graph loaded here), else this torch's."""
+    out: dict[str, str] = {}
+    for node in nodes:
+        dtype = _cpu_random_dtype(node)
+        if dtype is not None:
+            out.setdefault(_dtype_name(dtype), node.meta.get("kernels") or fingerprint(dtype))
+    return out
+
+
+def _note_random_kernels(graph: fx.Graph, kernels: dict[str, str] | None, recorded_with: Any) -> None:
+    """Each CPU random node's ``meta["kernels"]``: the fingerprint of the kernels it was
+    recorded with (``execute.refuse_changed_kernels``). A graph older than them (schema 6):
+    this torch's where the file names the same torch release, else unknown."""
+    same = isinstance(recorded_with, str) and _release(recorded_with) == _release(torch.__version__)
+    for node in graph.nodes:
+        dtype = _cpu_random_dtype(node)
+        if dtype is None:
+            continue
+        if kernels is not None:
+            _expect(_dtype_name(dtype) in kernels, f"node {node.name}: no random_kernels entry for {dtype}")
+            node.meta["kernels"] = kernels[_dtype_name(dtype)]
+        else:
+            node.meta["kernels"] = fingerprint(dtype) if same else f"unknown: recorded with torch {recorded_with}"
+
+
+def _cpu_random_dtype(node: fx.Node) -> torch.dtype | None:
+    """The dtype a random op on the CPU draws in (the tensor it fills), or None."""
+    if node.op != "call_function" or not draws_random(node.target, node.args, node.kwargs):
+        return None
+    spec = node.meta.get("spec")
+    if spec is None and node.args and isinstance(node.args[0], fx.Node):
+        spec = node.args[0].meta.get("spec")  # an init function recorded whole fills its first argument
+    return spec.dtype if spec is not None and spec.device.type == "cpu" else None
+
+
+def _release(version: str) -> str:
+    """``2.13.0`` of ``2.13.0+cpu``: builds of one release run the same Python init functions."""
+    return version.split("+")[0]
 
 
 def _check_opaque_call(name: str, args: tuple, kwargs: dict[str, Any]) -> None:

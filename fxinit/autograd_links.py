@@ -42,7 +42,7 @@ from typing import AbstractSet, Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from fxinit.capture.deferred import dressed_as, is_deferred_tensor, plain_attributes, state_of
+from fxinit.capture.deferred import RETAINS_GRAD, dressed_as, is_deferred_tensor, plain_attributes, state_of
 from fxinit.ops import is_view, reads_no_data
 from fxinit.passes.roots import storage_root, writes_first_argument
 
@@ -157,8 +157,6 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
         if any(is_deferred_tensor(p) or (p.grad_fn is not None and node.op != "get_attr")  # (a real tensor lifted)
                for node, p in link.leaves.items()):
             continue  # its parameters were not materialized by this call
-        if link.tensor.is_meta:
-            continue  # no values to check the replay against
         value = _replayed(link) if link.nodes else None
         if value is not None and value._is_view() and _memory_shared_elsewhere(link.tensor, value, holders):
             value = None  # a view of a replayed temporary would leave the memory eager's tensor shares
@@ -182,6 +180,9 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
         except RuntimeError as exc:
             warnings.warn(f"fxinit: a tensor computed with autograd from parameters keeps its value but not its "
                           f"grad_fn ({exc}): compute it after materialize to have eager's", stacklevel=5)
+        else:
+            if t.__dict__.pop(RETAINS_GRAD, None):  # ``retain_grad()`` in the constructor (its hook: after the swap)
+                t.retain_grad()
         del new
 
 
@@ -228,13 +229,13 @@ def _replayed(link: Link | None) -> torch.Tensor | None:
 def autograd_leaves(t: torch.Tensor) -> list[torch.Tensor]:
     """The leaf tensors ``t``'s ``grad_fn`` leads to (the parameters it was computed from)."""
     out: dict[int, torch.Tensor] = {}
-    seen: set[int] = set()
+    seen: dict[int, Any] = {}  # the functions too: a freed wrapper's id is another's (torch 2.11, 2.12)
     todo = [t.grad_fn]
     while todo:
         fn = todo.pop()
         if fn is None or id(fn) in seen:
             continue
-        seen.add(id(fn))
+        seen[id(fn)] = fn
         variable = getattr(fn, "variable", None)  # AccumulateGrad
         if isinstance(variable, torch.Tensor):
             out.setdefault(id(variable), variable)
@@ -576,6 +577,8 @@ def _same(value: torch.Tensor, t: torch.Tensor) -> bool:
     """``value`` is what materialize put into ``t`` (bits, shape, strides)."""
     if not _same_layout(value, t):
         return False
+    if t.is_meta:  # (``self.t = self.w.to("meta")``: no values, in eager either)
+        return value.is_meta
     a, b = value.detach(), t.detach()
     if a.dtype == torch.bool:
         return torch.equal(a, b)

@@ -20,13 +20,15 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 import torch
 import torch.fx as fx
 
-from fxinit.backends.compiled import CompiledSampler, compile_available, nvrtc_available, refuse, triton_available
+from fxinit.backends.compiled import (CompiledSampler, compile_available, inductor_keeps_roundings, nvrtc_available, refuse,
+                                      triton_available)
 from fxinit.backends.exact import ExactSampler
 from fxinit.backends.interpreter import Sampler
 from fxinit.backends.parallel import run_plan
 from fxinit.backends.streams import PortableSampler
 from fxinit.errors import DeferredInitError
 from fxinit.init_bodies import body_fingerprint
+from fxinit.ops import op_name
 from fxinit.passes.dead_init import dead_writes
 from fxinit.passes.ranges import Extent
 from fxinit.passes.slicing import Slicer, Target
@@ -34,6 +36,7 @@ from fxinit.passes.stream_keys import stream_keys
 from fxinit.passes.uninitialized import unwritten_reads
 from fxinit.plan import DeviceMap, Plan, make_plan
 from fxinit.rng import Snapshot
+from fxinit.rng.kernel_fingerprints import fingerprint
 from fxinit.rng.native import portable_library
 
 
@@ -95,6 +98,7 @@ def plan(program: Program, targets: Iterable[Target], *, rng: str = "exact", see
     return make_plan(nodes, {node for node, _ in targets}, rng=rng, seed=seed, streams=keys, output_dtype=dtype,
                      exposed=exposed, device_map=devices(nodes) if devices is not None else None, dead=dead,
                      compiles=compiles(compile) if rng == "portable" else None,
+                     keeps_roundings=inductor_keeps_roundings,
                      labels=labels if labels is not None else functools.partial(_storage_labels, program, targets))
 
 
@@ -111,6 +115,25 @@ def refuse_changed_init_functions(nodes: Iterable[fx.Node]) -> None:
                 op=n.meta["opaque"], module=n.meta.get("module"), source=getattr(n.meta.get("prov"), "source", None),
                 hint="trace the model again with this torch, materialize with the torch the graph was saved "
                      "with, or use rng='portable' (fxinit's own samplers)")
+
+
+def refuse_changed_kernels(nodes: Iterable[fx.Node]) -> None:
+    """Exact replay of a CPU random node recorded with other random kernels than this torch's
+    (a graph saved with torch 2.12, whose bfloat16 samplers draw otherwise than 2.13's) would
+    give other values than eager's, silently: refused, naming the op and the dtype."""
+    for n in nodes:
+        recorded = n.meta.get("kernels")
+        if recorded is None:
+            continue
+        spec = n.meta.get("spec") or n.args[0].meta["spec"]
+        if recorded != fingerprint(spec.dtype):
+            raise DeferredInitError(
+                f"torch {torch.__version__} draws other {spec.dtype} random numbers on the CPU than the torch this "
+                f"init graph was recorded with (node {n.name}, {op_name(n)}): replaying it would not give eager's "
+                "values", op=str(n.target), module=n.meta.get("module"),
+                source=getattr(n.meta.get("prov"), "source", None),
+                hint="trace the model again with this torch, materialize with the torch the graph was saved with, "
+                     "or use rng='portable' (fxinit's own samplers, the same values with any torch)")
 
 
 def refuse_inexact(nodes: Iterable[fx.Node]) -> None:
@@ -194,5 +217,6 @@ def run(program: Program, plan: Plan, workers: int | None = None) -> dict[fx.Nod
     """The values of ``plan``'s kept nodes."""
     if plan.rng == "exact":
         refuse_changed_init_functions(plan.nodes)
+        refuse_changed_kernels(plan.nodes)
         refuse_inexact(plan.nodes)
     return run_plan(plan, program.constants, sampler_for(program, plan), program.default_dtype, workers)

@@ -99,7 +99,19 @@ def _with_companions(tensors: list[torch.Tensor], where: dict[int, list[Location
     with plain_attributes():
         derived = [t for t in out if grad_fn_of(t) is not None]
     leaves = [p for t in derived for p in autograd_leaves(t) if is_deferred_tensor(p) and id(p) not in ids]
-    return _companions(out + leaves, where, walked, all_places) if leaves else out
+    if leaves:
+        out = _companions(out + leaves, where, walked, all_places)
+    with plain_attributes():
+        grads = [g for g in map(_deferred_grad, out) if g is not None and id(g) not in ids]
+    return out + list({id(g): g for g in grads}.values())
+
+
+def _deferred_grad(t: torch.Tensor) -> torch.Tensor | None:
+    """``t.grad`` where the constructor gave it one (a ``backward()`` or a ``.grad =`` in
+    ``__init__``): it is materialized with ``t``, and is ``t``'s ``.grad`` after, as in eager.
+    (Under ``plain_attributes``.)"""
+    g = t.grad if t.grad_fn is None else None  # (a tensor that is not a leaf has none, and torch warns)
+    return g if g is not None and is_deferred_tensor(g) else None
 
 
 def _alone(rec: Recorder, tensors: list[torch.Tensor]) -> bool:
@@ -230,6 +242,10 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
     with plain_attributes():
         order = sorted(range(len(tensors)), key=lambda i: (tensors[i].grad_fn is None, not tensors[i]._is_view(),
                                                            -state_of(tensors[i]).node.meta.get("pos", 0)))
+        grads = {id(t): g for t in tensors if (g := _deferred_grad(t)) is not None}
+        for t in tensors:
+            if id(t) in grads:
+                t.grad = None  # the gradient's own swap needs its only reference; set again below
     for t, v in ((tensors[i], values[i]) for i in order):
         new = dressed_as(t, v)
         try:
@@ -253,6 +269,10 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
                     setattr(mod, name, new)
                 else:
                     getattr(mod, kind)[name] = new
+    for t in tensors:
+        g = grads.get(id(t))
+        if g is not None:
+            t.grad = g  # (deferred still where it was not materialized with ``t``: torch refuses it, as it should)
 
 
 def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Location]],

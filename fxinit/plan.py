@@ -136,6 +136,7 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
               streams: Mapping[fx.Node, str] | None = None, output_dtype: torch.dtype | None = None,
               exposed: Mapping[fx.Node, Extent] | None = None, device_map: DeviceMap | None = None,
               dead: Sequence[fx.Node] = (), compiles: Callable[[torch.device], str | None] | None = None,
+              keeps_roundings: Callable[[torch.device], bool] = lambda device: True,
               labels: Mapping[fx.Node, str] | Callable[[], Mapping[fx.Node, str]] | None = None) -> Plan:
     """The plan for the slice ``nodes`` (program order, from ``passes.slicing``) whose
     values ``keep`` the caller gets. ``exposed``: kept nodes of which the caller reads only
@@ -143,7 +144,8 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
     ``output_dtype``: the caller casts the part it reads). ``streams``: portable mode's key
     of every random node (``passes.stream_keys``). ``compiles(device)``: the backend that
     runs portable fills on ``device`` as compiled kernels (``passes.kernels.BACKENDS``), or
-    None (``passes.kernels``)."""
+    None; ``keeps_roundings(device)``: whether Inductor's kernels there keep a bfloat16 or
+    float16 rounding that float32 ops read after (``passes.kernels.with_backend``)."""
     keep = frozenset(keep)
     members = set(nodes)
     exposed = dict(exposed or {})
@@ -159,7 +161,8 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
     if rng == "portable" and compiles is not None:
         candidates = compiled_fills(nodes, in_place, fused, device_map)
         on = {d: compiles(d) for d in {k.device for k in candidates.values()}}
-        kernels = {n: run for n, k in candidates.items() if on[k.device] and (run := with_backend(k, on[k.device]))}
+        kernels = {n: run for n, k in candidates.items()
+                   if on[k.device] and (run := with_backend(k, on[k.device], keeps_roundings))}
     # nodes that run otherwise or for others too (fxinit's Triton kernel draws any piece alone)
     unsplit = {*shared, *in_place, *(n for n, k in kernels.items() if k.backend not in TABLE_BACKENDS),
                *(m for f in fused.values() for m in f.members), *(m for k in kernels.values() for m in k.chain)}

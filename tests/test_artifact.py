@@ -10,9 +10,11 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
+import torch.nn as nn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -158,7 +160,7 @@ def test_torch_load_reads_a_saved_graph_without_fxinit(tmp_path: Path) -> None:
     shown = json.loads(out)
     assert shown["keys"] == sorted(["format", "schema_version", "torch_version", "default_dtype", "seed",
                                     "stream_names", "nodes", "outputs", "output_storage", "info", "ties",
-                                    "constants", "rng", "hf_config"])
+                                    "constants", "rng", "hf_config", "random_kernels"])
     assert shown["format"] == "fxinit-init-graph" and shown["version"] == SCHEMA_VERSION
     assert {"name", "op", "target", "args", "spec", "rng", "prov"} <= set(shown["node_keys"])
     assert shown["outputs"] == sorted(g.outputs) and shown["constants"] and shown["rng"] == ["torch.uint8"]
@@ -180,6 +182,11 @@ def test_files_in_the_header_layout_still_load(tmp_path: Path) -> None:
     assert data.startswith(b"FXINIT-GRAPH\nsha256:")
     g = fxinit.load_graph(HEADER_LAYOUT_FILE)
     assert g.hf_config is None
+    if torch.__version__.split("+")[0] != "2.13.0":  # the file's torch: its init functions' bodies are unknown here
+        with pytest.raises(fxinit.DeferredInitError, match="trunc_normal_ of this torch .* is not the one"):
+            g.materialize()
+        assert g.materialize(rng="portable").keys() == set(_eager_tensors(Small()))
+        return
     torch.manual_seed(0)
     eager = _eager_tensors(Small())
     values = g.materialize()
@@ -372,3 +379,50 @@ def test_fuzz_signed_payloads(data: st.DataObject) -> None:
         graph.materialize(max_bytes=1 << 24)
     except fxinit.DeferredInitError:
         pass
+
+
+def _bf16_graph(tmp_path: Path) -> bytes:
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.empty(5003, dtype=torch.bfloat16).normal_())  # the vectorized sampler
+            self.b = nn.Parameter(torch.rand(7))
+
+    torch.manual_seed(0)
+    fxinit.init_graph(fxinit.trace_init(M)).save(tmp_path / "bf16.pt")
+    return (tmp_path / "bf16.pt").read_bytes()
+
+
+def test_a_graph_recorded_with_other_random_kernels_is_refused_in_exact_mode(tmp_path: Path) -> None:
+    """torch's CPU bfloat16 and float16 samplers changed between 2.11, 2.12 and 2.13: a graph
+    keeps the fingerprint of the kernels of each dtype its random ops drew in, and an exact
+    replay under others is refused, naming the op; float32 ops and portable mode are not."""
+    data = _bf16_graph(tmp_path)
+    kernels = payload_of(data)["random_kernels"]
+    assert set(kernels) == {"bfloat16", "float32"}
+    assert loads(data).materialize()["w"].dtype == torch.bfloat16
+
+    def from_other_torch(p: dict) -> None:
+        p["random_kernels"]["bfloat16"] = "0" * 16  # what another torch's bfloat16 samplers drew
+    other = loads(mutated(data, from_other_torch))
+    with pytest.raises(fxinit.DeferredInitError, match=r"draws other torch.bfloat16 random numbers .*normal_"):
+        other.materialize()
+    assert other.materialize(["b"])["b"].dtype == torch.float32  # its float32 op drew as here
+    assert other.materialize(rng="portable").keys() == {"w", "b"}
+    resaved = tmp_path / "resaved.pt"
+    other.save(resaved)  # the fingerprints it was recorded with, not this torch's
+    assert payload_of(resaved.read_bytes())["random_kernels"]["bfloat16"] == "0" * 16
+
+
+def test_a_graph_older_than_kernel_fingerprints_is_refused_under_another_torch_release(tmp_path: Path) -> None:
+    data = _bf16_graph(tmp_path)
+
+    def schema_5(release: str) -> Callable[[dict], None]:
+        def edit(p: dict) -> None:
+            p.update(schema_version=5, torch_version=release)
+            del p["random_kernels"]
+        return edit
+    here = torch.__version__.split("+")[0]
+    assert loads(mutated(data, schema_5(here + "+cu130"))).materialize().keys() == {"w", "b"}
+    with pytest.raises(fxinit.DeferredInitError, match="draws other torch.bfloat16"):
+        loads(mutated(data, schema_5("2.12.1"))).materialize()

@@ -40,6 +40,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.errors import DeferredInitError
+from fxinit.ops import op_name
 from fxinit.passes.batched_fills import BatchedFill
 from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes.fills import Ranges
@@ -131,6 +132,7 @@ class CompiledSampler(PortableSampler):
         self.kernels = kernels
         self.forwarded = forwarded  # fills that copies draw from (``plan.forwards``): the table variant
         self.batched = batched  # fills run batched (``plan.batches``): the table variant alone
+        self.uncompiled: set[tuple] = set()  # Inductor kernels' signatures this thread cannot compile
 
     def prepare(self, random_nodes: list[fx.Node]) -> None:
         """Compile every kernel the plan needs before anything runs, so that compiling is
@@ -149,9 +151,14 @@ class CompiledSampler(PortableSampler):
                 with _LOCK:  # exports plan and run on several threads
                     if (kernel.signature, variant) in _WARM:
                         continue
+                    if kernel.backend == "inductor" and not compiles_on_this_thread():
+                        self.uncompiled.add(kernel.signature)  # the same bits, by the torch ops it is made of
+                        continue
                     started = time.perf_counter()
                     out = torch.empty(MIN_ELEMENTS + 1, dtype=kernel.cast or kernel.dtype, device=kernel.device)
-                    if variant == "fill":
+                    if variant == "fill" and kernel.backend == "inductor":
+                        _check_bits(kernel)
+                    elif variant == "fill":
                         self._run(kernel, out, 0, 0, {"scale": 1.0, "shift": 0.0})
                     else:  # Triton's other specialization: a table of rows (``fill_runs``, ``fill_many``)
                         portable_triton.fill_runs(out, kernel.kind, [(0, 2, 0)], 0, 1.0, 0.0, dtype=kernel.dtype,
@@ -217,7 +224,8 @@ class CompiledSampler(PortableSampler):
 
     def _fill(self, kernel: Kernel, flat: torch.Tensor, stream: int, first: int, params: dict[str, Any]) -> None:
         """Elements ``first ..`` of ``kernel``'s fill, into contiguous ``flat``."""
-        if flat.numel() < MIN_ELEMENTS and kernel.backend == "inductor":  # the same bits, eagerly
+        if kernel.backend == "inductor" and (flat.numel() < MIN_ELEMENTS or kernel.signature in self.uncompiled):
+            # the same bits, eagerly
             _kernel_function(kernel)(flat, torch.tensor(first, device=flat.device), stream,
                                      float(params["scale"]), float(params["shift"]), *_numbers(kernel))
             return
@@ -239,6 +247,70 @@ class CompiledSampler(PortableSampler):
             compiled(kernel)(flat, torch.tensor(first, dtype=torch.int64, device=device),
                              torch.tensor(stream, dtype=torch.int64, device=device),
                              float(params["scale"]), float(params["shift"]), *_numbers(kernel))
+
+
+def _check_bits(kernel: Kernel) -> None:
+    """Compile ``kernel`` and check its bits against the torch ops that define portable values
+    (the function it is compiled from, run eagerly): a compiler that computes otherwise (torch
+    2.11's Inductor dropped the roundings ``passes.kernels`` now leaves out of its kernels) is
+    refused, not trusted."""
+    probe = dict(scale=0.37, shift=-0.11)  # a scale and shift that leave every sample's rounding to do
+    first, stream = 1_000_003, 0x5EED
+    got = torch.empty(_PROBE_ELEMENTS, dtype=kernel.cast or kernel.dtype, device=kernel.device)
+    want = torch.empty_like(got)
+    CompiledSampler._run(kernel, got, stream, first, probe)
+    with torch.no_grad():
+        _kernel_function(kernel)(want, torch.tensor(first, device=want.device), stream, probe["scale"],
+                                 probe["shift"], *_numbers(kernel))
+    bits = torch.int16 if want.element_size() == 2 else torch.int32
+    if not torch.equal(got.view(bits), want.view(bits)):
+        steps = " -> ".join([kernel.kind, str(kernel.dtype).removeprefix("torch."),
+                             *(op_name(n) for n in kernel.chain),
+                             *([str(kernel.cast).removeprefix("torch.")] if kernel.cast else [])])
+        raise DeferredInitError(
+            f"compile=True: the kernel torch.compile generates for the portable fill {steps} on "
+            f"{kernel.device.type} gives other bits than the torch ops that define it (torch {torch.__version__})",
+            hint="materialize with compile=None (fxinit picks its own kernels) or compile=False")
+
+
+_PROBE_ELEMENTS = 4099
+
+
+#: torch 2.11's Dynamo crashes the process (a segmentation fault) where the main thread compiles
+#: after another thread did; 2.12 fixed it.
+_COMPILING_OFF_THE_MAIN_THREAD_CRASHES = tuple(map(int, torch.__version__.split(".")[:2])) < (2, 12)
+
+
+def compiles_on_this_thread() -> bool:
+    """Whether torch.compile may run on this thread: on torch 2.11 the main thread's later
+    compiles (fxinit's, or the caller's training step) would crash the process after a
+    compile on another one, so there Inductor kernels a worker thread (an export's) needs
+    run as the torch ops they are made of: the same bits, slower."""
+    return not _COMPILING_OFF_THE_MAIN_THREAD_CRASHES or threading.current_thread() is threading.main_thread()
+
+
+def inductor_keeps_roundings(device: torch.device) -> bool:
+    """Whether Inductor's code for ``device`` keeps a rounding to bfloat16 or float16 that
+    float32 ops read after (``x.to(torch.bfloat16).float()``), as eager does: torch 2.13's
+    does with ``emulate_precision_casts``; 2.11's and 2.12's fold the two casts into none
+    (a joint-graph pattern, and the C++ code's cache of converted values). Asked of the
+    installed torch once per device type, by compiling a probe."""
+    if not compiles_on_this_thread():
+        return False  # (torch 2.11's does not)
+    return _keeps_roundings(device.type)
+
+
+@functools.lru_cache(maxsize=None)
+def _keeps_roundings(device_type: str) -> bool:
+    def rounded(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.to(torch.bfloat16).float() * 3, x.to(torch.float16).float() * 3
+
+    x = torch.linspace(1 / 3, 7 / 3, 1031, device=device_type)  # most of them other in both dtypes
+    started = time.perf_counter()
+    with _LOCK, torch.no_grad():
+        got = torch.compile(rounded, dynamic=True, fullgraph=True, options=_inductor_options())(x)
+        STATS.seconds += time.perf_counter() - started
+    return all(torch.equal(g, w) for g, w in zip(got, rounded(x)))
 
 
 def fill_table(backend: str, kind: str, pieces: list[Piece], dtype: torch.dtype) -> None:

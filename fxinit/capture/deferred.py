@@ -39,11 +39,14 @@ PARAMETER_CLASS = "_fxinit_parameter_class"  # an nn.Parameter subclass the tens
 MATERIALIZED = "_fxinit_materialized"  # on every tensor materialize swapped a value into: its trace's serial
 TRACE_SERIALS = itertools.count(1)  # one per recorder (``Recorder.serial``)
 #: fxinit's own entries of a deferred tensor's ``__dict__`` (``_is_param``: a class attribute of Parameter)
-OWN_ATTRIBUTES = frozenset((STATE_ATTR, PARAMETER_CLASS, MATERIALIZED, "_is_param"))
+RETAINS_GRAD = "_fxinit_retains_grad"  # ``retain_grad()`` was called on it: the materialized tensor's is too
+SHARED = "_fxinit_shared"  # ``share_memory_()`` was called on it: the materialized tensor's memory is shared
+OWN_ATTRIBUTES = frozenset((STATE_ATTR, PARAMETER_CLASS, MATERIALIZED, RETAINS_GRAD, SHARED, "_is_param"))
 
 # Getters and methods handled specially, keyed by the descriptor/function object.
 _DEVICE = TensorBase.device
 _IS_META = TensorBase.is_meta
+_RETAINS_GRAD = TensorBase.retains_grad
 _IS_CPU = TensorBase.is_cpu
 _IS_CUDA = TensorBase.is_cuda
 _DATA = TensorBase.data
@@ -73,6 +76,7 @@ _INDEX_SEQUENCES = (list, tuple, range, np.ndarray)
 _DEEPCOPIED_STORAGES = "fxinit: storages deep-copied"  # a key of copy.deepcopy's memo
 _HOOK_SLOTS = [getattr(TensorBase, name) for name in ("_backward_hooks", "_post_accumulate_grad_hooks")
                if hasattr(TensorBase, name)]
+_BACKWARD_HOOKS = TensorBase._backward_hooks
 _RAW_ACCESS = {
     TensorBase.data_ptr,
     TensorBase.untyped_storage,
@@ -160,10 +164,15 @@ def dressed_as(deferred: torch.Tensor, value: torch.Tensor, keep_autograd: bool 
     cls = deferred.__dict__.get(PARAMETER_CLASS)
     with torch._C.DisableTorchFunctionSubclass():
         requires_grad = deferred.requires_grad
-    if keep_autograd:
-        new = value
+    if deferred.__dict__.get(SHARED) and value.device.type == "cpu":
+        value.share_memory_()  # (of its storage, which its views see too, as eager's do)
+    if keep_autograd:  # (``deferred`` may be real since its first swap: then its own type is the one made)
+        made_as = cls or (type(deferred) if type(deferred) not in (torch.Tensor, DeferredTensor) else None)
+        new = value if made_as is None or issubclass(made_as, torch.nn.Parameter) else value.as_subclass(made_as)
     elif cls is not None:
         new = torch.Tensor._make_subclass(cls, value.detach(), requires_grad)
+        if deferred.__dict__.get("_is_param") and not isinstance(new, torch.nn.Parameter):
+            new._is_param = True  # ``nn.Parameter`` of a tensor subclass's object, as eager's
     elif isinstance(deferred, torch.nn.Parameter):
         new = torch.nn.Parameter(value, requires_grad=requires_grad)
     else:
@@ -178,6 +187,10 @@ def dressed_as(deferred: torch.Tensor, value: torch.Tensor, keep_autograd: bool 
             registered = hooks.__get__(deferred)
             if registered:
                 hooks.__set__(new, registered)
+                if hooks is _BACKWARD_HOOKS and new.grad_fn is not None:  # as ``register_hook`` of a non-leaf
+                    new.grad_fn._register_hook_dict(new)
+    if deferred.__dict__.get(RETAINS_GRAD):  # asked again once its ``grad_fn`` is rebuilt (``autograd_links``)
+        new.__dict__[RETAINS_GRAD] = True
     st = deferred.__dict__.get(STATE_ATTR)  # (none: a tensor materialized already, rebuilt by autograd_links)
     new.__dict__[MATERIALIZED] = st.recorder.serial if st is not None else deferred.__dict__.get(MATERIALIZED)
     return new
@@ -294,6 +307,21 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
                 and not kwargs.get("force"):  # torch's own refusal, word for word
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
         return _recorder_of(args, kwargs).read_only_values(func, args[0], args[1:], kwargs)
+    elif func is TensorBase.retain_grad and len(args) == 1 and is_deferred_tensor(args[0]):
+        # torch's hook would hold the deferred tensor, whose value materialize swaps in: noted, and
+        # asked again of the materialized tensor (``dressed_as``)
+        with torch._C.DisableTorchFunctionSubclass():
+            leaf = args[0].grad_fn is None
+        if not leaf:
+            args[0].__dict__[RETAINS_GRAD] = True
+        elif not args[0].requires_grad:  # torch's own refusal, word for word
+            raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
+        return None
+    elif func is torch.Tensor.share_memory_ and is_deferred_tensor(args[0]):
+        args[0].__dict__[SHARED] = True  # its memory is shared once it has some (``dressed_as``)
+        return args[0]
+    elif func is torch.Tensor.is_shared and is_deferred_tensor(args[0]):
+        return bool(args[0].__dict__.get(SHARED)) and state_of(args[0]).device.type == "cpu"
     elif func is TensorBase.new and is_deferred_tensor(args[0]):
         return _recorder_of(args, kwargs).legacy_new(args[0], args[1:], kwargs)
     elif func in _PYTHON_ELEMENTWISE:  # capture.doors
@@ -441,6 +469,8 @@ def _property(kind: str, owner: Any, args: tuple) -> Any:
             return None
         return _NOT_HANDLED
     if kind == "__get__":
+        if owner is _RETAINS_GRAD and t.__dict__.get(RETAINS_GRAD):
+            return True
         if owner is _DEVICE:
             return reported_device(t, sys._getframe(3))  # past deferred_torch_function and its caller
         caller = sys._getframe(3) if owner is _IS_META or owner is _IS_CPU or owner is _IS_CUDA else None

@@ -17,7 +17,9 @@ nothing, silently. Each is closed here, in one of the contract's three ways:
   (``item()``); the elements are stacked instead, as recorded ops;
 * ``nn.Parameter`` subclasses: ``Parameter.__new__`` turns a deferred tensor into a
   deferred tensor flagged as a parameter, which loses the class; while capture is on it
-  notes the class on the tensor, and materialize builds the value as that class;
+  notes the class on the tensor, and materialize builds the value as that class. So do
+  ``as_subclass`` and ``torch.Tensor._make_subclass`` (bitsandbytes' ``Params4bit``), which
+  would make a second Python object of the meta tensor (torch refuses: it has one);
 * ``numpy()`` after the trace, where no mode would see ``from_numpy`` or ``as_tensor`` of the
   array: a CPU tensor alone on its storage becomes real at once, so the array is its memory
   as in eager; others get the read-only copy, a later write to them is refused, and
@@ -282,23 +284,65 @@ def _parameter_new(cls: type, data: Any = None, requires_grad: bool = True) -> A
     t = _PARAMETER_NEW(cls, data, requires_grad)
     if cls is not torch.nn.Parameter and is_deferred_tensor(t):
         t.__dict__[PARAMETER_CLASS] = cls
+    elif is_deferred_tensor(data) and PARAMETER_CLASS in data.__dict__:  # a parameter of a tensor subclass's
+        t.__dict__[PARAMETER_CLASS] = data.__dict__[PARAMETER_CLASS]  # object: eager's is of that class
     return t
+
+
+_MAKE_SUBCLASS = torch.Tensor._make_subclass
+_AS_SUBCLASS = torch.Tensor.as_subclass
+
+
+def _make_subclass(cls: type[Any], data: torch.Tensor, requires_grad: bool = False, **kwargs: Any) -> Any:
+    """``torch.Tensor._make_subclass`` (bitsandbytes' ``Params4bit``): of a deferred tensor,
+    torch would make a second Python object of its meta tensor, which has one (an error). A
+    deferred tensor that says it is ``cls`` instead, materialized as one (``dressed_as``).
+    (The signature of torch.compile's stand-in for it, which its import, if a constructor
+    triggers it, checks against whatever ``torch.Tensor._make_subclass`` is then.)"""
+    if not is_deferred_tensor(data):
+        return _MAKE_SUBCLASS(cls, data, requires_grad, **kwargs)
+    t = data.detach().requires_grad_(requires_grad)
+    t.__dict__[PARAMETER_CLASS] = cls
+    if issubclass(cls, torch.nn.Parameter):
+        t._is_param = True
+    return t
+
+
+def _as_subclass(self: torch.Tensor, cls: type) -> Any:
+    """``Tensor.as_subclass`` (no ``__torch_function__`` sees it): of a deferred tensor, a
+    recorded alias made as ``cls``, attached to autograd as eager's is."""
+    if not is_deferred_tensor(self):
+        return _AS_SUBCLASS(self, cls)
+    out = torch.ops.aten.alias.default(self)
+    out.__dict__[PARAMETER_CLASS] = cls
+    return out
+
+
+_PATCHES = ((torch.nn.Parameter, "__new__", _PARAMETER_NEW, _parameter_new),
+            (torch.Tensor, "_make_subclass", _MAKE_SUBCLASS, staticmethod(_make_subclass)),
+            (torch.Tensor, "as_subclass", _AS_SUBCLASS, _as_subclass))
 
 
 @contextlib.contextmanager
 def parameter_classes() -> Iterator[None]:
-    """While capture is on, deferred parameters remember their ``nn.Parameter`` subclass."""
+    """While capture is on, deferred tensors remember the class they were made as: an
+    ``nn.Parameter`` subclass, or any class of ``_make_subclass`` and ``as_subclass``."""
     global _patched
     with _patch_lock:
         _patched += 1
-        torch.nn.Parameter.__new__ = _parameter_new  # type: ignore[method-assign]
+        for owner, name, _, patch in _PATCHES:
+            setattr(owner, name, patch)
     try:
         yield
     finally:
         with _patch_lock:
             _patched -= 1
             if not _patched:
-                torch.nn.Parameter.__new__ = _PARAMETER_NEW  # type: ignore[method-assign]
+                for owner, name, original, _ in _PATCHES:
+                    if name in vars(owner) and original is getattr(torch._C.TensorBase, name, None):
+                        delattr(owner, name)  # (torch.Tensor inherits it: leave it as it was)
+                    else:
+                        setattr(owner, name, original)
 
 
 _FROM_NUMPY = torch.from_numpy

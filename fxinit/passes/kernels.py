@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.fx as fx
@@ -32,6 +32,8 @@ aten = torch.ops.aten
 
 #: Dtypes a compiled fill writes: those whose samples are ``sample24`` (24-bit units).
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: Kernel dtypes whose rounding compiled code may drop where float32 ops read the value after.
+LOW_PRECISION = (torch.bfloat16, torch.float16)
 #: Random factories whose values are one distribution of ``sample24``.
 FACTORIES = {aten.rand: "uniform", aten.randn: "normal", aten.normal: "normal", aten.rand_like: "uniform",
              aten.randn_like: "normal"}
@@ -71,18 +73,29 @@ BACKENDS = ("triton", "nvrtc", "inductor")
 TABLE_BACKENDS = ("triton", "nvrtc")
 
 
-def with_backend(kernel: Kernel, backend: str) -> Kernel | None:
+def with_backend(kernel: Kernel, backend: str,
+                 keeps_roundings: Callable[[torch.device], bool] = lambda device: True) -> Kernel | None:
     """``kernel`` run by ``backend``, or None where that backend cannot: fxinit's Triton kernel
     computes a fill, its scale and shift and a cast into float32, bfloat16 or float16, its
     CUDA kernel the same in float32 and bfloat16, neither a chain (the chain's ops then run
-    on their own, as nodes)."""
+    on their own, as nodes). Inductor computes a chain and a cast after a bfloat16 or float16
+    rounding only where it keeps that rounding (``keeps_roundings(device)``; torch 2.11 and
+    2.12 fold ``x.to(bfloat16).float()`` into ``x``): elsewhere such a kernel ends at the
+    rounding, and one with a cast runs uncompiled."""
     if backend not in BACKENDS:
         raise ValueError(f"no compiled-fill backend {backend!r}")
     if backend == "triton" and (kernel.cast or kernel.dtype) not in TRITON_DTYPES:
         return None
     if backend == "nvrtc" and not {kernel.dtype, kernel.cast or kernel.dtype} <= set(CUDA_DTYPES):
         return None
-    return replace(kernel, backend=backend, chain=() if backend in TABLE_BACKENDS else kernel.chain)
+    chain = () if backend in TABLE_BACKENDS else kernel.chain
+    cast = None if kernel.cast == kernel.dtype else kernel.cast
+    if (backend == "inductor" and kernel.dtype in LOW_PRECISION and (chain or cast is not None)
+            and not keeps_roundings(kernel.device)):
+        if cast is not None:
+            return None
+        chain = ()
+    return replace(kernel, backend=backend, chain=chain)
 
 
 def _chain_signature(n: fx.Node) -> tuple:

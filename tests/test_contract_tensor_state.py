@@ -1,0 +1,158 @@
+"""What a constructor sets on tensors besides their values, against eager: gradients from a
+``backward()`` in ``__init__``, ``retain_grad`` and hooks on kept tensors, shared memory,
+tensor subclasses made by ``as_subclass`` / ``_make_subclass``, and the device torch's
+foreach paths group deferred tensors by (``clip_grad_norm_``)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
+
+import fxinit
+from fxinit.capture import foreach_groups
+
+
+def _both(cls: type[nn.Module]) -> tuple[nn.Module, nn.Module]:
+    torch.manual_seed(0)
+    eager = cls()
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing here is lost, so nothing is warned
+        deferred = fxinit.materialize(fxinit.trace_init(cls))
+    return eager, deferred
+
+
+def _same_state(a: nn.Module, b: nn.Module) -> None:
+    sa, sb = a.state_dict(keep_vars=True), b.state_dict(keep_vars=True)
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert type(sa[k]) is type(sb[k]) and torch.equal(sa[k], sb[k]), k
+
+
+@pytest.mark.parametrize("foreach", [None, False, True])
+def test_clip_grad_norm_in_init_clips_as_eager(foreach: bool | None) -> None:
+    """torch groups tensors by device in C++, where a deferred tensor is meta: the clip
+    coefficient was built on meta (no value) and the in-place ``mul_`` took it as nothing;
+    ``foreach=True`` refused meta tensors."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(3))
+            self.v = nn.Parameter(torch.randn(2, 3))
+            (self.w * 10).sum().backward()
+            (self.v * 3).sum().backward()
+            nn.utils.clip_grad_norm_([self.w, self.v], 1.0, foreach=foreach)
+            with torch.no_grad():
+                self.w.sub_(self.w.grad)
+                self.v.sub_(self.v.grad)
+
+    eager, deferred = _both(M)
+    _same_state(eager, deferred)
+    assert torch.equal(eager.w.grad, deferred.w.grad) and torch.equal(eager.v.grad, deferred.v.grad)
+
+
+def test_foreach_groups_name_the_intended_device_only_while_capturing() -> None:
+    m = fxinit.trace_init(nn.Linear, 2, 2)
+    with fxinit.recording(m):
+        assert [d.type for d, _ in _group_tensors_by_device_and_dtype([[m.weight, m.bias]])] == ["cpu"]
+    assert torch._C._group_tensors_by_device_and_dtype is foreach_groups._GROUP  # torch's own (torch.compile's rule)
+
+
+def test_gradients_set_in_init_are_materialized_as_grad() -> None:
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(3))
+            (self.w * self.w).sum().backward()
+            with torch.no_grad():
+                self.w.sub_(0.1 * self.w.grad)
+            self.b = nn.Parameter(torch.randn(4))
+            self.b.grad = torch.zeros(4)  # a gradient buffer allocated up front
+
+    eager, deferred = _both(M)
+    _same_state(eager, deferred)
+    for name in ("w", "b"):
+        g, h = getattr(eager, name).grad, getattr(deferred, name).grad
+        assert h is not None and not fxinit.is_deferred(h) and torch.equal(g, h), name
+
+
+@pytest.mark.parametrize("kind", ["retain_grad", "hook"])
+def test_a_kept_tensor_computed_from_a_parameter_keeps_retain_grad_and_hooks(kind: str) -> None:
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(3))
+            self.k = self.w * 2
+            if kind == "retain_grad":
+                self.k.retain_grad()
+                assert self.k.retains_grad
+            else:
+                self.k.register_hook(lambda g: g * 10)
+
+    eager, deferred = _both(M)
+    for m in (eager, deferred):
+        m.k.sum().backward()
+    assert torch.equal(eager.w.grad, deferred.w.grad)
+    assert deferred.k.retains_grad == eager.k.retains_grad
+    if kind == "retain_grad":
+        assert torch.equal(eager.k.grad, deferred.k.grad)
+
+
+def test_share_memory_in_init_and_before_materialize() -> None:
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.lin.weight.share_memory_()
+            assert self.lin.weight.is_shared()
+
+    eager, deferred = _both(M)
+    _same_state(eager, deferred)
+    assert deferred.lin.weight.is_shared() and not deferred.lin.bias.is_shared()
+    torch.manual_seed(0)
+    m = fxinit.trace_init(nn.Linear, 3, 3)
+    m.share_memory()  # Hogwild's step, before materialize
+    fxinit.materialize(m)
+    assert all(p.is_shared() for p in m.parameters())
+
+
+class Tagged(torch.Tensor):
+    pass
+
+
+class Flagged(nn.Parameter):
+    pass
+
+
+def test_tensor_subclasses_made_in_init() -> None:
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.register_buffer("b", torch.randn(3).as_subclass(Tagged))
+            self.q = nn.Parameter(torch.randn(3).as_subclass(Tagged))  # a Tagged parameter, as in eager
+            self.p = torch.Tensor._make_subclass(Flagged, torch.randn(3), True)  # bitsandbytes' Params4bit
+            self.v = self.lin.weight.as_subclass(Tagged)  # an alias, attached to autograd
+            assert isinstance(self.b, Tagged) and isinstance(self.p, Flagged)
+
+    eager, deferred = _both(M)
+    _same_state(eager, deferred)
+    assert type(deferred.v) is Tagged and type(deferred.v.grad_fn) is type(eager.v.grad_fn)
+    assert deferred.q._is_param and [n for n, _ in deferred.named_parameters()] == ["q", "p", "lin.weight", "lin.bias"]
+    assert "_make_subclass" not in vars(torch.Tensor) and "as_subclass" not in vars(torch.Tensor)  # torch's again
+
+
+def test_a_meta_copy_of_a_parameter_kept_on_the_module_keeps_its_grad_fn() -> None:
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.template = self.lin.weight.to("meta")  # a shape and dtype kept for later
+
+    eager, deferred = _both(M)
+    assert deferred.template.is_meta and type(deferred.template.grad_fn) is type(eager.template.grad_fn)
+    assert fxinit.check(M).status == "equal"

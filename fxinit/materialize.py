@@ -242,10 +242,9 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
     with plain_attributes():
         order = sorted(range(len(tensors)), key=lambda i: (tensors[i].grad_fn is None, not tensors[i]._is_view(),
                                                            -state_of(tensors[i]).node.meta.get("pos", 0)))
-        grads = {id(t): g for t in tensors if (g := _deferred_grad(t)) is not None}
-        for t in tensors:
-            if id(t) in grads:
-                t.grad = None  # the gradient's own swap needs its only reference; set again below
+        grads = [(t, g) for t in tensors if (g := _deferred_grad(t)) is not None]
+        for t, _ in grads:
+            t.grad = None  # the gradient's own swap needs its only reference; set again below
     for t, v in ((tensors[i], values[i]) for i in order):
         new = dressed_as(t, v)
         try:
@@ -269,10 +268,8 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
                     setattr(mod, name, new)
                 else:
                     getattr(mod, kind)[name] = new
-    for t in tensors:
-        g = grads.get(id(t))
-        if g is not None:
-            t.grad = g  # (deferred still where it was not materialized with ``t``: torch refuses it, as it should)
+    for t, g in grads:
+        t.grad = g  # (deferred still where it was not materialized with ``t``: torch refuses it, as it should)
 
 
 def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Location]],

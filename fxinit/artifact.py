@@ -27,6 +27,7 @@ from fxinit.archive import pack, short_message, unpack
 from fxinit.capture.provenance import Provenance
 from fxinit.errors import ArtifactError
 from fxinit.init_bodies import body_fingerprint
+from fxinit.numerics import SETTINGS, Numerics, check_value
 from fxinit.ops import OPAQUE_INIT_FUNCTIONS, call_init_function, draws_random, replay_args, resolve_init_function
 from fxinit.rng import RngSnapshot, Snapshot
 from fxinit.rng.kernel_fingerprints import fingerprint
@@ -37,7 +38,7 @@ if TYPE_CHECKING:  # annotations only: graph.py imports this module
     from fxinit.graph import InitGraph
 
 FORMAT = "fxinit-init-graph"
-SCHEMA_VERSION = 6  # 6: fingerprints of the CPU random kernels ("random_kernels"); 5: nodes of ops eager runs otherwise ("inexact"); 4: opaque nodes' body fingerprints; 3: CUDA snapshots pending their device (rng.philox); 2: hf_config;
+SCHEMA_VERSION = 7  # 7: torch's numeric settings ("numerics"); 6: fingerprints of the CPU random kernels ("random_kernels"); 5: nodes of ops eager runs otherwise ("inexact"); 4: opaque nodes' body fingerprints; 3: CUDA snapshots pending their device (rng.philox); 2: hf_config;
 # 1: the payload of the older header layout, still read
 MAX_NODES = 10_000_000
 MAX_CONFIG_DEPTH = 32
@@ -80,6 +81,7 @@ def save_graph(graph: InitGraph, path: str | os.PathLike) -> None:
                     if not isinstance(s, PendingPhilox)}, **encode_pending(graph.snapshots)},
         "hf_config": _checked_config(graph.hf_config, "cannot save this graph"),
         "random_kernels": _random_kernels(graph.nodes),
+        "numerics": _encode_numerics(graph.numerics),
     }
     data = pack(payload)
     tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
@@ -149,7 +151,27 @@ def _encode_node(n: fx.Node, names: dict[fx.Node, str]) -> dict[str, Any]:
         "body": m.get("body"),
         "default_dtype": _dtype_name(m["default_dtype"]) if "default_dtype" in m else None,
         **({"inexact": m["inexact"]} if m.get("inexact") else {}),
+        **({"numerics": _encode_numerics(m["numerics"])} if "numerics" in m else {}),
     }
+
+
+def _encode_numerics(numerics: Numerics | None) -> list | None:
+    return None if numerics is None else [[name, list(v) if isinstance(v, tuple) else v] for name, v in numerics]
+
+
+def _decode_numerics(x: Any, where: str) -> Numerics:
+    """Settings as ``fxinit.numerics`` holds them; a setting this torch lacks (a later
+    release's) is kept, and not set when ops replay."""
+    _expect(isinstance(x, list) and len(x) <= 64, f"{where}: numerics")
+    pairs = []
+    for item in x:
+        _expect(isinstance(item, list) and len(item) == 2 and isinstance(item[0], str), f"{where}: numerics")
+        name, value = item[0], tuple(item[1]) if isinstance(item[1], list) else item[1]
+        _expect(check_value(name, value) if name in SETTINGS else
+                isinstance(value, (bool, int, str)) or all(isinstance(v, bool) for v in value),
+                f"{where}: setting {name!r} = {value!r}")
+        pairs.append((name, value))
+    return tuple(pairs)
 
 
 # ---------------------------------------------------------------------------- load
@@ -194,7 +216,7 @@ def _decode(p: Any) -> dict[str, Any]:
     if version > SCHEMA_VERSION:
         raise ArtifactError(f"schema version {version} is newer than this fxinit reads ({SCHEMA_VERSION})",
                             hint="upgrade fxinit to load it")
-    _expect(version in (1, 2, 3, 4, 5, SCHEMA_VERSION), f"unknown schema version {version}")
+    _expect(version in (1, 2, 3, 4, 5, 6, SCHEMA_VERSION), f"unknown schema version {version}")
     _expect(("hf_config" in p) == (version >= 2),
             f"a schema {version} payload {'without' if version >= 2 else 'with'} hf_config")
     _expect(p.get("default_dtype") in _DTYPES, "bad default dtype")
@@ -243,6 +265,8 @@ def _decode(p: Any) -> dict[str, Any]:
     _expect(kernels is None or (isinstance(kernels, dict) and all(
         k in _DTYPES and isinstance(v, str) for k, v in kernels.items())), "bad random_kernels")
     _note_random_kernels(graph, kernels, p.get("torch_version"))
+    _expect(("numerics" in p) == (version >= 7), f"a schema {version} payload with{'out' * (version >= 7)} numerics")
+    numerics = None if p.get("numerics") is None else _decode_numerics(p["numerics"], "graph")
     outputs: dict[str, fx.Node] = {}
     for fqn, name in p["outputs"].items():
         _expect(isinstance(fqn, str) and isinstance(name, str) and name in env, f"output {fqn!r}")
@@ -263,7 +287,8 @@ def _decode(p: Any) -> dict[str, Any]:
         _expect(isinstance(g, list) and len(g) > 1 and all(n in outputs for n in g), "tie group")
     return dict(graph=graph, outputs=outputs, output_storage=dict(storage), info=info,
                 ties=[list(g) for g in ties], constants=dict(constants), snapshots=snapshots,
-                default_dtype=_DTYPES[p["default_dtype"]], seed=p.get("seed"), stream_names=dict(names),
+                default_dtype=_DTYPES[p["default_dtype"]], numerics=numerics, seed=p.get("seed"),
+                stream_names=dict(names),
                 hf_config=_checked_config(p.get("hf_config"), "invalid init graph"))
 
 
@@ -299,12 +324,13 @@ def _checked_config(config: Any, problem: str) -> dict[str, Any] | None:
 
 
 _NODE_KEYS = {"name", "op", "target", "args", "kwargs", "pos", "spec", "reads", "mutates", "overwrites", "rng",
-              "prov", "module", "opaque", "default_dtype"}  # schema 4 adds "body", 5 "inexact"
+              "prov", "module", "opaque", "default_dtype"}  # schema 4 adds "body", 5 "inexact", 7 "numerics"
 
 
 def _decode_node(graph: fx.Graph, rec: Any, env: dict[str, fx.Node], constants: dict[str, torch.Tensor],
                  snapshots: dict[str, Snapshot], i: int) -> fx.Node:
-    _expect(isinstance(rec, dict) and set(rec) - {"body", "inexact"} == _NODE_KEYS, f"node {i} has unexpected fields")
+    _expect(isinstance(rec, dict) and set(rec) - {"body", "inexact", "numerics"} == _NODE_KEYS,
+            f"node {i} has unexpected fields")
     name = rec["name"]
     _expect(isinstance(name, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) is not None
             and name not in env, f"node {i} name")
@@ -382,6 +408,8 @@ def _decode_node(graph: fx.Graph, rec: Any, env: dict[str, fx.Node], constants: 
     if rec["default_dtype"] is not None:
         _expect(rec["default_dtype"] in _DTYPES, f"node {name}: default dtype")
         meta["default_dtype"] = _DTYPES[rec["default_dtype"]]
+    if "numerics" in rec:
+        meta["numerics"] = _decode_numerics(rec["numerics"], f"node {name}")
     node.meta.update(meta)
     env[name] = node
     return node

@@ -31,6 +31,7 @@ that cannot be rebuilt keeps its value, as a leaf: docs/failure-modes.md says wh
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import re
@@ -43,6 +44,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.capture.deferred import RETAINS_GRAD, dressed_as, is_deferred_tensor, plain_attributes, state_of
+from fxinit.numerics import Settings, settings_applied
 from fxinit.ops import is_view, reads_no_data
 from fxinit.passes.roots import storage_root, writes_first_argument
 
@@ -72,6 +74,7 @@ class Link:
     fallback: Link | None = None  # tried where this one's replay is not eager's (``_link``)
     written: frozenset[fx.Node] = frozenset()  # leaves the ops write in place (constants: copied first)
     eager: str = ""  # eager's grad_fn and where the tensor was computed (a warning's words where it is lost)
+    settings: Settings | None = None  # torch's settings the trace recorded ``nodes`` under (``fxinit.numerics``)
 
 
 @dataclass
@@ -130,6 +133,7 @@ def plan_links(tensors: list[torch.Tensor], value_of: ValueOf | None = None) -> 
             link = Link(t, [], {})  # none: it keeps its value, as a leaf (``relink`` says so)
         link.reached = tuple({id(p): p for p in link.leaves.values() if id(p) in mine}.values())
         link.eager = _eager_words(t)
+        link.settings = Settings(rec.default_dtype, rec.numerics)
         links.append(link)
     return links
 
@@ -560,11 +564,15 @@ def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor]) -> torch.Tensor:
     def value(x: Any) -> Any:
         return env[x] if isinstance(x, fx.Node) else x
 
-    for node in link.nodes:
-        args = fx.node.map_aggregate(node.args, value)
-        kwargs = fx.node.map_aggregate(node.kwargs, value)
-        with torch.set_grad_enabled(not node.meta.get("no_grad")):  # as eager ran it
-            env[node] = node.target(*args, **kwargs)
+    settings = link.settings or Settings(torch.get_default_dtype(), None)
+    with settings_applied(settings):
+        for node in link.nodes:
+            args = fx.node.map_aggregate(node.args, value)
+            kwargs = fx.node.map_aggregate(node.kwargs, value)
+            mine = settings.of(node)
+            with torch.set_grad_enabled(not node.meta.get("no_grad")), \
+                    contextlib.nullcontext() if mine is settings else settings_applied(mine):  # as eager ran it
+                env[node] = node.target(*args, **kwargs)
     return env[link.result if link.result is not None else link.nodes[-1]]
 
 

@@ -28,6 +28,7 @@ from fxinit.backends.parallel import run_plan
 from fxinit.backends.streams import PortableSampler
 from fxinit.errors import DeferredInitError
 from fxinit.init_bodies import body_fingerprint
+from fxinit.numerics import Numerics, Settings
 from fxinit.ops import op_name
 from fxinit.passes.dead_init import dead_writes
 from fxinit.passes.ranges import Extent
@@ -47,6 +48,7 @@ class Program(Protocol):
     constants: dict[str, torch.Tensor]
     snapshots: dict[str, Snapshot]
     default_dtype: torch.dtype
+    numerics: Numerics | None
 
     def storage_names(self) -> dict[int, str]: ...
 
@@ -219,4 +221,5 @@ def run(program: Program, plan: Plan, workers: int | None = None) -> dict[fx.Nod
         refuse_changed_init_functions(plan.nodes)
         refuse_changed_kernels(plan.nodes)
         refuse_inexact(plan.nodes)
-    return run_plan(plan, program.constants, sampler_for(program, plan), program.default_dtype, workers)
+    return run_plan(plan, program.constants, sampler_for(program, plan), Settings(program.default_dtype, program.numerics),
+                    workers)

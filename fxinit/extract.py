@@ -111,6 +111,7 @@ def init_graph(module: torch.nn.Module, carry_real: bool = True, entries: list[E
         constants=constants,
         snapshots={k: v for k, v in rec.snapshots.items() if k in used_snapshots},
         default_dtype=rec.default_dtype,
+        numerics=rec.numerics,
         seed=rec.seed,
         stream_names={sid: name for sid, name in rec.storage_names().items() if sid in used_storages},
         hf_config=hf_config(module),

@@ -30,6 +30,7 @@ from fxinit.arguments import checked_device, checked_dtype, checked_seed
 from fxinit.artifact import decode, read_graph, save_graph
 from fxinit.dependencies import dependency_graph
 from fxinit.errors import DeferredInitError
+from fxinit.numerics import Numerics
 from fxinit.execute import program_dead_writes, slicer
 from fxinit.ops import ALLOCATIONS, allocates, is_random, view_base
 from fxinit.passes.ranges import rows_extent
@@ -54,6 +55,10 @@ class InitGraph:
     constants: dict[str, torch.Tensor]
     snapshots: dict[str, Snapshot]
     default_dtype: torch.dtype = field(default_factory=torch.get_default_dtype)
+    #: torch's numeric settings the constructor ran under (``fxinit.numerics``); nodes recorded
+    #: under others have their own in ``meta["numerics"]``. None: unknown (replayed under the
+    #: settings in force).
+    numerics: Numerics | None = None
     seed: int | None = None  # torch.initial_seed() when capture started: portable mode's default
     stream_names: dict[int, str] = field(default_factory=dict)  # storage id -> name for portable keys
     #: The transformers config the traced model was built from, as plain JSON data (what

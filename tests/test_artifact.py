@@ -160,7 +160,7 @@ def test_torch_load_reads_a_saved_graph_without_fxinit(tmp_path: Path) -> None:
     shown = json.loads(out)
     assert shown["keys"] == sorted(["format", "schema_version", "torch_version", "default_dtype", "seed",
                                     "stream_names", "nodes", "outputs", "output_storage", "info", "ties",
-                                    "constants", "rng", "hf_config", "random_kernels"])
+                                    "constants", "rng", "hf_config", "random_kernels", "numerics"])
     assert shown["format"] == "fxinit-init-graph" and shown["version"] == SCHEMA_VERSION
     assert {"name", "op", "target", "args", "spec", "rng", "prov"} <= set(shown["node_keys"])
     assert shown["outputs"] == sorted(g.outputs) and shown["constants"] and shown["rng"] == ["torch.uint8"]
@@ -420,7 +420,7 @@ def test_a_graph_older_than_kernel_fingerprints_is_refused_under_another_torch_r
     def schema_5(release: str) -> Callable[[dict], None]:
         def edit(p: dict) -> None:
             p.update(schema_version=5, torch_version=release)
-            del p["random_kernels"]
+            del p["random_kernels"], p["numerics"]
         return edit
     here = torch.__version__.split("+")[0]
     assert loads(mutated(data, schema_5(here + "+cu130"))).materialize().keys() == {"w", "b"}

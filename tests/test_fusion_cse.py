@@ -15,6 +15,7 @@ import fxinit
 from fxinit import execute
 from fxinit.backends.exact import ExactSampler
 from fxinit.backends.interpreter import Interpreter
+from fxinit.numerics import Settings
 from fxinit.rng.pieces import CHUNK, chunk_bounds
 from fxinit.passes.cast_fusion import fused_casts
 from fxinit.passes.cse import common_subexpressions
@@ -276,7 +277,7 @@ def test_parallel_runs_keep_a_duplicate_with_the_value_it_reuses() -> None:
     assert len(groups) > 1  # the Linear layers still run on their own
     plan = g.plan()
     assert plan.groups == groups
-    serial = Interpreter(plan, g.constants, ExactSampler(g.snapshots), g.default_dtype).run()  # program order
+    serial = Interpreter(plan, g.constants, ExactSampler(g.snapshots), Settings(g.default_dtype, g.numerics)).run()  # program order
     parallel = execute.run(g, plan, workers=2)
     assert all(torch.equal(_bits(serial[k]), _bits(parallel[k])) for k in keep)
 

@@ -11,6 +11,7 @@ import fxinit
 from fxinit import execute
 from fxinit.backends.exact import ExactSampler
 from fxinit.backends.interpreter import Interpreter
+from fxinit.numerics import Settings
 from fxinit.passes import dead_writes, independent_groups
 from tests.conftest import assert_same_as_eager
 
@@ -151,7 +152,7 @@ def test_parallel_run_equals_serial_run() -> None:
     torch.manual_seed(0)
     g = fxinit.init_graph(fxinit.trace_init(Independent))
     plan = g.plan()
-    serial = Interpreter(plan, g.constants, ExactSampler(g.snapshots), g.default_dtype).run()  # program order
+    serial = Interpreter(plan, g.constants, ExactSampler(g.snapshots), Settings(g.default_dtype, g.numerics)).run()  # program order
     parallel = execute.run(g, plan, workers=4)
     assert serial.keys() == parallel.keys() == plan.keep
     for node in plan.keep:

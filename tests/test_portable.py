@@ -14,6 +14,7 @@ import torch.nn as nn
 import fxinit
 from fxinit import execute
 from fxinit.backends.interpreter import Interpreter
+from fxinit.numerics import Settings
 from fxinit.backends.streams import PortableSampler
 from fxinit.rng import portable
 
@@ -49,7 +50,7 @@ def test_order_subset_threads_and_seed() -> None:
     assert torch.equal(one["layers.2.weight"], full["layers.2.weight"])
     plan = g.plan(rng="portable")
     assert plan.seed == 7 and set(plan.streams) == {n for n in plan.nodes if n.meta.get("generators")}
-    serial = Interpreter(plan, g.constants, PortableSampler(7, plan.streams), g.default_dtype).run()
+    serial = Interpreter(plan, g.constants, PortableSampler(7, plan.streams), Settings(g.default_dtype, g.numerics)).run()
     threaded = execute.run(g, plan, workers=4)
     for node in plan.keep:
         assert torch.equal(serial[node], threaded[node])

@@ -15,13 +15,13 @@ streams), ``backends.compiled`` (those streams as kernels torch.compile generate
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import torch
 import torch.fx as fx
 
 from fxinit.errors import DeferredInitError
+from fxinit.numerics import Settings, settings_applied
 from fxinit.ops import (DEVICE_KWARGS, constant_value, filled_argument, is_random, reads_grad_mode, reads_no_data,
                         replay_args)
 from fxinit.passes.batched_fills import BatchedFill
@@ -47,20 +47,6 @@ class Sampler(Protocol):
     def fill_cast(self, fused: FusedCast, out: torch.Tensor) -> None: ...
     def fill_runs(self, node: fx.Node, runs: Any, out: torch.Tensor) -> None: ...
     def fill_batch(self, fills: list[tuple[fx.Node, BatchedFill, torch.Tensor]]) -> None: ...
-
-
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """torch's default dtype set to ``dtype`` inside (factories without ``dtype=`` use it)."""
-    saved = torch.get_default_dtype()
-    if saved == dtype:
-        yield
-        return
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(saved)
 
 
 #: Factories called through torch's Python functions: the same kernels, a quarter of the
@@ -97,11 +83,11 @@ class Interpreter:
     """Runs the nodes of ``plan`` (all, or one of its groups) and returns the kept values."""
 
     def __init__(self, plan: Plan, constants: Mapping[str, torch.Tensor], sampler: Sampler,
-                 graph_dtype: torch.dtype) -> None:
+                 settings: Settings) -> None:
         self.plan = plan
         self.constants = constants
         self.sampler = sampler
-        self.graph_dtype = graph_dtype  # torch's default dtype when the graph was recorded
+        self.settings = settings  # torch's global settings when the graph was recorded
         self.env: dict[fx.Node, Any] = {}
         self._fused_away = plan.fused_away
         self._queued: list[tuple[fx.Node, torch.Tensor]] = []  # batched fills not run yet
@@ -114,7 +100,7 @@ class Interpreter:
         plan, env = self.plan, self.env
         batched, flushes = plan.batches.fills, plan.batches.flushes
         kept = {}
-        with torch.no_grad(), default_dtype(self.graph_dtype):
+        with torch.no_grad(), settings_applied(self.settings):
             for n in plan.nodes if nodes is None else nodes:
                 if n in batched:
                     env[n] = self.queue(n, batched[n])
@@ -175,11 +161,11 @@ class Interpreter:
         if n in self.plan.reuse:
             return self.reuse(n, *self.plan.reuse[n])
         args, kwargs = self.fetch_args_kwargs(n)
-        dtype = n.meta.get("default_dtype", self.graph_dtype)
+        settings = self.settings.of(n)
         try:
-            if dtype is self.graph_dtype:  # ``run`` set it already
+            if settings is self.settings:  # ``run`` set them already
                 return getattr(self, n.op)(n, args, kwargs)
-            with default_dtype(dtype):
+            with settings_applied(settings):
                 return getattr(self, n.op)(n, args, kwargs)
         except DeferredInitError:
             raise

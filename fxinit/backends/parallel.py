@@ -16,7 +16,8 @@ import torch
 import torch.fx as fx
 
 from fxinit.backends.heap import HeapWatch
-from fxinit.backends.interpreter import Interpreter, Sampler, default_dtype
+from fxinit.backends.interpreter import Interpreter, Sampler
+from fxinit.numerics import Settings, distinct_settings, settings_applied
 from fxinit.ops import allocates
 from fxinit.plan import Plan
 from fxinit.rng.portable import serial_fills
@@ -31,35 +32,35 @@ from fxinit.rng.portable import serial_fills
 SERIAL_BELOW_BYTES = 16 << 20
 
 
-def run_plan(plan: Plan, constants: Mapping[str, torch.Tensor], sampler: Sampler, graph_dtype: torch.dtype,
+def run_plan(plan: Plan, constants: Mapping[str, torch.Tensor], sampler: Sampler, settings: Settings,
              workers: int | None = None) -> dict[fx.Node, Any]:
     """The kept values of ``plan``, its groups run on up to ``workers`` threads (default:
     torch's thread count; one below ``SERIAL_BELOW_BYTES`` allocated on the CPU). Slices whose
-    ops were recorded under different default dtypes run on one thread (the default dtype is
-    process-global)."""
+    ops were recorded under different settings (default dtype, ``fxinit.numerics``) run on one
+    thread (the settings are process-global)."""
     sampler.prepare(plan.random_nodes)
     small = _allocated_on_cpu_below(plan, SERIAL_BELOW_BYTES)
     workers = workers or (1 if small else torch.get_num_threads())
     if len(plan.groups) < 2:
-        return Interpreter(plan, constants, sampler, graph_dtype).run()
+        return Interpreter(plan, constants, sampler, settings).run()
     if small and workers == 1:  # group after group in one run: nothing to give back to the heap
-        return Interpreter(plan, constants, sampler, graph_dtype).run([n for group in plan.groups for n in group])
-    dtypes = {n.meta.get("default_dtype", graph_dtype) for n in plan.nodes}
+        return Interpreter(plan, constants, sampler, settings).run([n for group in plan.groups for n in group])
+    distinct = distinct_settings(settings, plan.nodes)
     env: dict[fx.Node, Any] = {}
     heap = HeapWatch()  # freed temporaries do not stay resident
-    if workers == 1 or len(dtypes) > 1:
-        interpreter = Interpreter(plan, constants, sampler, graph_dtype)  # one batch of fills spans groups
+    if workers == 1 or len(distinct) > 1:
+        interpreter = Interpreter(plan, constants, sampler, settings)  # one batch of fills spans groups
         for group in plan.groups:
             values = interpreter.run(group, finish=False)
             heap.kept(values.values(), _allocated(group, plan.unbacked))
             env.update(values)
         interpreter.finish()
         return env
-    (dtype,) = dtypes
+    (settings,) = distinct
     every_core_busy = len(plan.groups) >= workers  # then a fill uses only its own thread
 
     def run(group: list[fx.Node]) -> dict[fx.Node, Any]:
-        interpreter = Interpreter(plan, constants, sampler, dtype)
+        interpreter = Interpreter(plan, constants, sampler, settings)
         if every_core_busy:
             with serial_fills():
                 values = interpreter.run(group)
@@ -68,7 +69,7 @@ def run_plan(plan: Plan, constants: Mapping[str, torch.Tensor], sampler: Sampler
         heap.kept(values.values(), _allocated(group, plan.unbacked))
         return values
 
-    with default_dtype(dtype), ThreadPoolExecutor(min(workers, len(plan.groups)), "fxinit") as pool:
+    with settings_applied(settings), ThreadPoolExecutor(min(workers, len(plan.groups)), "fxinit") as pool:
         for values in pool.map(run, plan.groups):
             env.update(values)
     return env

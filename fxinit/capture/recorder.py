@@ -53,6 +53,7 @@ from fxinit.capture.storages import Storages, storage_key
 from fxinit.capture.trees import leaves, map_tree, tensors_in
 from fxinit.errors import DeferredInitError
 from fxinit.init_bodies import body_fingerprint
+from fxinit.numerics import current as current_numerics, note_settings
 from fxinit.ops import ALLOCATIONS, DRAW_NOTHING, call_init_function, changes_view, draws_random, resolve_init_function
 from fxinit.passes.fingerprint import fingerprint
 from fxinit.rng import default_generator_for
@@ -89,6 +90,7 @@ class Recorder(Shadows, Doors):
         self.names = TraceNames(self._owns, self.storage_id)
         self.seed = torch.initial_seed()  # the default for the portable stream
         self.default_dtype = torch.get_default_dtype()
+        self.numerics = current_numerics()  # torch's numeric settings (fxinit.numerics): ops replay under them
         self.capturing = False
         self.cleared = False
         # The default device around the constructor was meta (trace_init under
@@ -198,9 +200,7 @@ class Recorder(Shadows, Doors):
         self._pos += 1
         if not torch.is_grad_enabled():  # (autograd_links replays the op in the mode eager ran it in)
             node.meta["no_grad"] = True
-        dt = torch.get_default_dtype()
-        if dt != self.default_dtype:
-            node.meta["default_dtype"] = dt
+        note_settings(node.meta, self.default_dtype, self.numerics)
         prov, module = current_provenance(self.call_site or sys._getframe(2))
         node.meta["prov"] = prov
         if module is not None:

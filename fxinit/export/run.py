@@ -16,6 +16,7 @@ from fxinit.export.produce import Producer, batches
 from fxinit.export.progress import Progress
 from fxinit.export.resume import Record, fingerprint
 from fxinit.export.source import Piece, Source
+from fxinit.numerics import Settings, distinct_settings, settings_applied
 from fxinit.rng.portable import STREAM_VERSION
 
 F = TypeVar("F", bound=FilePlan)
@@ -93,37 +94,30 @@ class Export:
     def produce(self, pieces: Sequence[Piece], compact: bool = False) -> Iterator[tuple[Piece, torch.Tensor]]:
         """``(piece, value)`` in the order of ``pieces``, computed ahead on worker threads;
         ``compact``: each value in a storage of its own (not a view of a larger one)."""
-        workers = self.workers if _uniform_default_dtype(self.source) else 1
+        workers = self.workers if len(_settings(self.source)) <= 1 else 1
         producer = Producer(lambda batch: self.source.compute(batch, self.rng, self.seed, self.dtype, compact,
                                                               self.compile, self.device),
                             batches(pieces, self.piece_bytes), self.ahead, workers)
-        with _default_dtype(self.source):
+        with _settings_applied(self.source):
             yield from producer
 
 
-def _uniform_default_dtype(source: Source) -> bool:
-    """Whether every op of the graph was recorded under one default dtype: then it can be
-    set for the whole run, and materializations on several threads never switch it."""
-    return len(_default_dtypes(source)) <= 1
-
-
-def _default_dtypes(source: Source) -> set[torch.dtype]:
+def _settings(source: Source) -> set[Settings]:
+    """The settings the graph's ops were recorded under (default dtype, ``fxinit.numerics``):
+    one, and they are set for the whole run, so materializations on several threads never
+    switch them; several, and the run has one thread."""
     graph = source.graph
     if graph is None:
         return set()
-    return {n.meta.get("default_dtype", graph.default_dtype) for n in graph.nodes} or {graph.default_dtype}
+    return distinct_settings(Settings(graph.default_dtype, graph.numerics), graph.nodes)
 
 
 @contextlib.contextmanager
-def _default_dtype(source: Source) -> Iterator[None]:
-    """torch's default dtype set to the graph's for the run, when it has one."""
-    dtypes = _default_dtypes(source)
-    if len(dtypes) != 1:
+def _settings_applied(source: Source) -> Iterator[None]:
+    """The graph's settings in force for the run, when it has one set of them."""
+    settings = _settings(source)
+    if len(settings) != 1:
         yield
         return
-    saved = torch.get_default_dtype()
-    torch.set_default_dtype(next(iter(dtypes)))
-    try:
+    with settings_applied(next(iter(settings))):
         yield
-    finally:
-        torch.set_default_dtype(saved)

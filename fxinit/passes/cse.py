@@ -64,7 +64,7 @@ def _key(n: fx.Node, rep: dict[fx.Node, fx.Node]) -> Any:
         return None
     try:  # the op by identity (an OpOverload hashes in Python; ops are never freed)
         key = (id(n.target), _canonical(n.args, rep), _canonical(tuple(sorted(n.kwargs.items())), rep),
-               n.meta.get("default_dtype"))
+               n.meta.get("default_dtype"), n.meta.get("numerics"))
         hash(key)
     except TypeError:
         return None

@@ -65,6 +65,8 @@ REFUSALS = {
     "header_layout_truncated_half.fxg": "checksum mismatch",
     "header_layout_hostile_pickle.fxg": "unreadable payload",
     "header_layout_newer_schema.fxg": "newer than this fxinit reads",
+    "numerics_bad_value.pt": "setting 'deterministic_algorithms' = 'maybe'",
+    "numerics_not_pairs.pt": "graph: numerics",
 }
 
 
@@ -148,6 +150,8 @@ def cases() -> dict[str, bytes]:
         "hf_config_too_deep.pt": mutated(data, lambda p: p.update(hf_config=_nested(40))),
         "hf_config_in_schema_1.pt": mutated(data, lambda p: p.update(schema_version=1)),
         "schema_2_without_hf_config.pt": mutated(data, lambda p: p.pop("hf_config")),
+        "numerics_bad_value.pt": mutated(data, lambda p: p.update(numerics=[["deterministic_algorithms", "maybe"]])),
+        "numerics_not_pairs.pt": mutated(data, lambda p: p.update(numerics={"num_threads": 2})),
         "header_layout_truncated_header.fxg": old[:25],
         "header_layout_bitflip_body.fxg": _flip(old, len(old) // 2),
         "header_layout_truncated_half.fxg": old[: len(old) // 2],

@@ -34,6 +34,30 @@ ORDERS = ("whole", "reverse", "random")
 
 
 # ---------------------------------------------------------------------------- small tools
+#: The first torch release whose CPU samplers fxinit's C kernels reproduce in every kind, dtype
+#: and dispatch path. torch 2.11 and 2.12 draw bfloat16 and float16 normals (and float32 ones on
+#: the path without vector instructions) otherwise; the kernels' self-check finds that and
+#: leaves those fills to torch.
+KERNELS_REPRODUCE = (2, 13)
+TORCH_RELEASE = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+
+
+def kernel_takes(kind: str, dtype: torch.dtype) -> bool:
+    """Whether fxinit's C kernel must take ``kind`` fills in ``dtype`` here: always from
+    ``KERNELS_REPRODUCE`` on; before, where its self-check trusts it."""
+    from fxinit.rng import fills
+
+    if TORCH_RELEASE >= KERNELS_REPRODUCE:
+        return True
+    return fills._trusted(kind, dtype, fills.torch_path(), (0.0, 1.0) if kind == "normal" else (-0.37, 0.91))
+
+
+def native_fill_done(done: bool, kind: str, dtype: torch.dtype) -> bool:
+    """``done`` (what a native fill returned), asserting that it took the fill where it must."""
+    assert done or not kernel_takes(kind, dtype), (kind, dtype)
+    return done
+
+
 def raw_bytes(t: torch.Tensor) -> torch.Tensor:
     """The bytes of ``t``'s elements in logical order (a uint8 CPU tensor)."""
     t = t.detach()

@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fxinit
+from tests.conftest import TORCH_RELEASE
 from fxinit.rng.philox import (DEFAULT_SEED, PendingPhilox, Reservation, decode_pending, encode_pending, increment,
                                reservation)
 
@@ -216,7 +217,11 @@ def test_opaque_init_functions_replay_under_the_default_device_of_eager(tmp_path
     path = tmp_path / "dirac.pt"
     graph.save(path)
     for g in (graph, fxinit.load_graph(path)):
-        (node,) = [n for n in g.graph.nodes if n.meta.get("opaque")]
+        opaque = [n for n in g.graph.nodes if n.meta.get("opaque")]
+        if TORCH_RELEASE < (2, 12) and not torch.cuda.is_available():
+            assert opaque == []  # torch 2.11 records it op by op for a device this process lacks
+            continue
+        (node,) = opaque
         assert node.kwargs["default_device"] == torch.device("cuda", 0)
     fxinit.materialize(m, device="cpu")
     assert torch.equal(m.w, nn.init.dirac_(torch.empty(4, 4, 3)))

@@ -21,7 +21,7 @@ from fxinit.cli import EXIT_FAILED, EXIT_OK, main
 from fxinit.export.files import SinkFile
 from fxinit.export.produce import Producer
 from fxinit.export.source import Piece, Source
-from tests.conftest import same_bits
+from tests.conftest import TORCH_RELEASE, same_bits
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 transformers = pytest.importorskip("transformers")
@@ -105,7 +105,8 @@ def test_rows_fill_only_what_they_need() -> None:
     # draws, and rejection rounds replayed for the rows' own elements)
     assert len(source.pieces("lin.weight", None, "exact", 1024)) > 1
     assert len(source.pieces("embed.weight", None, "exact", 1024)) > 1
-    assert len(source.pieces("trunc", None, "exact", 1024)) > 1
+    # (torch 2.11's trunc_normal_ is recorded whole, ``capture.init_shims``: one piece)
+    assert (len(source.pieces("trunc", None, "exact", 1024)) > 1) == (TORCH_RELEASE >= (2, 12))
     assert len(source.pieces("tw", None, "exact", 1024)) == 1  # rows of a transposed tensor span all of it
     pieces = source.pieces("lin.weight", None, "exact", 1024)
     assert [(p.start, p.stop) for p in pieces][0] == (0, 1024 // (13 * 4))

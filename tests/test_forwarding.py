@@ -19,7 +19,8 @@ import torch
 import torch.nn as nn
 
 import fxinit
-from conftest import assert_same_as_eager
+from conftest import TORCH_RELEASE, assert_same_as_eager, native_fill_done
+from fxinit.rng.mt19937 import distance
 from fuzz_run import small_thresholds
 from fxinit.passes import origins
 
@@ -57,6 +58,17 @@ class Layouts(nn.Module):
             self.register_buffer(name, _chain(w, cs, rs, pad))
 
 
+INIT_SHIMS = TORCH_RELEASE < (2, 12)
+
+
+def _draws_whole_blocks(dtype: torch.dtype) -> bool:
+    """Whether torch's ``normal_`` in ``dtype`` draws whole blocks of 16 (2.13's reduced types)."""
+    g = torch.Generator().manual_seed(0)
+    before = g.get_state()
+    torch.empty(17, dtype=dtype).normal_(generator=g)
+    return distance(before, g.get_state()) % 16 == 0
+
+
 @pytest.mark.parametrize("dtype,init", [(torch.float32, "normal"), (torch.float32, "kaiming"),
                                         (torch.float64, "normal"), (torch.bfloat16, "uniform"),
                                         (torch.float16, "normal"), (torch.float32, "trunc_near"),
@@ -66,7 +78,9 @@ def test_the_last_copy_draws_the_shard_straight_into_its_buffer(dtype: torch.dty
     g = fxinit.init_graph(fxinit.trace_init(Layouts, dtype, init))
     plan = g.plan()
     drawn = {f.fill for forwards in plan.forwards.values() for f in forwards}
-    if dtype == torch.float16:  # torch's half normal_ rounds its draws up to whole blocks: not split
+    if (dtype == torch.float16 and _draws_whole_blocks(dtype)) or (init.startswith("trunc") and INIT_SHIMS):
+        # torch 2.13's half normal_ rounds its draws up to whole blocks; torch 2.11's
+        # trunc_normal_ is recorded whole (``capture.init_shims``): not split
         assert not drawn, str(plan)
     else:
         assert len(drawn) == 3, str(plan)
@@ -166,7 +180,8 @@ def test_native_runs_equal_torch_for_scattered_runs() -> None:
         table = np.stack([runs[order, 0], runs[order, 1], at], axis=1)
         table = table[np.argsort(table[:, 0])]
         out = torch.full((int(at[-1] + runs[order[-1], 1] - runs[order[-1], 0]),), float("nan"), dtype=dtype)
-        assert native_fill_runs(kind, out, state, (0.0, 1.0), table, total, threads=2)
+        if not native_fill_done(native_fill_runs(kind, out, state, (0.0, 1.0), table, total, threads=2), kind, dtype):
+            continue
         for lo, hi, a in table.tolist():
             assert torch.equal(out[a:a + hi - lo], want[lo:hi]), (kind, dtype, lo, hi)
 
@@ -279,7 +294,8 @@ def test_a_piece_in_the_redrawn_last_block_equals_eager(forward: bool, monkeypat
         monkeypatch.setattr(demand, "FORWARD_RUN_MIN", 1 << 40)
     torch.manual_seed(0)
     plan = fxinit.init_graph(fxinit.trace_init(LastElements)).plan()
-    assert len(plan.forwards) == (3 if forward else 0), str(plan)  # the heads' copies (the ends are short)
+    # the heads' copies (the ends are short); torch 2.11's trunc_normal_ is recorded whole
+    assert len(plan.forwards) == ((2 if INIT_SHIMS else 3) if forward else 0), str(plan)
     for pieces in plan.pieces.values():  # the fills draw the ends: a piece at least 16 long
         assert pieces[-1][1] == 10007 and pieces[-1][1] - pieces[-1][0] >= 16, str(plan)
     assert_same_as_eager(LastElements)

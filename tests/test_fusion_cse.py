@@ -21,7 +21,7 @@ from fxinit.passes.cast_fusion import fused_casts
 from fxinit.passes.cse import common_subexpressions
 from fxinit.passes.inplace import in_place_chains
 from fxinit.rng import RngSnapshot
-from tests.conftest import assert_same_as_eager
+from tests.conftest import assert_same_as_eager, kernel_takes
 
 BIG = 2 * CHUNK + 37  # large enough to be chunked, not a multiple of 16
 
@@ -96,7 +96,9 @@ def test_chunked_fill_equals_whole_fill(op, args, dtype, n, native: bool, monkey
     real = exact_backend.chunk_bounds
     monkeypatch.setattr(exact_backend, "chunk_bounds", lambda *a: seen.extend(real(*a)) or real(*a))
     ExactSampler({"g": snap}).fill_chunks(node, (got, *args), {})
-    assert seen == ([] if native else chunk_bounds(n, op is torch.ops.aten.normal_.default))
+    normal = op is torch.ops.aten.normal_.default
+    takes = native and kernel_takes("normal" if normal else "uniform", dtype)  # (else it declines: torch in chunks)
+    assert seen == ([] if takes else chunk_bounds(n, normal))
     assert all(hi - lo <= CHUNK + 32 for lo, hi in seen)
     assert torch.equal(_bits(got), _bits(whole))
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from fxinit.rng import fills
+from conftest import TORCH_RELEASE, kernel_takes, native_fill_done
 from fxinit.rng.mt19937 import distance
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -66,8 +67,9 @@ def test_pieces_equal_torch(kind, dtype):
         for start in {0, rng.randrange(0, size, step), (size - 1) // step * step}:
             for stop in {size, rng.randrange(start + 1, size + 1)}:
                 out = torch.full((stop - start,), float("nan"), dtype=dtype)
-                assert fills.native_fill(kind, out, state, params, start=start, total=size,
-                                         threads=rng.choice([1, 2, 3])), (size, start, stop)
+                if not native_fill_done(fills.native_fill(kind, out, state, params, start=start, total=size,
+                                                          threads=rng.choice([1, 2, 3])), kind, dtype):
+                    return
                 assert torch.equal(_as_int(out), _as_int(expect[start:stop])), (kind, dtype, size, start, stop, params)
 
 
@@ -81,7 +83,8 @@ def test_threads_equal_one_thread(kind, dtype):
     one = torch.empty(size, dtype=dtype)
     many = torch.empty(size, dtype=dtype)
     assert len(fills._jobs(kind, dtype, size, 0, size, 3)) >= 3
-    assert fills.native_fill(kind, one, state, params, threads=1)
+    if not native_fill_done(fills.native_fill(kind, one, state, params, threads=1), kind, dtype):
+        return
     assert fills.native_fill(kind, many, state, params, threads=3)
     assert torch.equal(_as_int(one), _as_int(many))
     assert torch.equal(_as_int(many), _as_int(_torch_fill(kind, dtype, size, params, state)))
@@ -90,6 +93,9 @@ def test_threads_equal_one_thread(kind, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kind", ["uniform", "normal"])
 def test_draw_counts(kind, dtype):
+    if not kernel_takes(kind, dtype):  # torch 2.11's and 2.12's count; the kernel leaves these fills to torch
+        assert not fills.native_fill(kind, torch.empty(64, dtype=dtype), torch.Generator().get_state(), (0.0, 1.0))
+        return
     g = torch.Generator()
     g.manual_seed(3)
     for size in (16, 17, 31, 32, 100, 1007):
@@ -106,7 +112,7 @@ def test_a_batch_equals_torch_fill_by_fill():
     fills_, want = [], []
     for i in range(40):
         kind = rng.choice(["uniform", "normal"])
-        dtype = rng.choice(DTYPES)
+        dtype = rng.choice([d for d in DTYPES if kernel_takes(kind, d)])
         size = rng.choice([16, 32, 4096, 16 * 7919]) if kind == "normal" else rng.randrange(1, 5000)
         params, state = _params(kind, rng), _state(rng)
         fills_.append((kind, torch.full((size,), float("nan"), dtype=dtype), state, params))
@@ -203,7 +209,9 @@ _OTHER_PATH = textwrap.dedent("""
                 params = (-0.3, 0.7) if kind == "uniform" else (0.2, 1.3)
                 expect = torch.empty(size, dtype=dtype); getattr(expect, kind + "_")(*params, generator=g)
                 out = torch.empty(size, dtype=dtype)
-                assert fills.native_fill(kind, out, state, params, threads=2), (kind, dtype, size)
+                if not fills.native_fill(kind, out, state, params, threads=2):
+                    assert {older}, (kind, dtype, size)  # declined after the self-check: torch draws otherwise
+                    continue
                 assert torch.equal(as_int(out), as_int(expect)), (kind, dtype, size)
     print("ok")
 """)
@@ -217,7 +225,8 @@ def test_other_capabilities(capability, path, isa):
     if capability == "avx2" and not fills.library().fxinit_fill_supported(1):
         pytest.skip("no AVX2 here")
     env = dict(os.environ, ATEN_CPU_CAPABILITY=capability, FXINIT_FILLS_ISA=isa)
-    done = subprocess.run([sys.executable, "-c", _OTHER_PATH.replace("{path}", str(path))], env=env,
+    script = _OTHER_PATH.replace("{path}", str(path)).replace("{older}", str(TORCH_RELEASE < (2, 13)))
+    done = subprocess.run([sys.executable, "-c", script], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
 

@@ -13,7 +13,7 @@ from fxinit.backends.exact import ExactSampler
 from fxinit.backends.interpreter import Interpreter
 from fxinit.numerics import Settings
 from fxinit.passes import dead_writes, independent_groups
-from tests.conftest import assert_same_as_eager
+from tests.conftest import TORCH_RELEASE, assert_same_as_eager
 
 
 def _op_names(graph: fxinit.InitGraph, nodes) -> list[str]:
@@ -249,7 +249,9 @@ def test_trunc_normal_fills_only_what_is_read(dtype: torch.dtype) -> None:
     # the clone of the rows draws them itself (``plan.forwards``); the fill draws nothing
     split = {f.fill.kwargs["a"]: [(lo, hi) for lo, hi, _ in f.runs.tolist()]
              for fs in plan.forwards.values() for f in fs}
-    if dtype != torch.bfloat16:  # reduced precisions round normal_'s draws up to blocks: not split
+    # reduced precisions round normal_'s draws up to blocks, torch 2.11's trunc_normal_ is
+    # recorded whole (``capture.init_shims``): not split
+    if dtype != torch.bfloat16 and TORCH_RELEASE >= (2, 12):
         assert split == {-2.0: [(64000, 64640)], -0.03: [(64000, 64640)]}  # not the narrow window
         assert {n.kwargs["a"]: r for n, r in plan.pieces.items()} == {-2.0: [], -0.03: []}
     assert_same_as_eager(lambda: TruncNormalRows(dtype))

@@ -166,7 +166,8 @@ def test_inductor_kernels_compile_once_and_never_on_worker_threads(graph: fxinit
     for t in threads:
         t.join()
     assert not errors, errors
-    assert _unique_graphs() - before == len(signatures)
+    # torch 2.11 crashes where the main thread compiles after another did: none compiles there
+    assert _unique_graphs() - before == (0 if compiled._COMPILING_OFF_THE_MAIN_THREAD_CRASHES else len(signatures))
 
 
 def test_runs_fill_in_one_launch_with_the_streams_elements() -> None:

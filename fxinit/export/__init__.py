@@ -7,7 +7,7 @@
     files.py               files complete under their final name or absent; disk errors in words
     resume.py              the plan record and per-file checksums that ``resume`` verifies
     progress.py            bytes, rate and time left
-    run.py                 one export's settings and what the formats share
+    run.py                 one export's options and what the formats share
     hf.py                  the Hugging Face layout (shards, index, config.json)
     dcp.py                 torch.distributed.checkpoint, through its planner and storage writer
     save.py                ``fxinit.save``

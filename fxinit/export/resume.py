@@ -28,14 +28,14 @@ RECORD_DIR = ".fxinit"
 _READ_CHUNK = 64 << 20
 
 
-def fingerprint(source: Source, settings: dict[str, Any], files: Sequence[Any]) -> str:
-    """A digest of everything that decides the exported bytes: the settings, the file
+def fingerprint(source: Source, options: dict[str, Any], files: Sequence[Any]) -> str:
+    """A digest of everything that decides the exported bytes: the export's options, the file
     plan, the tensors' names, shapes and dtypes, the graph's ops, constants and generator
     states (``passes.fingerprint``) and which node each name reads, and real tensors' bytes."""
     from fxinit.passes.fingerprint import fingerprint as graph_fingerprint
 
     h = hashlib.blake2b(digest_size=16)
-    h.update(json.dumps({"settings": settings, "files": [repr(f) for f in files]}, sort_keys=True).encode())
+    h.update(json.dumps({"settings": options, "files": [repr(f) for f in files]}, sort_keys=True).encode())
     for name in source.names:
         h.update(f"{name}{source.shapes[name]}{source.dtypes[name]}".encode())
     graph = source.graph

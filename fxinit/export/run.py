@@ -1,4 +1,4 @@
-"""One export run: its settings, and what every format's writer shares (the plan record,
+"""One export run: its options, and what every format's writer shares (the plan record,
 the part to write, the pieces, the producer, free space and progress)."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Exported:
 
 @dataclass
 class Export:
-    """The settings of one export (see ``fxinit.save``)."""
+    """The options of one export (see ``fxinit.save``)."""
 
     source: Source
     directory: Path
@@ -63,9 +63,9 @@ class Export:
 
     def record(self, files: Sequence[FilePlan]) -> Record:
         """The directory's record for this plan (started: see ``Record.start``)."""
-        settings = {"format": self.format, "rng": self.rng, "seed": self.seed, "dtype": str(self.dtype),
-                    "stream": STREAM_VERSION if self.rng == "portable" else None}
-        self._record = Record(self.directory, fingerprint(self.source, settings, files), [f.file for f in files])
+        options = {"format": self.format, "rng": self.rng, "seed": self.seed, "dtype": str(self.dtype),
+                   "stream": STREAM_VERSION if self.rng == "portable" else None}
+        self._record = Record(self.directory, fingerprint(self.source, options, files), [f.file for f in files])
         self._record.start(self.resume)
         return self._record
 

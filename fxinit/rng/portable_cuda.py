@@ -190,6 +190,7 @@ def _nvrtc_version() -> str:
     return f"{major.value}.{minor.value}"
 
 
+@functools.lru_cache(maxsize=1)
 def _nvrtc() -> ctypes.CDLL:
     """NVRTC as torch finds it (``torch.cuda._utils``), else the ``libnvrtc`` of the ``nvidia``
     packages a pip install of torch brings (found beside torch, as torch's own libraries find
@@ -197,19 +198,43 @@ def _nvrtc() -> ctypes.CDLL:
     try:
         from torch.cuda._utils import _get_gpu_rtc_library
 
-        return _get_gpu_rtc_library()
+        lib = _get_gpu_rtc_library()
     except Exception:  # noqa: BLE001 - not there, not loadable by its name: look beside torch
-        pass
-    major = str(torch.version.cuda or "").split(".")[0]
-    found = sorted({p for root in map(Path, sys.path) if root.is_dir()
-                    for p in root.glob("nvidia/*/lib/libnvrtc.so*") if "builtins" not in p.name},
-                   key=lambda p: f".so.{major}" not in p.name)
-    for path in found:
+        lib = None
+    if lib is None:
+        major = str(torch.version.cuda or "").split(".")[0]
+        found = sorted(_beside_torch("libnvrtc.so*"), key=lambda p: f".so.{major}" not in p.name)
+        for path in found:
+            try:
+                lib = ctypes.CDLL(str(path))
+                break
+            except OSError:
+                continue
+        else:
+            raise OSError("NVRTC (libnvrtc) was not found beside torch")
+    _load_builtins(lib)
+    return lib
+
+
+def _beside_torch(pattern: str) -> list[Path]:
+    """The libraries of the ``nvidia`` pip packages named by ``pattern`` (not the ``.alt`` ones)."""
+    return sorted({p for root in map(Path, sys.path) if root.is_dir() for p in root.glob(f"nvidia/*/lib/{pattern}")
+                   if ".alt." not in p.name and ("builtins" in pattern) == ("builtins" in p.name)})
+
+
+def _load_builtins(lib: ctypes.CDLL) -> None:
+    """Load NVRTC's builtins library of the same version from its pip package, where one is:
+    NVRTC opens it by name at its first compile, and the dynamic loader does not look in the
+    package's folder (torch 2.11's CUDA 13 wheels: "failed to open libnvrtc-builtins.so.13.0")."""
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    if lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) != 0:
+        return
+    for path in _beside_torch(f"libnvrtc-builtins.so.{major.value}.{minor.value}"):
         try:
-            return ctypes.CDLL(str(path))
+            ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+            return
         except OSError:
             continue
-    raise OSError("NVRTC (libnvrtc) was not found beside torch")
 
 
 @functools.lru_cache(maxsize=1)

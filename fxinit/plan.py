@@ -270,6 +270,10 @@ def _decisions(plan: Plan, n: fx.Node, fused_by_member: Mapping[fx.Node, FusedCa
         if k.cast is not None:
             steps.append(_dtype(k.cast))
         out.append(f"compiled kernel ({k.backend}) on {k.device.type}: {' -> '.join(steps)}")
+    if "default_dtype" in n.meta:
+        out.append(f"under default dtype {_dtype(n.meta['default_dtype'])}")
+    if "numerics" in n.meta:  # set inside the constructor (``fxinit.numerics``)
+        out.append("under its own numeric settings (meta['numerics'])")
     if n in plan.unbacked:
         out.append("unbacked: nothing reads or writes it, a meta tensor stands in")
     if n in plan.pieces:

@@ -555,3 +555,28 @@ def test_quantized_tensors_are_refused_by_name(make: str) -> None:
 
     with pytest.raises(fxinit.DeferredInitError, match="cannot defer quantized tensors"):
         fxinit.trace_init(Quantized)
+
+
+@torch.compile(backend="eager")  # Dynamo alone: what traces into the capture
+def _scaled(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 + 1
+
+
+class CompiledInInit(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8))
+        with torch.no_grad():
+            self.w.copy_(_scaled(self.w))  # the line the refusal names
+
+
+def test_a_compiled_function_in_the_constructor_is_refused_by_name() -> None:
+    """torch.compile traces into the capture and fails there: a refusal naming the caller's
+    line, not Dynamo's internal error (the compiled kernels' values are not what a recording
+    of torch ops replays)."""
+    with pytest.raises(fxinit.DeferredInitError, match="torch.compile'd function") as info:
+        fxinit.trace_init(CompiledInInit)
+    assert info.value.source is not None and info.value.source.endswith(
+        f"test_errors.py:{CompiledInInit.__init__.__code__.co_firstlineno + 4}")
+    _scaled(torch.ones(2))  # torch.compile still works after it
+    fxinit.materialize(fxinit.trace_init(nn.Linear, 2, 2))

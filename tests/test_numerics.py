@@ -131,6 +131,8 @@ class Toggles(torch.nn.Module):
 def test_settings_changed_inside_the_constructor() -> None:
     eager, traced = _eager_and_traced(Toggles)
     assert not eager.flushed.any() and eager.kept.all() and eager.nan.isnan().all()
+    shown = str(fxinit.init_graph(traced).plan())
+    assert shown.count("under its own numeric settings") == 2, shown  # the product flushed, and the NaN fill
     fxinit.materialize(traced)
     _assert_same(eager, traced)
     assert not torch.are_deterministic_algorithms_enabled()

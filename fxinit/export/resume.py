@@ -42,6 +42,7 @@ def fingerprint(source: Source, options: dict[str, Any], files: Sequence[Any]) -
     if graph is not None:
         nodes = graph.nodes
         h.update(graph_fingerprint(nodes, graph.constants, graph.snapshots).encode())
+        h.update(repr((graph.default_dtype, graph.numerics)).encode())  # what the ops replay under
         index = {n: i for i, n in enumerate(nodes)}
         h.update(repr(sorted((k, index[v], graph.output_storage[k]) for k, v in graph.outputs.items())).encode())
     for name, t in source.real.items():

@@ -34,6 +34,8 @@ def fingerprint(nodes: Sequence[fx.Node], constants: Mapping[str, torch.Tensor],
 
     for n in nodes:
         h.update(repr((n.op, _target_name(n.target), enc(n.args), enc(dict(n.kwargs)))).encode())
+        if "default_dtype" in n.meta or "numerics" in n.meta:  # settings changed inside the constructor
+            h.update(repr((n.meta.get("default_dtype"), n.meta.get("numerics"))).encode())
         if n.op == "get_attr":
             value = constants[n.target]
             h.update(repr((value.dtype, tuple(value.shape))).encode())

@@ -156,3 +156,31 @@ def test_a_meta_copy_of_a_parameter_kept_on_the_module_keeps_its_grad_fn() -> No
     eager, deferred = _both(M)
     assert deferred.template.is_meta and type(deferred.template.grad_fn) is type(eager.template.grad_fn)
     assert fxinit.check(M).status == "equal"
+
+
+class DataOfAnArgument(nn.Module):
+    """A real parameter handed in, a buffer computed from it (its gradient graph reaches the
+    parameter's ``AccumulateGrad``), then the parameter's ``.data`` set to a new tensor."""
+
+    def __init__(self, p: nn.Parameter) -> None:
+        super().__init__()
+        self.register_buffer("picked", p[p > 0])
+        p.data = torch.zeros(2, 2)
+
+
+def test_data_of_a_real_argument_set_after_a_graph_reached_it_keeps_its_gradient() -> None:
+    """Eager's ``.data =`` keeps the parameter's ``AccumulateGrad``; a swap of the Python object
+    would have poisoned it (found by ``tools/fuzz_capture.py --small-thresholds --seed 13``)."""
+    grads, values = [], []
+    for trace in (False, True):
+        torch.manual_seed(1234)
+        p = nn.Parameter(torch.randn(2, 2))
+        torch.manual_seed(0)
+        m = fxinit.trace_init(DataOfAnArgument, p) if trace else DataOfAnArgument(p)
+        if trace:
+            fxinit.materialize(m)
+        m.picked.sum().backward()
+        grads.append(p.grad)
+        values.append((m.picked.detach(), p.detach()))
+    assert torch.equal(grads[0], grads[1])
+    assert all(torch.equal(a, b) for a, b in zip(*values))

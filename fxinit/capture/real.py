@@ -135,7 +135,11 @@ def adopt_deferred(recorder: Any, t: torch.Tensor, src: torch.Tensor) -> bool:
     the same Python object (``swap_tensors``), of its class (a Parameter stays one). A model
     that holds it materializes it as a view of ``src``'s storage; elsewhere
     ``fxinit.materialize(t)`` does. False when ``t`` cannot be swapped (views of it, weak
-    references): the caller decides."""
+    references, or a gradient graph built from it: ``b = t[t > 0]`` before, whose
+    ``AccumulateGrad`` a swap would poison where eager's ``.data =`` keeps it): the caller
+    decides."""
+    if t._use_count() > 1:
+        return False
     with torch._C.DisableTorchFunctionSubclass():
         alias = recorder.dispatch(aten.detach.default, (src,), {})
     new = torch.nn.Parameter(alias, requires_grad=t.requires_grad) if isinstance(t, torch.nn.Parameter) \

@@ -580,3 +580,16 @@ def test_a_compiled_function_in_the_constructor_is_refused_by_name() -> None:
         f"test_errors.py:{CompiledInInit.__init__.__code__.co_firstlineno + 4}")
     _scaled(torch.ones(2))  # torch.compile still works after it
     fxinit.materialize(fxinit.trace_init(nn.Linear, 2, 2))
+
+
+def test_provenance_skips_deprecation_wrappers() -> None:
+    """``nn.utils.weight_norm`` is wrapped by ``typing_extensions.deprecated``: the ops it records
+    name the caller's line, not the wrapper's."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        m = fxinit.trace_init(lambda: nn.utils.weight_norm(nn.Linear(4, 4)))
+    sources = {n.meta["prov"].source for n in fxinit.init_graph(m).nodes if n.meta["prov"].init_fn is None}
+    assert sources and all(s and "typing_extensions" not in s for s in sources), sources
+    assert any(s.startswith(f"{__file__}:") for s in sources), sources

@@ -8,11 +8,13 @@ root module exists.
 from __future__ import annotations
 
 import contextlib
+import functools
 import linecache
 import os
 import re
 import sys
 import types
+import warnings
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 
@@ -45,10 +47,16 @@ def _frames(start: types.FrameType | None) -> Iterator[types.FrameType]:
 _DEMO_FILE = os.path.join(_FXINIT_DIR, "demo.py")
 
 
+#: Wrappers between a caller and what it calls: ``typing_extensions.deprecated`` (around
+#: ``nn.utils.weight_norm``), Python's own in ``warnings``, ``functools`` and ``contextlib``.
+_WRAPPER_FILES = frozenset(os.path.abspath(m.__file__) for m in (functools, contextlib, warnings)) | frozenset(
+    f for f in (getattr(sys.modules.get("typing_extensions"), "__file__", None),) if f)
+
+
 def _is_internal(filename: str) -> bool:
     if filename == _DEMO_FILE:  # the example model is user code
         return False
-    return filename.startswith(_FXINIT_DIR) or filename.startswith(_TORCH_DIR)
+    return filename.startswith(_FXINIT_DIR) or filename.startswith(_TORCH_DIR) or filename in _WRAPPER_FILES
 
 
 def user_frame(start: types.FrameType | None = None) -> types.FrameType | None:

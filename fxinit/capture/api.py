@@ -57,14 +57,30 @@ def _capturing(recorder: Recorder) -> Iterator[None]:
         recorder.capturing = False
 
 
+#: Dynamo's bytecode tracer: an exception through it was raised while compiling.
+_DYNAMO_TRACER = os.path.join(os.path.dirname(torch.__file__), "_dynamo", "symbolic_convert.py")
+
+
+def _raised_in(exc: BaseException, filename: str) -> bool:
+    """Whether ``exc``'s traceback passes through code of ``filename``."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _compiled_call_refusal(exc: Exception) -> DeferredInitError | None:
     """The refusal for ``exc`` where it is torch.compile's (Dynamo's) failure on a function
     called with deferred tensors: Dynamo traces into the capture, whose tensors are meta
     underneath, and recording its code op by op would give eager's op values, not the compiled
     kernels' that eager construction computes. None for any other exception."""
     dynamo = sys.modules.get("torch._dynamo.exc")
-    if dynamo is None or not isinstance(exc, dynamo.TorchDynamoException):
+    if dynamo is None or isinstance(exc, DeferredInitError):
         return None
+    if not isinstance(exc, dynamo.TorchDynamoException) and not _raised_in(exc, _DYNAMO_TRACER):
+        return None  # (torch 2.11's Dynamo fails there with an AssertionError of its own)
     site = None
     tb = exc.__traceback__
     while tb is not None:  # the last frame of the caller's code before torch's

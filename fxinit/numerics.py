@@ -145,11 +145,6 @@ def check_value(name: str, value: Any) -> bool:
     return type(value) is str and value.isidentifier()
 
 
-def unknown(numerics: Numerics) -> list[str]:
-    """The settings of ``numerics`` this torch does not have (recorded by another release)."""
-    return [name for name, _ in numerics if name not in SETTINGS]
-
-
 @contextlib.contextmanager
 def applied(numerics: Numerics | None) -> Iterator[None]:
     """The settings of ``numerics`` in force inside (the process's, and this thread's

@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import re
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.capture.deferred import RETAINS_GRAD, dressed_as, is_deferred_tensor, plain_attributes, state_of
+from fxinit.grad_graphs import autograd_leaves, graph_signature, signatures_match
 from fxinit.numerics import Settings, settings_applied
 from fxinit.ops import is_view, reads_no_data
 from fxinit.passes.roots import storage_root, writes_first_argument
@@ -90,6 +90,9 @@ class _Inputs:
     # another object on the same storage), each with all of them
     aliased: dict[fx.Node, list[torch.Tensor]] = field(default_factory=dict)
     writes: dict[fx.Node, list[fx.Node]] = field(default_factory=dict)  # storage root -> the ops writing it, in order
+    # leaves eager's ``grad_fn`` reaches that ``.data = real`` made real since (by ``id`` of what the
+    # capture's autograd holds: the deferred tensor each was) -> the object each is now (``now_real``)
+    successors: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def preferring(self, leaves: AbstractSet[int]) -> _Inputs:
         """These inputs, a node that several parameters stand for standing for the one among
@@ -120,12 +123,14 @@ def plan_links(tensors: list[torch.Tensor], value_of: ValueOf | None = None) -> 
     by_recorder: dict[int, _Inputs] = {}
     with plain_attributes():
         leaves_of = [autograd_leaves(t) for t in derived]
-    reached = {id(p) for leaves in leaves_of for p in leaves}  # they required grad there, whatever they do now
+    swapped = {id(p): (p, now) for leaves in leaves_of for p in leaves if (now := now_real(p)) is not None}
+    # they required grad there, whatever they do now
+    reached = {id(swapped[id(p)][1] if id(p) in swapped else p) for leaves in leaves_of for p in leaves}
     for t, reaches in zip(derived, leaves_of):
         rec = state_of(t).recorder
         if id(rec) not in by_recorder:
-            by_recorder[id(rec)] = _inputs(rec, tensors, reached)
-        mine = {id(p) for p in reaches}
+            by_recorder[id(rec)] = _inputs(rec, tensors, reached, list(swapped.values()))
+        mine = {id(swapped[id(p)][1] if id(p) in swapped else p) for p in reaches}
         inputs = by_recorder[id(rec)].preferring(mine)
         link = _view_link(t, inputs.parameters) or _link(t, reaches, inputs,
                                                          None if value_of is None else functools.partial(value_of, rec))
@@ -136,6 +141,17 @@ def plan_links(tensors: list[torch.Tensor], value_of: ValueOf | None = None) -> 
         link.settings = Settings(rec.default_dtype, rec.numerics)
         links.append(link)
     return links
+
+
+def now_real(p: torch.Tensor) -> torch.Tensor | None:
+    """The object the leaf ``p`` is now, where ``.data = real`` made it real since eager's ops
+    read it (``vector_to_parameters`` after the trace): eager's ``grad_fn`` holds the object
+    the model holds, the capture's the deferred tensor it was, swapped out of that object
+    (``capture.real.adopt_real``). None for any other leaf."""
+    now = state_of(p).now if is_deferred_tensor(p) else None
+    while now is not None and is_deferred_tensor(now) and state_of(now).now is not None:
+        now = state_of(now).now
+    return now
 
 
 def _eager_words(t: torch.Tensor) -> str:
@@ -222,7 +238,7 @@ def _replayed(link: Link | None) -> torch.Tensor | None:
                 value = _run(link)
             if link.overwritten and _same_layout(value, t):  # written after, not by autograd (the signature
                 value.data.copy_(t)                            # says): its values, its version kept
-            if _same(value, t) and (link.signature is None or _matches(graph_signature(value), link.signature)):
+            if _same(value, t) and (link.signature is None or signatures_match(graph_signature(value), link.signature)):
                 return value
         except Exception:  # noqa: BLE001
             pass
@@ -230,28 +246,12 @@ def _replayed(link: Link | None) -> torch.Tensor | None:
     return None
 
 
-def autograd_leaves(t: torch.Tensor) -> list[torch.Tensor]:
-    """The leaf tensors ``t``'s ``grad_fn`` leads to (the parameters it was computed from)."""
-    out: dict[int, torch.Tensor] = {}
-    seen: dict[int, Any] = {}  # the functions too: a freed wrapper's id is another's (torch 2.11, 2.12)
-    todo = [t.grad_fn]
-    while todo:
-        fn = todo.pop()
-        if fn is None or id(fn) in seen:
-            continue
-        seen[id(fn)] = fn
-        variable = getattr(fn, "variable", None)  # AccumulateGrad
-        if isinstance(variable, torch.Tensor):
-            out.setdefault(id(variable), variable)
-        todo.extend(next_fn for next_fn, _ in fn.next_functions)
-    return list(out.values())
-
-
-def _inputs(rec: Any, tensors: list[torch.Tensor], reached: AbstractSet[int] = frozenset()) -> _Inputs:
+def _inputs(rec: Any, tensors: list[torch.Tensor], reached: AbstractSet[int] = frozenset(),
+            swapped: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()) -> _Inputs:
     """Leaf tensors that require grad (the parameters of the traced model, and any other such
     tensor being materialized) or that a kept tensor's ``grad_fn`` reaches (``reached``, by
-    ``id``: a parameter frozen since), the other tensors being materialized, and where the
-    trace writes in place."""
+    ``id``: a parameter frozen since; ``swapped``: made real since, as each was and is, see
+    ``now_real``), the other tensors being materialized, and where the trace writes in place."""
     parameters: dict[fx.Node, torch.Tensor] = {}
     held: dict[fx.Node, torch.Tensor] = {}
     aliased: dict[fx.Node, list[torch.Tensor]] = {}
@@ -268,6 +268,11 @@ def _inputs(rec: Any, tensors: list[torch.Tensor], reached: AbstractSet[int] = f
                         aliased[node].append(p)
                 else:
                     held.setdefault(node, p)
+    successors = {}
+    for was, now in swapped:
+        if state_of(was).recorder is rec:
+            parameters.setdefault(state_of(was).node, now)
+            successors[id(was)] = now
     written: dict[fx.Node, int] = {}
     writes: dict[fx.Node, list[fx.Node]] = {}
     for n in rec.graph.nodes:
@@ -278,7 +283,7 @@ def _inputs(rec: Any, tensors: list[torch.Tensor], reached: AbstractSet[int] = f
             first = n.args[0] if n.args and writes_first_argument(n) else None
             for root in [storage_root(first)] if isinstance(first, fx.Node) else roots:
                 writes.setdefault(root, []).append(n)
-    return _Inputs(parameters, held, rec.constants, written, rec.lifted_with_grad, aliased, writes)
+    return _Inputs(parameters, held, rec.constants, written, rec.lifted_with_grad, aliased, writes, successors)
 
 
 def _view_link(t: torch.Tensor, parameters: dict[fx.Node, torch.Tensor]) -> Link | None:
@@ -316,6 +321,10 @@ def _link(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
     temporaries as their values and copies ``t``'s later values in."""
     with plain_attributes():
         signature = graph_signature(t)
+    if inputs.successors:  # the replay's leaf is the object the parameter is now
+        signature = [("AccumulateGrad", id(inputs.successors[entry[1]]))
+                     if entry and entry[0] == "AccumulateGrad" and entry[1] in inputs.successors else entry
+                     for entry in signature]
     walk = functools.partial(_walk, t, reaches, inputs, value_of, signature)
     without = walk(False)
     with_writes = walk(True)
@@ -334,7 +343,7 @@ def _walk(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
     write what later readers read, as in eager), and a view or a write passes its reader on to
     the tensor it acts on."""
     mine = [p for p in reaches if is_deferred_tensor(p)]
-    mine_ids = {id(p) for p in reaches}
+    mine_ids = {id(inputs.successors.get(id(p), p)) for p in reaches}
     roots = {storage_root(node) for p in mine for node in (state_of(p).node, *state_of(p).former)}
     materialized = {id(p) for p in inputs.parameters.values()}
     needed: dict[fx.Node, None] = {}
@@ -362,6 +371,8 @@ def _walk(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
             stale = reader is not None and inputs.written.get(storage_root(node), -1) > reader.meta["pos"]
             param = _as_parameter(node, mine)
             then = param is not None and (stale or node is not state_of(param).node)  # written or rebound since
+            if param is not None and id(param) in inputs.successors:  # made real since: rebound
+                param, then = inputs.successors[id(param)], True
             if param is not None and (not then or id(param) in materialized):
                 if then and value_of is None:
                     return None
@@ -459,69 +470,6 @@ def _as_parameter(node: fx.Node, params: Any) -> torch.Tensor | None:
         if node is state_of(p).node or node in state_of(p).former:
             return p
     return None
-
-
-def graph_signature(t: torch.Tensor) -> list:
-    """The shape of ``t``'s ``grad_fn`` graph, in a size linear in it: each function in the
-    order a depth-first walk first meets it, as its kind and the positions of what it leads to
-    (a leaf as ``AccumulateGrad`` of its object)."""
-    order: dict[int, int] = {}
-    out: list = []
-    met: list = []  # held until the walk ends, so that no id is reused by another function's wrapper
-
-    def meet(fn: Any) -> Any:
-        """Number ``fn`` the first time the walk meets it; a leaf's entry is complete at once."""
-        order[id(fn)] = len(out)
-        met.append(fn)
-        variable = getattr(fn, "variable", None)
-        out.append(("AccumulateGrad", id(variable)) if isinstance(variable, torch.Tensor) else None)
-        return None if isinstance(variable, torch.Tensor) else (fn, iter(fn.next_functions), [])
-
-    # depth first without Python's recursion: a chain of ops as long as a model's init is no limit
-    stack = []
-    if t.grad_fn is not None and (first := meet(t.grad_fn)) is not None:
-        stack.append(first)
-    while stack:
-        fn, successors, positions = stack[-1]
-        next_fn = next(successors, False)
-        if next_fn is False:
-            stack.pop()
-            out[order[id(fn)]] = (type(fn).__name__, tuple(positions))
-            continue
-        next_fn = next_fn[0]
-        if next_fn is None:
-            positions.append(None)
-        elif id(next_fn) in order:
-            positions.append(order[id(next_fn)])
-        else:
-            positions.append(len(out))
-            frame = meet(next_fn)
-            if frame is not None:
-                stack.append(frame)
-    return out
-
-
-def _matches(replayed: list, recorded: list) -> bool:
-    """The replayed ``grad_fn`` graph is the one the capture recorded, but where a view's
-    base was written in place after the view was made: real tensors then regenerate the view's
-    function as ``AsStridedBackward0``, which eager's are, and the capture's deferred tensors
-    (a subclass: torch replays the view op for those) as the view op's own."""
-    if len(replayed) != len(recorded):
-        return False
-    for got, want in zip(replayed, recorded):
-        if got != want and not (got[0] == "AsStridedBackward0" and got[1] == want[1] and _views(want[0])):
-            return False
-    return True
-
-
-@functools.lru_cache(maxsize=None)
-def _views(grad_fn_name: str) -> bool:
-    """``SliceBackward0`` and the like: the backward of an aten view op."""
-    stem = grad_fn_name.removesuffix("Backward0")
-    op = getattr(torch.ops.aten, re.sub(r"(?<!^)(?=[A-Z])", "_", stem).lower(), None)
-    schemas = [getattr(op, name)._schema for name in op.overloads()] if op is not None else []
-    return any(s.returns and s.returns[0].alias_info is not None and not s.returns[0].alias_info.is_write
-               for s in schemas)
 
 
 #: Ops without tensor inputs that run again to the same values (``empty`` does not).

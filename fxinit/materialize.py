@@ -19,7 +19,8 @@ from typing import AbstractSet, Any, Callable, Iterable, Mapping, TypeVar
 import torch
 from torch.nn.modules.module import _IncompatibleKeys
 
-from fxinit.autograd_links import autograd_leaves, plan_links, relink
+from fxinit.autograd_links import now_real, plan_links, relink
+from fxinit.grad_graphs import autograd_leaves
 from fxinit.arguments import checked_device, checked_dtype, checked_seed
 from fxinit.capture.api import clear_meta_init_cache, recorder_of_root, unguard
 from fxinit.capture.deferred import (dressed_as, grad_fn_of, is_deferred_tensor, plain_attributes,
@@ -98,7 +99,8 @@ def _with_companions(tensors: list[torch.Tensor], where: dict[int, list[Location
     ids = {id(t) for t in out}
     with plain_attributes():
         derived = [t for t in out if grad_fn_of(t) is not None]
-    leaves = [p for t in derived for p in autograd_leaves(t) if is_deferred_tensor(p) and id(p) not in ids]
+    leaves = [p for t in derived for p in autograd_leaves(t)
+              if is_deferred_tensor(p) and id(p) not in ids and now_real(p) is None]  # (made real since: relinked)
     if leaves:
         out = _companions(out + leaves, where, walked, all_places)
     with plain_attributes():

@@ -184,3 +184,47 @@ def test_data_of_a_real_argument_set_after_a_graph_reached_it_keeps_its_gradient
         values.append((m.picked.detach(), p.detach()))
     assert torch.equal(grads[0], grads[1])
     assert all(torch.equal(a, b) for a, b in zip(*values))
+
+
+class KeptFromParameters(nn.Module):
+    """Buffers computed with autograd from two parameters, one of them written under no_grad
+    in between (``b2`` reads the written value)."""
+
+    def __init__(self, data_in_init: bool = False) -> None:
+        super().__init__()
+        self.w0 = nn.Parameter(torch.randn(3))
+        self.w1 = nn.Parameter(torch.randn(2))
+        self.register_buffer("b1", self.w0 * 2 + self.w1.sum())
+        with torch.no_grad():
+            self.w0.mul_(2)
+        self.register_buffer("b2", self.w0.exp())
+        if data_in_init:
+            self.w0.data = torch.ones(3)
+
+
+@pytest.mark.parametrize("where", ["after_trace", "in_init", "in_init_and_after"])
+@pytest.mark.parametrize("order", ["whole", "buffers_first"])
+def test_data_set_to_a_real_tensor_keeps_the_gradients_of_tensors_computed_before(where: str, order: str) -> None:
+    """``vector_to_parameters`` after the trace (or ``.data = real`` in ``__init__``) makes a
+    deferred parameter real; the buffers computed from it before keep eager's ``grad_fn``, and
+    a backward through them reaches the parameter the model holds (found by
+    ``tools/fuzz_capture.py --small-thresholds --include-known-holes --seed 14``)."""
+    results = []
+    for trace in (False, True):
+        torch.manual_seed(0)
+        cls = KeptFromParameters
+        m = fxinit.trace_init(cls, where != "after_trace") if trace else cls(where != "after_trace")
+        if where != "in_init":
+            nn.utils.vector_to_parameters(torch.linspace(-1, 1, 5), m.parameters())
+        if trace:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # nothing is lost
+                if order == "buffers_first":
+                    fxinit.materialize(m.b2)
+                    fxinit.materialize(m.b1)
+                fxinit.materialize(m)
+        assert all(type(b.grad_fn).__name__ in ("AddBackward0", "ExpBackward0") for b in m.buffers())
+        (m.b1 * torch.tensor([1.0, 2.0, 3.0]) + m.b2 * torch.tensor([5.0, 7.0, 11.0])).sum().backward()
+        results.append([t.detach().clone() for t in (*m.buffers(), *m.parameters())]
+                       + [p.grad for p in m.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*results))

@@ -107,13 +107,16 @@ _SWAP_TENSORS = frozenset([torch.utils.swap_tensors.__code__, *(  # and its swap
 class DeferredState:
     """What a DeferredTensor knows beyond its meta metadata."""
 
-    __slots__ = ("recorder", "node", "device", "former")
+    __slots__ = ("recorder", "node", "device", "former", "now")
 
     def __init__(self, recorder: Any, node: Any, device: torch.device) -> None:
         self.recorder = recorder
         self.node = node
         self.device = device
         self.former: tuple[Any, ...] = ()  # the nodes it held before ``.data =`` rebound it
+        # the object that is this tensor now, where ``.data = real`` made it real (``capture.real.adopt_real``):
+        # this one is what autograd graphs computed from it before still hold
+        self.now: torch.Tensor | None = None
 
 
 def state_of(t: torch.Tensor) -> DeferredState:
@@ -273,6 +276,8 @@ class DeferredTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
         recorder = _recorder_of(args, kwargs)
+        if _IS_COMPILING():
+            refuse_compiled_call(recorder, func)
         with torch._C.DisableTorchFunctionSubclass():  # as in CaptureDispatchMode
             return recorder.dispatch(func, args, kwargs or {})
 
@@ -281,10 +286,30 @@ class DeferredTensor(torch.Tensor):
         return deferred_torch_function(func, args, kwargs or {})
 
 
+#: True only while torch.compile's Dynamo traces (it answers the call itself): a compiled
+#: function called on deferred tensors (``refuse_compiled_call``).
+_IS_COMPILING = torch.compiler.is_compiling
+
+
+def refuse_compiled_call(recorder: Any, func: Any) -> None:
+    """A ``torch.compile``'d function called on deferred tensors, in the constructor or after:
+    eager's values are its compiled kernels', which may round otherwise than the ops fxinit
+    would record (a fused reduction, ``exp``), and Dynamo would trace the capture itself.
+    Raised from here, where Dynamo stops tracing (``Recorder.fail`` reads ``sys._getframe``): it
+    runs, and raises, as plain Python (raised where Dynamo traces, torch 2.11's fails on it)."""
+    raise recorder.fail(
+        "a torch.compile'd function was called on deferred tensors: its compiled kernels may round otherwise "
+        "than the torch ops fxinit records, so fxinit cannot give eager's values",
+        op=getattr(func, "__name__", str(func)),
+        hint="call the function uncompiled (its eager ops are recorded), or after fxinit.materialize")
+
+
 def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
     """DeferredTensor's ``__torch_function__``. The capture function mode calls it directly
     when deferred tensors are the only overloaded arguments, which saves torch's trip back
     through the subclass layer."""
+    if _IS_COMPILING():
+        refuse_compiled_call(_recorder_of(args, kwargs), func)
     if (func is _SETITEM or func is _GETITEM) and len(args) > 1 and isinstance(args[1], _INDEX_SEQUENCES):
         args = (args[0], as_index(args[1]), *args[2:])  # not as torch would make them, on meta
     if type(func) is PROPERTY_CALL:

@@ -126,6 +126,7 @@ def adopt_real(recorder: Any, t: torch.Tensor, src: torch.Tensor, refuse: bool =
             f"fxinit cannot make this deferred tensor real for `.data = ...`: {exc}", op="Tensor.data",
             hint="drop other references (weak references) to the tensor, or materialize it before this line") from exc
     t.__dict__.pop(MATERIALIZED, None)
+    state_of(new).now = t  # (``new`` holds what ``t`` was: a kept tensor's ``grad_fn`` may lead to it)
     return True
 
 

@@ -1,0 +1,94 @@
+"""Reading autograd graphs: the leaves a ``grad_fn`` leads to, and the graph's shape as data.
+
+``fxinit.autograd_links`` rebuilds tensors that eager computed from parameters with autograd
+on; these say which parameters such a tensor reaches and whether a rebuilt ``grad_fn`` graph
+is eager's (``graph_signature`` of each, compared by ``signatures_match``).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+import torch
+
+
+def autograd_leaves(t: torch.Tensor) -> list[torch.Tensor]:
+    """The leaf tensors ``t``'s ``grad_fn`` leads to (the parameters it was computed from)."""
+    out: dict[int, torch.Tensor] = {}
+    seen: dict[int, Any] = {}  # the functions too: a freed wrapper's id is another's (torch 2.11, 2.12)
+    todo = [t.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen[id(fn)] = fn
+        variable = getattr(fn, "variable", None)  # AccumulateGrad
+        if isinstance(variable, torch.Tensor):
+            out.setdefault(id(variable), variable)
+        todo.extend(next_fn for next_fn, _ in fn.next_functions)
+    return list(out.values())
+
+
+def graph_signature(t: torch.Tensor) -> list:
+    """The shape of ``t``'s ``grad_fn`` graph, in a size linear in it: each function in the
+    order a depth-first walk first meets it, as its kind and the positions of what it leads to
+    (a leaf as ``AccumulateGrad`` of its object)."""
+    order: dict[int, int] = {}
+    out: list = []
+    met: list = []  # held until the walk ends, so that no id is reused by another function's wrapper
+
+    def meet(fn: Any) -> Any:
+        """Number ``fn`` the first time the walk meets it; a leaf's entry is complete at once."""
+        order[id(fn)] = len(out)
+        met.append(fn)
+        variable = getattr(fn, "variable", None)
+        out.append(("AccumulateGrad", id(variable)) if isinstance(variable, torch.Tensor) else None)
+        return None if isinstance(variable, torch.Tensor) else (fn, iter(fn.next_functions), [])
+
+    # depth first without Python's recursion: a chain of ops as long as a model's init is no limit
+    stack = []
+    if t.grad_fn is not None and (first := meet(t.grad_fn)) is not None:
+        stack.append(first)
+    while stack:
+        fn, successors, positions = stack[-1]
+        next_fn = next(successors, False)
+        if next_fn is False:
+            stack.pop()
+            out[order[id(fn)]] = (type(fn).__name__, tuple(positions))
+            continue
+        next_fn = next_fn[0]
+        if next_fn is None:
+            positions.append(None)
+        elif id(next_fn) in order:
+            positions.append(order[id(next_fn)])
+        else:
+            positions.append(len(out))
+            frame = meet(next_fn)
+            if frame is not None:
+                stack.append(frame)
+    return out
+
+
+def signatures_match(replayed: list, recorded: list) -> bool:
+    """The replayed ``grad_fn`` graph is the one the capture recorded, but where a view's
+    base was written in place after the view was made: real tensors then regenerate the view's
+    function as ``AsStridedBackward0``, which eager's are, and the capture's deferred tensors
+    (a subclass: torch replays the view op for those) as the view op's own."""
+    if len(replayed) != len(recorded):
+        return False
+    for got, want in zip(replayed, recorded):
+        if got != want and not (got[0] == "AsStridedBackward0" and got[1] == want[1] and _views(want[0])):
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _views(grad_fn_name: str) -> bool:
+    """``SliceBackward0`` and the like: the backward of an aten view op."""
+    stem = grad_fn_name.removesuffix("Backward0")
+    op = getattr(torch.ops.aten, re.sub(r"(?<!^)(?=[A-Z])", "_", stem).lower(), None)
+    schemas = [getattr(op, name)._schema for name in op.overloads()] if op is not None else []
+    return any(s.returns and s.returns[0].alias_info is not None and not s.returns[0].alias_info.is_write
+               for s in schemas)

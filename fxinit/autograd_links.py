@@ -392,8 +392,8 @@ def _walk(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
                 leaf = inputs.constants[node.target]
                 if node.target in inputs.lifted:  # a copy of a real tensor that gradients pass in eager
                     leaf = _lifted_leaf(inputs, node.target, mine_ids)
-                    if leaf is None:  # lifted above autograd (``self.w * g``): eager's graph passes ``g``, the
-                        return None   # recorded one does not, so no graph rebuilt from it can be eager's
+                    if leaf is None:  # eager's graph passes it, the recorded one does not reach its leaves
+                        return None   # (``_lifted_leaf``): no graph rebuilt from it can be eager's
                 leaves[node] = leaf
                 continue
             if not _replayable(node, inputs, stale, replay_writes):

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from fxinit.capture.lifted import LIFTED_WITH_GRAD
+
 
 def autograd_leaves(t: torch.Tensor) -> list[torch.Tensor]:
     """The leaf tensors ``t``'s ``grad_fn`` leads to (the parameters it was computed from)."""
@@ -34,7 +36,8 @@ def autograd_leaves(t: torch.Tensor) -> list[torch.Tensor]:
 def graph_signature(t: torch.Tensor) -> list:
     """The shape of ``t``'s ``grad_fn`` graph, in a size linear in it: each function in the
     order a depth-first walk first meets it, as its kind and the positions of what it leads to
-    (a leaf as ``AccumulateGrad`` of its object)."""
+    (a leaf as ``AccumulateGrad`` of its object), as eager's graph has them: through the edges
+    the capture adds to the real tensors it lifts (``_through_lifts``)."""
     order: dict[int, int] = {}
     out: list = []
     met: list = []  # held until the walk ends, so that no id is reused by another function's wrapper
@@ -49,7 +52,7 @@ def graph_signature(t: torch.Tensor) -> list:
 
     # depth first without Python's recursion: a chain of ops as long as a model's init is no limit
     stack = []
-    if t.grad_fn is not None and (first := meet(t.grad_fn)) is not None:
+    if (fn := _through_lifts(t.grad_fn)) is not None and (first := meet(fn)) is not None:
         stack.append(first)
     while stack:
         fn, successors, positions = stack[-1]
@@ -58,7 +61,7 @@ def graph_signature(t: torch.Tensor) -> list:
             stack.pop()
             out[order[id(fn)]] = (type(fn).__name__, tuple(positions))
             continue
-        next_fn = next_fn[0]
+        next_fn = _through_lifts(next_fn[0])
         if next_fn is None:
             positions.append(None)
         elif id(next_fn) in order:
@@ -69,6 +72,14 @@ def graph_signature(t: torch.Tensor) -> list:
             if frame is not None:
                 stack.append(frame)
     return out
+
+
+def _through_lifts(fn: Any) -> Any:
+    """``fn``, or where it is the edge of a real tensor lifted as a capture's constant
+    (``capture.lifted.LIFTED_WITH_GRAD``, not in eager's graph) the function behind it."""
+    while fn is not None and type(fn) is LIFTED_WITH_GRAD:
+        fn = fn.next_functions[0][0]
+    return fn
 
 
 def signatures_match(replayed: list, recorded: list) -> bool:

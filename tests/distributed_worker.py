@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 import fxinit
@@ -145,6 +146,34 @@ def fsdp2_checkpoint(factory: Callable[[], nn.Module], blocks, rank: int) -> lis
     return errors + _compare(_full(model), want, f"fsdp2 checkpoint (without {dropped})")
 
 
+def fsdp2_dcp_load(factory: Callable[[], nn.Module], blocks, vocab: int) -> list[str]:
+    """torch.distributed.checkpoint's ``set_model_state_dict`` with a full state dict (rank 0's
+    broadcast, or every rank's own) lacking one tensor, into a sharded traced model, then
+    ``materialize`` for the rest: as into eager's sharded model."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    torch.manual_seed(7)
+    ckpt = {k: v.contiguous() for k, v in factory().state_dict().items()}
+    del ckpt[sorted(ckpt)[len(ckpt) // 2]]
+    errors = []
+    for broadcast in (False, True):
+        options = StateDictOptions(full_state_dict=True, strict=False, broadcast_from_rank0=broadcast)
+        models = []
+        for trace in (False, True):
+            torch.manual_seed(0)
+            model = _fsdp2(fxinit.trace_init(factory) if trace else factory(), blocks)
+            set_model_state_dict(model, dict(ckpt) if not broadcast or dist.get_rank() == 0 else {}, options=options)
+            if trace:
+                fxinit.materialize(model)
+            models.append(model)
+        what = f"fsdp2 set_model_state_dict (broadcast_from_rank0={broadcast})"
+        errors += _compare(_full(models[1]), _full(models[0]), what)
+        for model in models:
+            _step(model, vocab)
+        errors += _compare(_full(models[1]), _full(models[0]), what + " after a training step")
+    return errors
+
+
 def fsdp2_portable(factory: Callable[[], nn.Module], blocks) -> tuple[list[str], dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     model = fxinit.trace_init(factory)
@@ -235,6 +264,8 @@ def _scenario(name: str, rank: int, world: int) -> Any:
         return fsdp2_bf16(llama, llama_blocks, 61) + fsdp2_bf16(tied_llama, llama_blocks, 61)
     if name == "fsdp2_checkpoint":
         return fsdp2_checkpoint(llama, llama_blocks, rank) + fsdp2_checkpoint(Net, net_blocks, rank)
+    if name == "fsdp2_dcp_load":
+        return fsdp2_dcp_load(llama, llama_blocks, 61) + fsdp2_dcp_load(Net, net_blocks, 37)
     if name == "fsdp2_portable":
         return {"net": fsdp2_portable(Net, net_blocks)[1], "llama": fsdp2_portable(llama, llama_blocks)[1]}
     if name == "fsdp1":

@@ -4,6 +4,7 @@ with autograd from parameters — eager's values, eager's sharing, eager's gradi
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -384,8 +385,9 @@ def test_gradient_paths_through_real_tensors_mixed_in() -> None:
     Inside a list (``parameters_to_vector`` of a real, empty parameter and a deferred one) the
     capture's own autograd saw it, and the rebuilt tensor reaches it (found by
     tools/fuzz_capture.py: the buffer was a leaf). As an operand (``self.w * g``, ``g`` the
-    caller's) it was copied before autograd saw it: the kept tensor keeps its value as a leaf
-    (docs/failure-modes.md), never a ``grad_fn`` whose backward misses ``g``."""
+    caller's) it is copied before autograd sees it, and the copy keeps an edge to ``g``: the
+    kept tensor is rebuilt with eager's ``grad_fn``, whose backward reaches ``g`` (it had been
+    a leaf, warned)."""
     class M(nn.Module):
         def __init__(self, g: torch.Tensor) -> None:
             super().__init__()
@@ -400,14 +402,39 @@ def test_gradient_paths_through_real_tensors_mixed_in() -> None:
         g = torch.randn(3, requires_grad=True)
         m = fxinit.trace_init(M, g) if traced else M(g)
         if traced:
-            with pytest.warns(UserWarning, match=r"1 tensor\(s\) computed with autograd .* not eager's grad_fn "
-                                                 r"\(MulBackward0, .*sharing.py:\d+: +self.t = self.w \* g"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # nothing lost
                 fxinit.materialize(m)
-            assert m.t.grad_fn is None
-        assert type(m.v.grad_fn).__name__ == "CatBackward0"
+        assert type(m.v.grad_fn).__name__ == "CatBackward0" and type(m.t.grad_fn).__name__ == "MulBackward0"
         m.v.sum().backward()
-        grads.append((m.z.grad, m.w.grad))
+        (m.t * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+        grads.append((m.z.grad, m.w.grad, g.grad))
     assert all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_a_backward_through_deferred_tensors_to_a_real_tensor_is_refused() -> None:
+    """A real tensor that requires grad computed with a deferred one (a closure over a traced
+    model's weight: x-transformers' tied ``to_logits``; or a ``backward()`` in ``__init__``
+    reaching the caller's tensor): eager's backward gives it a gradient, which here would
+    depend on values not materialized yet. It had silently got none; now the backward says so."""
+    d = fxinit.trace_init(nn.Linear, 4, 4)
+    x = torch.ones(2, 4, requires_grad=True)
+    y = x @ d.weight.t()  # (the op is fine: its value is materialized with the weight)
+    with pytest.raises(fxinit.DeferredInitError, match="reached a real tensor that requires grad") as info:
+        y.sum().backward()
+    assert "test_contract_sharing.py" in (info.value.source or "") and x.grad is None
+    fxinit.materialize(d)
+    (x @ d.weight.t()).sum().backward()  # once materialized, as eager
+    assert torch.equal(x.grad, d.weight.detach().sum(0).expand(2, 4))
+
+    class BackwardInInit(nn.Module):
+        def __init__(self, x: torch.Tensor) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 4))
+            (x @ self.w.t()).sum().backward()
+
+    with pytest.raises(fxinit.DeferredInitError, match="reached a real tensor that requires grad"):
+        fxinit.trace_init(BackwardInInit, torch.ones(2, 4, requires_grad=True))
 
 
 class _Twice(torch.autograd.Function):

@@ -5,6 +5,7 @@
     python tools/framework_sweep.py diffusers
     python tools/framework_sweep.py peft
     python tools/framework_sweep.py torchvision   (torch 2.14.1 + torchvision 0.29.1: DEVELOPERS.md)
+    python tools/framework_sweep.py xtransformers
 
 ``timm``: every architecture whose name marks a small variant (``tiny``, ``nano``, ``small``,
 ``resnet18``...), built with ``timm.create_model(name, num_classes=10)``: ``fxinit.check`` (eager
@@ -29,6 +30,10 @@ the layout of ``_linalg_svd``'s ``Vh`` and moves to meta: ``capture/layouts.py``
 wider sweep of torchvision 0.29.1 — reverse order, ``dtype=``, forward and backward, device
 contexts, FrozenBatchNorm checkpoints, quantization's ``fuse_model`` and QAT — found the two
 checkpoint refusals ``checkpoint._filled_by_norms`` and ``_metadata`` now follow.)
+``xtransformers``: lucidrains' ``TransformerWrapper`` with one attention-layer flag per model,
+whole and child by child in reverse. (A sweep of x-transformers 2.31.10 — 93 configs, its other
+wrappers, ten flows each with forward and backward — found one silent difference: a backward
+from a closure over a traced model's weight, ``capture.lifted.LiftedWithGrad``.)
 
 Prints one line per model and the totals; exits 1 on any difference or crash (refusals are
 counted apart). ``--stub-missing`` stands in empty modules for imports the model code does not
@@ -190,28 +195,54 @@ _DIFFUSERS = {
 }
 
 
+def _whole_then_children(fn: Callable[..., Any], **config: Any) -> str:
+    """``fxinit.check``, then the model materialized child by child in reverse, against eager."""
+    whole = _check(fn, **config)
+    if whole != "equal":
+        return whole
+    import fxinit
+    from tests.conftest import compare_modules
+
+    torch.manual_seed(0)
+    eager = fn(**config)
+    torch.manual_seed(0)
+    model = fxinit.trace_init(fn, **config)
+    for child in reversed(list(model.children())):
+        fxinit.materialize(child)
+    fxinit.materialize(model)
+    errors = compare_modules(model, eager, "")
+    return "equal" if not errors else "different (children in reverse): " + "; ".join(errors[:3])
+
+
 def _diffusers(limit: int) -> list[tuple[str, Callable[[], Any]]]:
     import diffusers
 
-    def both(cls: Any, config: dict) -> str:
-        whole = _check(cls, **config)
-        if whole != "equal":
-            return whole
-        import fxinit
-        from tests.conftest import compare_modules
-
-        torch.manual_seed(0)
-        eager = cls(**config)
-        torch.manual_seed(0)
-        model = fxinit.trace_init(cls, **config)
-        for child in reversed(list(model.children())):
-            fxinit.materialize(child)
-        fxinit.materialize(model)
-        errors = compare_modules(model, eager, "")
-        return "equal" if not errors else "different (children in reverse): " + "; ".join(errors[:3])
-
-    return [(name, lambda name=name, c=c: both(getattr(diffusers, name), c))
+    return [(name, lambda name=name, c=c: _whole_then_children(getattr(diffusers, name), **c))
             for name, c in _DIFFUSERS.items()][:limit]
+
+
+_XTRANSFORMERS = {  # attention-layer flags (x-transformers 2.31): positions, norms, residuals, memory
+    "decoder": {}, "encoder": dict(layer="Encoder"), "rotary": dict(rotary_pos_emb=True),
+    "alibi": dict(alibi_pos_bias=True), "rel_pos_bias": dict(rel_pos_bias=True),
+    "dynamic_pos_bias": dict(dynamic_pos_bias=True), "ff_glu swish": dict(ff_glu=True, ff_swish=True),
+    "memory kv": dict(attn_num_mem_kv=2), "qk_norm": dict(attn_qk_norm=True), "rmsnorm": dict(use_rmsnorm=True),
+    "sandwich_norm": dict(sandwich_norm=True), "residual_attn": dict(residual_attn=True),
+    "macaron": dict(macaron=True), "shift_tokens": dict(shift_tokens=1), "gate_residual": dict(gate_residual=True),
+    "gate_values head_scale": dict(attn_gate_values=True, attn_head_scale=True),
+    "scalenorm scale_residual": dict(use_scalenorm=True, scale_residual=True),
+    "value residual": dict(add_value_residual=True, learned_value_residual_mix=True), "tied embedding": dict(wrapper=dict(tie_embedding=True)),
+    "memory tokens l2norm_embed": dict(wrapper=dict(num_memory_tokens=2, l2norm_embed=True)),
+}
+
+
+def _xtransformers(limit: int) -> list[tuple[str, Callable[[], Any]]]:
+    import x_transformers
+
+    def build(layer: str = "Decoder", wrapper: dict | None = None, **flags: Any) -> Any:
+        layers = getattr(x_transformers, layer)(dim=32, depth=2, heads=2, attn_dim_head=16, **flags)
+        return x_transformers.TransformerWrapper(num_tokens=64, max_seq_len=16, attn_layers=layers, **(wrapper or {}))
+
+    return [(name, lambda c=c: _whole_then_children(build, **c)) for name, c in _XTRANSFORMERS.items()][:limit]
 
 
 _PEFT = {  # adapter configs (peft 0.21): LoRA's initializations, DoRA (reads the base weight's norm),
@@ -313,7 +344,7 @@ def _check(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("framework", choices=["timm", "litgpt", "diffusers", "peft", "torchvision"])
+    parser.add_argument("framework", choices=["timm", "litgpt", "diffusers", "peft", "torchvision", "xtransformers"])
     parser.add_argument("--limit", type=int, default=400)
     parser.add_argument("--stub-missing", action="store_true")
     args = parser.parse_args(argv)
@@ -321,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.meta_path.insert(0, _Stubs())
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
     cases = {"timm": _timm, "litgpt": _litgpt, "diffusers": _diffusers, "peft": _peft,
-             "torchvision": _torchvision}[args.framework](args.limit)
+             "torchvision": _torchvision, "xtransformers": _xtransformers}[args.framework](args.limit)
     counts: collections.Counter[str] = collections.Counter()
     started = time.perf_counter()
     for name, run in cases:

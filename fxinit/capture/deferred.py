@@ -16,10 +16,12 @@ It is a meta tensor underneath (so every shape computation is PyTorch's own), wi
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import sys
 import types
+import weakref
 from typing import Any
 
 import numpy as np
@@ -28,14 +30,21 @@ from torch._C import TensorBase
 
 from fxinit.capture.grad_branches import run_as_eager
 from fxinit.capture.indices import as_index
+from fxinit.capture.lifted import LiftedWithGrad
 from fxinit.capture.moves import parse_move, with_index
 from fxinit.capture.post_import import run_pending
 from fxinit.errors import DeferredInitError
 
 _META = torch.device("meta")
 _DISTRIBUTED_DIR = os.path.join(os.path.dirname(torch.__file__), "distributed") + os.sep
+#: torch.distributed code that loads values into a model (``set_model_state_dict``): it is told
+#: the intended device, as eager's tensors would tell it, and copies into the deferred tensors
+#: (recorded), where ``meta`` would have it assign new tensors on the process group's device
+_LOADERS = frozenset(os.path.join(_DISTRIBUTED_DIR, "checkpoint", name) for name in ("state_dict.py",))
 STATE_ATTR = "_fxinit_state"
 PARAMETER_CLASS = "_fxinit_parameter_class"  # an nn.Parameter subclass the tensor was made as (capture.doors)
+#: recorders whose deferred tensors were made as other classes (``made_as``), while they live -> those classes
+_CLASSES_MADE_AS: weakref.WeakKeyDictionary[Any, set[type]] = weakref.WeakKeyDictionary()
 MATERIALIZED = "_fxinit_materialized"  # on every tensor materialize swapped a value into: its trace's serial
 TRACE_SERIALS = itertools.count(1)  # one per recorder (``Recorder.serial``)
 #: fxinit's own entries of a deferred tensor's ``__dict__`` (``_is_param``: a class attribute of Parameter)
@@ -117,6 +126,20 @@ class DeferredState:
         # the object that is this tensor now, where ``.data = real`` made it real (``capture.real.adopt_real``):
         # this one is what autograd graphs computed from it before still hold
         self.now: torch.Tensor | None = None
+
+
+def made_as(t: torch.Tensor, cls: type) -> None:
+    """``t`` (deferred) was made as ``cls`` (``nn.Parameter`` subclasses, ``_make_subclass``,
+    ``as_subclass``): it answers ``__class__`` and is materialized as one."""
+    t.__dict__[PARAMETER_CLASS] = cls
+    _CLASSES_MADE_AS.setdefault(state_of(t).recorder, set()).add(cls)
+
+
+def _classes_made_as() -> set[type]:
+    """The classes deferred tensors of live traces were made as (``made_as``)."""
+    if _CLASSES_MADE_AS:
+        gc.collect()  # (a materialized model's recorder may be waiting for the cycle collector)
+    return set().union(*_CLASSES_MADE_AS.values())
 
 
 def state_of(t: torch.Tensor) -> DeferredState:
@@ -205,12 +228,19 @@ class DeferredTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, data: torch.Tensor | None = None, requires_grad: bool = True, **state: Any) -> torch.Tensor:
         # Reached through ``type(param)(value, requires_grad=...)``: behave like Parameter. accelerate's
-        # ``init_empty_weights`` passes the old parameter's ``__dict__`` too, fxinit's state in it.
-        if data is None or not is_deferred_tensor(data):
+        # ``init_empty_weights`` passes the old parameter's ``__dict__`` too, fxinit's state in it; its
+        # ``set_module_tensor_to_device`` passes a checkpoint's real tensor.
+        if not isinstance(data, torch.Tensor):
             raise TypeError("DeferredTensor objects are created by fxinit capture only")
         unexpected = sorted(set(state) - OWN_ATTRIBUTES)
         if unexpected:  # as Parameter's own ``__new__`` answers them
             raise TypeError(f"__new__() got an unexpected keyword argument '{unexpected[0]}'")
+        if not is_deferred_tensor(data) and (classes := _classes_made_as()):
+            raise DeferredInitError(
+                "type(p)(value) of a deferred parameter: eager's type(p) is the class p was made as, which fxinit "
+                "cannot tell from type(p) alone, and a live trace made deferred tensors of other classes "
+                f"({', '.join(sorted(c.__qualname__ for c in classes))}) than nn.Parameter",
+                hint="call p.__class__(value, ...) (it answers the class p was made as), or materialize before this")
         return torch.nn.Parameter(data, requires_grad=requires_grad)
 
     def __repr__(self) -> str:  # never touches data
@@ -444,6 +474,8 @@ def _lift_real_tensors(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dic
 
     def lift(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and not is_deferred_tensor(x) and x.device.type != "meta":
+            if x.requires_grad and torch.is_grad_enabled():
+                return LiftedWithGrad.apply(x, recorder)
             return recorder.lift(x)
         return x
 
@@ -475,13 +507,15 @@ def reported_device(t: torch.Tensor, caller: Any = None) -> torch.device:
     While its model is recorded: the intended device, so model code takes eager's branches.
     Afterwards, to torch.distributed (FSDP, DTensor, tensor parallelism), whose layout code
     reads ``meta`` as "no storage yet" and then allocates instead of communicating: ``meta``.
-    To any other code (a framework's ``init_weights``, a parametrization, the user's): the
+    To any other code (a framework's ``init_weights``, a parametrization, the user's, and
+    torch.distributed's state-dict loader, ``_LOADERS``): the
     intended device, as eager construction would answer, so that tensors it builds "on the
     parameter's device" are real tensors computed now, exactly, instead of plain meta
     tensors nothing records (docs/design.md, "How a deferred tensor presents itself").
     """
     st = state_of(t)
-    if st.recorder.capturing or caller is None or not caller.f_code.co_filename.startswith(_DISTRIBUTED_DIR):
+    if st.recorder.capturing or caller is None or not caller.f_code.co_filename.startswith(_DISTRIBUTED_DIR) \
+            or caller.f_code.co_filename in _LOADERS:
         return st.device
     return _META
 

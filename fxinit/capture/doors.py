@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch._C import TensorBase
 
-from fxinit.capture.deferred import DATA_PROPERTY, PARAMETER_CLASS, eager_device, is_deferred_tensor, state_of
+from fxinit.capture.deferred import DATA_PROPERTY, PARAMETER_CLASS, eager_device, is_deferred_tensor, made_as, state_of
 from fxinit.capture.devices import CPU, META, default_device
 from fxinit.capture.moves import Move, with_index
 from fxinit.capture.real import adopt_real, contains_deferred, shares_memory
@@ -283,9 +283,9 @@ _patch_lock = threading.Lock()
 def _parameter_new(cls: type, data: Any = None, requires_grad: bool = True) -> Any:
     t = _PARAMETER_NEW(cls, data, requires_grad)
     if cls is not torch.nn.Parameter and is_deferred_tensor(t):
-        t.__dict__[PARAMETER_CLASS] = cls
+        made_as(t, cls)
     elif is_deferred_tensor(data) and PARAMETER_CLASS in data.__dict__:  # a parameter of a tensor subclass's
-        t.__dict__[PARAMETER_CLASS] = data.__dict__[PARAMETER_CLASS]  # object: eager's is of that class
+        made_as(t, data.__dict__[PARAMETER_CLASS])  # object: eager's is of that class
     return t
 
 
@@ -302,7 +302,7 @@ def _make_subclass(cls: type[Any], data: torch.Tensor, requires_grad: bool = Fal
     if not is_deferred_tensor(data):
         return _MAKE_SUBCLASS(cls, data, requires_grad, **kwargs)
     t = data.detach().requires_grad_(requires_grad)
-    t.__dict__[PARAMETER_CLASS] = cls
+    made_as(t, cls)
     if issubclass(cls, torch.nn.Parameter):
         t._is_param = True
     return t
@@ -314,7 +314,7 @@ def _as_subclass(self: torch.Tensor, cls: type) -> Any:
     if not is_deferred_tensor(self):
         return _AS_SUBCLASS(self, cls)
     out = torch.ops.aten.alias.default(self)
-    out.__dict__[PARAMETER_CLASS] = cls
+    made_as(out, cls)
     return out
 
 

@@ -236,9 +236,11 @@ class Recorder(Shadows, Doors):
             )
 
     # ------------------------------------------------------------------ constants
-    def lift(self, real: torch.Tensor, device: torch.device | None = None, copy: bool = True) -> torch.Tensor:
+    def lift(self, real: torch.Tensor, device: torch.device | None = None, copy: bool = True,
+             with_grad: bool = False) -> torch.Tensor:
         """A deferred tensor whose value is ``real``'s now (a graph constant): a copy, or with
-        ``copy=False`` ``real`` itself, for a tensor nothing else writes (replay copies constants)."""
+        ``copy=False`` ``real`` itself, for a tensor nothing else writes (replay copies constants).
+        ``with_grad``: held as a real tensor gradients pass (``capture.lifted``) in no_grad too."""
         if is_deferred_tensor(real):
             return real
         if real.layout != torch.strided:
@@ -252,7 +254,7 @@ class Recorder(Shadows, Doors):
                 value = real.detach()
         name = f"_const{len(self.constants)}"
         self.constants[name] = value
-        if real.requires_grad and torch.is_grad_enabled():
+        if real.requires_grad and (with_grad or torch.is_grad_enabled()):
             self.lifted_with_grad[name] = real
         node = self._node(name, (), {}, op="get_attr")
         with torch._C._DisableTorchDispatch():

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import torch.nn.utils.prune as prune
 
 import fxinit
@@ -589,3 +590,32 @@ def test_a_kept_view_of_a_temporary_keeps_its_grad_fn() -> None:
     assert traced.o.stride() == eager.o.stride() and same_bits(traced.o, eager.o)
     (got,), (want,) = torch.autograd.grad(traced.o.sum(), [traced.w]), torch.autograd.grad(eager.o.sum(), [eager.w])
     assert same_bits(got, want)
+
+
+class BatchNormOfRealStatistics(nn.Module):
+    def __init__(self, mean: torch.Tensor, var: torch.Tensor, training: bool) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3))
+        with torch.no_grad():
+            self.normed = F.batch_norm(self.w, mean, var, training=training, momentum=0.5)
+
+
+def test_an_op_that_writes_a_real_tensor_given_with_deferred_ones_is_refused() -> None:
+    """``F.batch_norm`` in training updates the running statistics it is given in place, which
+    its name does not say: real ones were lifted as copies, the write went to the copy, and the
+    caller's tensors silently kept their values. In evaluation nothing is written: eager's."""
+    with pytest.raises(DeferredInitError, match="wrote into a real tensor it was given with deferred ones"):
+        fxinit.trace_init(BatchNormOfRealStatistics, torch.zeros(3), torch.ones(3), True)
+    lin = fxinit.trace_init(nn.Linear, 3, 4)
+    mean, var = torch.zeros(3), torch.ones(3)
+    with pytest.raises(DeferredInitError, match="wrote into a real tensor"), torch.no_grad():
+        F.batch_norm(lin.weight, mean, var, training=True)  # an init step after the trace
+    assert torch.equal(mean, torch.zeros(3))
+    results = []
+    for trace in (False, True):
+        torch.manual_seed(0)
+        args = (mean, var, False)
+        m = fxinit.materialize(fxinit.trace_init(BatchNormOfRealStatistics, *args)) if trace \
+            else BatchNormOfRealStatistics(*args)
+        results.append(m.normed)
+    assert torch.equal(*results) and torch.equal(mean, torch.zeros(3)) and torch.equal(var, torch.ones(3))

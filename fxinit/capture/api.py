@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 import threading
 import weakref
 from typing import Any, Callable, Iterator, TypeVar
@@ -12,6 +10,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import torch
 
 from fxinit.capture import init_shims
+from fxinit.capture.compiled_calls import compiled_call_refusal
 from fxinit.capture.deferred import is_deferred_tensor, state_of
 from fxinit.capture.doors import parameter_classes
 from fxinit.capture.foreach_groups import deferred_devices
@@ -48,55 +47,13 @@ def _capturing(recorder: Recorder) -> Iterator[None]:
                 lazy_module_support(recorder):
             yield
     except Exception as exc:
-        refusal = _compiled_call_refusal(exc)
+        refusal = compiled_call_refusal(exc)
         if refusal is None:
             raise
         raise refusal from exc
     finally:
         _local.depth = _depth() - 1
         recorder.capturing = False
-
-
-#: Dynamo's bytecode tracer: an exception through it was raised while compiling.
-_DYNAMO_TRACER = os.path.join(os.path.dirname(torch.__file__), "_dynamo", "symbolic_convert.py")
-
-
-def _raised_in(exc: BaseException, filename: str) -> bool:
-    """Whether ``exc``'s traceback passes through code of ``filename``."""
-    tb = exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == filename:
-            return True
-        tb = tb.tb_next
-    return False
-
-
-def _compiled_call_refusal(exc: Exception) -> DeferredInitError | None:
-    """The refusal for ``exc`` where it is torch.compile's (Dynamo's) failure on a function
-    called with deferred tensors: Dynamo traces into the capture, whose tensors are meta
-    underneath, and recording its code op by op would give eager's op values, not the compiled
-    kernels' that eager construction computes. None for any other exception."""
-    dynamo = sys.modules.get("torch._dynamo.exc")
-    if dynamo is None or isinstance(exc, DeferredInitError):
-        return None
-    if not isinstance(exc, dynamo.TorchDynamoException) and not _raised_in(exc, _DYNAMO_TRACER):
-        return None  # (torch 2.11's Dynamo fails there with an AssertionError of its own)
-    site = None
-    tb = exc.__traceback__
-    while tb is not None:  # the last frame of the caller's code before torch's
-        path = tb.tb_frame.f_code.co_filename
-        if f"{os.sep}torch{os.sep}" in path:
-            break
-        if f"{os.sep}fxinit{os.sep}" not in path:
-            site = f"{path}:{tb.tb_lineno}"
-        tb = tb.tb_next
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return DeferredInitError(
-        f"a torch.compile'd function was called on deferred tensors while they were traced "
-        f"(torch.compile: {type(exc).__name__}: {first[:200]})",
-        source=site,
-        hint="call the function uncompiled in the constructor (its compiled kernels may round otherwise than "
-             "the ops fxinit records), or call it after fxinit.materialize")
 
 
 def trace_init(fn: Callable[..., M], *args: Any, **kwargs: Any) -> M:

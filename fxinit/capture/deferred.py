@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from torch._C import TensorBase
 
+from fxinit.capture.compiled_calls import IS_COMPILING, refuse_compiled_call
 from fxinit.capture.grad_branches import run_as_eager
 from fxinit.capture.indices import as_index
-from fxinit.capture.lifted import LiftedWithGrad
 from fxinit.capture.moves import parse_move, with_index
 from fxinit.capture.post_import import run_pending
 from fxinit.errors import DeferredInitError
@@ -306,7 +306,7 @@ class DeferredTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
         recorder = _recorder_of(args, kwargs)
-        if _IS_COMPILING():
+        if IS_COMPILING():
             refuse_compiled_call(recorder, func)
         with torch._C.DisableTorchFunctionSubclass():  # as in CaptureDispatchMode
             return recorder.dispatch(func, args, kwargs or {})
@@ -316,29 +316,11 @@ class DeferredTensor(torch.Tensor):
         return deferred_torch_function(func, args, kwargs or {})
 
 
-#: True only while torch.compile's Dynamo traces (it answers the call itself): a compiled
-#: function called on deferred tensors (``refuse_compiled_call``).
-_IS_COMPILING = torch.compiler.is_compiling
-
-
-def refuse_compiled_call(recorder: Any, func: Any) -> None:
-    """A ``torch.compile``'d function called on deferred tensors, in the constructor or after:
-    eager's values are its compiled kernels', which may round otherwise than the ops fxinit
-    would record (a fused reduction, ``exp``), and Dynamo would trace the capture itself.
-    Raised from here, where Dynamo stops tracing (``Recorder.fail`` reads ``sys._getframe``): it
-    runs, and raises, as plain Python (raised where Dynamo traces, torch 2.11's fails on it)."""
-    raise recorder.fail(
-        "a torch.compile'd function was called on deferred tensors: its compiled kernels may round otherwise "
-        "than the torch ops fxinit records, so fxinit cannot give eager's values",
-        op=getattr(func, "__name__", str(func)),
-        hint="call the function uncompiled (its eager ops are recorded), or after fxinit.materialize")
-
-
 def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
     """DeferredTensor's ``__torch_function__``. The capture function mode calls it directly
     when deferred tensors are the only overloaded arguments, which saves torch's trip back
     through the subclass layer."""
-    if _IS_COMPILING():
+    if IS_COMPILING():
         refuse_compiled_call(_recorder_of(args, kwargs), func)
     if (func is _SETITEM or func is _GETITEM) and len(args) > 1 and isinstance(args[1], _INDEX_SEQUENCES):
         args = (args[0], as_index(args[1]), *args[2:])  # not as torch would make them, on meta
@@ -415,14 +397,27 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
         with torch._C.DisableTorchFunctionSubclass():
             return _SHAPED_LIKE[func](args[0], args[1].size())
     else:
-        args, kwargs = _lift_real_tensors(func, args, kwargs)
-        if _AUTOCAST_ON():  # after the trace (during it, the capture mode notes it for the recorder)
-            _recorder_of(args, kwargs).autocast = True
-            try:
-                with torch._C.DisableTorchFunctionSubclass():
-                    return func(*args, **kwargs)
-            finally:
-                _recorder_of(args, kwargs).autocast = False
+        if not any(type(a) is torch.Tensor or type(a) is torch.nn.Parameter for a in args) and \
+                not any(isinstance(v, torch.Tensor) for v in kwargs.values()):
+            return _run_lifted(func, args, kwargs)
+        return _recorder_of(args, kwargs).with_real_arguments_lifted(func, args, kwargs, _run_lifted)
+    return _run(func, args, kwargs)
+
+
+def _run_lifted(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``func`` of deferred tensors (real ones lifted), under autocast where it is on."""
+    if _AUTOCAST_ON():  # after the trace (during it, the capture mode notes it for the recorder)
+        _recorder_of(args, kwargs).autocast = True
+        try:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        finally:
+            _recorder_of(args, kwargs).autocast = False
+    return _run(func, args, kwargs)
+
+
+def _run(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``func`` of deferred tensors, as eager runs it, refusing by name where a kernel reads memory."""
     try:
         with torch._C.DisableTorchFunctionSubclass():  # spectral composites: eager's path (capture.grad_branches)
             return run_as_eager(func, args, kwargs, lambda: func(*args, **kwargs))
@@ -458,28 +453,6 @@ def _torch_name(func: Any) -> str:
     owner, _, name = qualname.rpartition(".")
     return {"_VariableFunctionsClass": f"torch.{name}", "TensorBase": f"Tensor.{name}",
             "Tensor": f"Tensor.{name}"}.get(owner, qualname)
-
-
-def _lift_real_tensors(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Real tensors passed next to deferred ones, as graph constants: composite functions
-    check devices before the dispatcher would lift them (``torch._weight_norm`` of a loaded
-    ``weight_g`` and a deferred ``weight_v``). Not for functions that may write into their
-    arguments (in-place methods, ``out=``): a lifted copy would take the write."""
-    if not any(type(a) is torch.Tensor or type(a) is torch.nn.Parameter for a in args) and \
-            not any(isinstance(v, torch.Tensor) for v in kwargs.values()):
-        return args, kwargs
-    if getattr(func, "__name__", "_").endswith("_") or "out" in kwargs:
-        return args, kwargs
-    recorder = _recorder_of(args, kwargs)
-
-    def lift(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and not is_deferred_tensor(x) and x.device.type != "meta":
-            if x.requires_grad and torch.is_grad_enabled():
-                return LiftedWithGrad.apply(x, recorder)
-            return recorder.lift(x)
-        return x
-
-    return tuple(lift(a) for a in args), {k: lift(v) for k, v in kwargs.items()}
 
 
 _NOT_HANDLED = object()

@@ -42,8 +42,10 @@ from torch._C import TensorBase
 
 from fxinit.capture.deferred import DATA_PROPERTY, PARAMETER_CLASS, eager_device, is_deferred_tensor, made_as, state_of
 from fxinit.capture.devices import CPU, META, default_device
+from fxinit.capture.lifted import LiftedWithGrad
 from fxinit.capture.moves import Move, with_index
 from fxinit.capture.real import adopt_real, contains_deferred, shares_memory
+from fxinit.capture.schema import updates_running_stats
 from fxinit.capture.storages import storage_key
 from fxinit.capture.trees import map_tree
 
@@ -54,6 +56,40 @@ class Doors:
     """The Recorder's answers at these doors (a mixin, like ``capture.shadows.Shadows``: it
     uses the recorder's values, ``fail``, ``lift`` and ``dispatch``);
     ``DeferredTensor.__torch_function__`` sends the calls here."""
+
+    def with_real_arguments_lifted(self, func: Any, args: tuple, kwargs: dict,
+                                   run: Callable[[Any, tuple, dict], Any]) -> Any:
+        """``run(func, args, kwargs)`` with the real tensors among them lifted as graph constants:
+        composite functions check devices before the dispatcher would lift them
+        (``torch._weight_norm`` of a loaded ``weight_g`` and a deferred ``weight_v``). Not for
+        functions that may write into their arguments (in-place methods, ``out=``): a lifted copy
+        would take the write. Others may write too (``F.batch_norm``'s running statistics): that
+        is refused. One that requires grad keeps its autograd edge (``capture.lifted``)."""
+        if getattr(func, "__name__", "_").endswith("_") or "out" in kwargs:
+            return run(func, args, kwargs)
+        copies: set[int] = set()
+
+        def lift(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and not is_deferred_tensor(x) and x.device.type != "meta":
+                copy = LiftedWithGrad.apply(x, self) if x.requires_grad and torch.is_grad_enabled() else self.lift(x)
+                copies.add(self.storage_id(copy))
+                return copy
+            return x
+
+        args, kwargs = tuple(lift(a) for a in args), {k: lift(v) for k, v in kwargs.items()}
+        last = next(reversed(self.graph.nodes))
+        out = run(func, args, kwargs)
+        node = last.next
+        while node.op != "root":
+            if copies.intersection(node.meta.get("mutates", ())) and \
+                    updates_running_stats(node.target, node.args, node.kwargs):
+                raise self.fail(
+                    f"{func.__name__ if hasattr(func, '__name__') else func} wrote into a real tensor it was given "
+                    "with deferred ones (eager's op writes it in place): the write went to fxinit's copy of it",
+                    op=str(node.target), hint="build the tensor written inside the constructor, where it is deferred "
+                                              "too, or run this after fxinit.materialize")
+            node = node.next
+        return out
 
     def read_only_values(self, func: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:
         """``tolist``, ``numpy``, ``__array__``: exact values; arrays read-only (a write would

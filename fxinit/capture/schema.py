@@ -56,6 +56,12 @@ UNANNOTATED_WRITES = {
 }
 
 
+def updates_running_stats(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether a call of an op of ``UNANNOTATED_WRITES`` writes those arguments: in training
+    (``training``, the sixth argument of each), not in evaluation."""
+    return func not in UNANNOTATED_WRITES or bool(schema_value(func, args, kwargs, 5))
+
+
 @functools.lru_cache(maxsize=None)
 def mutated_arg_indices(func: Any) -> tuple[int, ...]:
     marked = [i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]

@@ -77,7 +77,7 @@ class Doors:
             return x
 
         args, kwargs = tuple(lift(a) for a in args), {k: lift(v) for k, v in kwargs.items()}
-        last = next(reversed(self.graph.nodes))
+        last = next(iter(reversed(self.graph.nodes)))
         out = run(func, args, kwargs)
         node = last.next
         while node.op != "root":

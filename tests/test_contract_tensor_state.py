@@ -228,3 +228,30 @@ def test_data_set_to_a_real_tensor_keeps_the_gradients_of_tensors_computed_befor
         results.append([t.detach().clone() for t in (*m.buffers(), *m.parameters())]
                        + [p.grad for p in m.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+class DataOfAComputedBuffer(nn.Module):
+    """A buffer computed with autograd from a real parameter handed in, then given the
+    ``.data`` of a tensor made in the constructor (deferred)."""
+
+    def __init__(self, p: nn.Parameter) -> None:
+        super().__init__()
+        self.register_buffer("b0", p.clone())
+        self.b0.data = torch.zeros(())
+
+
+def test_data_of_a_tensor_with_a_grad_fn_set_to_a_deferred_one_keeps_the_grad_fn() -> None:
+    """Eager's ``.data =`` keeps ``b0``'s ``CloneBackward0``, which leads to ``p``; making ``b0``
+    a deferred alias had made it a leaf (found by ``tools/fuzz_capture.py --small-thresholds
+    --seed 17``)."""
+    values = []
+    for trace in (False, True):
+        torch.manual_seed(1234)
+        p = nn.Parameter(torch.randn(2, 2))
+        m = fxinit.trace_init(DataOfAComputedBuffer, p) if trace else DataOfAComputedBuffer(p)
+        if trace:
+            fxinit.materialize(m)
+        assert type(m.b0.grad_fn).__name__ == "CloneBackward0" and not m.b0.is_leaf
+        assert m.b0.grad_fn.next_functions[0][0].variable is p
+        values.append(m.b0.detach())
+    assert torch.equal(*values)

@@ -137,9 +137,10 @@ def adopt_deferred(recorder: Any, t: torch.Tensor, src: torch.Tensor) -> bool:
     that holds it materializes it as a view of ``src``'s storage; elsewhere
     ``fxinit.materialize(t)`` does. False when ``t`` cannot be swapped (views of it, weak
     references, or a gradient graph built from it: ``b = t[t > 0]`` before, whose
-    ``AccumulateGrad`` a swap would poison where eager's ``.data =`` keeps it): the caller
-    decides."""
-    if t._use_count() > 1:
+    ``AccumulateGrad`` a swap would poison where eager's ``.data =`` keeps it), or when ``t``
+    has a ``grad_fn`` (``b = arg.clone()``), which eager's ``.data =`` keeps and a deferred
+    alias would not: the caller decides."""
+    if t._use_count() > 1 or t.grad_fn is not None:
         return False
     with torch._C.DisableTorchFunctionSubclass():
         alias = recorder.dispatch(aten.detach.default, (src,), {})

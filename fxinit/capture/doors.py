@@ -84,7 +84,7 @@ class Doors:
             if copies.intersection(node.meta.get("mutates", ())) and \
                     updates_running_stats(node.target, node.args, node.kwargs):
                 raise self.fail(
-                    f"{func.__name__ if hasattr(func, '__name__') else func} wrote into a real tensor it was given "
+                    f"{getattr(func, '__name__', func)} wrote into a real tensor it was given "
                     "with deferred ones (eager's op writes it in place): the write went to fxinit's copy of it",
                     op=str(node.target), hint="build the tensor written inside the constructor, where it is deferred "
                                               "too, or run this after fxinit.materialize")

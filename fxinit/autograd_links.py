@@ -277,11 +277,11 @@ def _inputs(rec: Any, tensors: list[torch.Tensor], reached: AbstractSet[int] = f
     writes: dict[fx.Node, list[fx.Node]] = {}
     for n in rec.graph.nodes:
         if n.meta.get("mutates"):
-            roots = {storage_root(x) for x in n.all_input_nodes}
+            first = n.args[0] if n.args and writes_first_argument(n) else None
+            # an in-place method writes its first argument only (``y.add_(x)`` reads ``x``)
+            roots = {storage_root(first)} if isinstance(first, fx.Node) else {storage_root(x) for x in n.all_input_nodes}
             for root in roots:
                 written[root] = max(written.get(root, -1), n.meta["pos"])
-            first = n.args[0] if n.args and writes_first_argument(n) else None
-            for root in [storage_root(first)] if isinstance(first, fx.Node) else roots:
                 writes.setdefault(root, []).append(n)
     return _Inputs(parameters, held, rec.constants, written, rec.lifted_with_grad, aliased, writes, successors)
 

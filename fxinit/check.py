@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -72,6 +72,7 @@ class CheckReport:
     provenance: str | None = None  # InitGraph.explain of it: every op, init function, module, line
     rng_after_equal: bool | None = None  # None: not checked (rng_after=False, or refused)
     eager_deterministic: bool | None = None  # when different: a second eager build equals the first
+    uninitialized: list[str] = field(default_factory=list)  # differing names no op writes (``torch.empty``)
     message: str | None = None  # when refused: the DeferredInitError's message
     hint: str | None = None  # what to do
 
@@ -138,6 +139,8 @@ def check(fn: Callable[..., torch.nn.Module], *args: Any, seed: int = 0, rng_aft
         if not found and rng_equal is not False:
             return report
         report.status = DIFFERENT
+        unset = set(graph.uninitialized()) if graph is not None else set()
+        report.uninitialized = [d.name for d in found if d.name in unset]
         if report.first_divergent is not None:
             report.source, report.provenance = provenance(report.first_divergent.name, graph, nodes)
         del model, got
@@ -372,6 +375,11 @@ def _refusal_hint(exc: DeferredInitError) -> str:
 
 def _difference_hint(report: CheckReport) -> str:
     d = report.first_divergent
+    if report.uninitialized and len(report.uninitialized) == report.divergent and report.rng_after_equal is not False:
+        names = ", ".join(report.uninitialized[:3]) + (" ..." if len(report.uninitialized) > 3 else "")
+        return (f"{names}: allocated (torch.empty & co.) and never written, so eager's value is whatever the memory "
+                "held, which may differ from build to build, and from fxinit's. Initialize it in the constructor or in an "
+                "init step, or leave it out of the comparison: no build can match it.")
     if report.eager_deterministic is False:
         return ("two eager builds with the same seed differ, so no deferred build can match them: the constructor "
                 "reads something besides torch's seeded generators (the time, Python's `random`, numpy's global "

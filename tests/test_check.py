@@ -148,6 +148,31 @@ def test_a_constructor_that_is_not_deterministic() -> None:
     assert "eager construction is NOT deterministic" in str(report)
 
 
+class Unwritten(nn.Module):
+    """DoRA's ``magnitude`` before ``initialize_dora_magnitude``: ``torch.empty``, never written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.magnitude = nn.Parameter(torch.empty(16))
+
+
+def test_a_tensor_no_op_writes_is_named_as_uninitialized(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two builds' uninitialized memory may differ or not: the report says which tensors hold
+    it, rather than blaming the time or fxinit (found by a torchtune sweep)."""
+    def materialize_then_scribble(model: nn.Module) -> nn.Module:  # as other memory would
+        fxinit.materialize(model)
+        with torch.no_grad():
+            model.magnitude.view(torch.int32).copy_(torch.arange(16, dtype=torch.int32) + 7)
+        return model
+
+    monkeypatch.setattr(check_module, "materialize", materialize_then_scribble)
+    report = fxinit.check(Unwritten)
+    assert report.status == "different" and report.uninitialized == ["magnitude"]
+    assert report.hint is not None and report.hint.startswith("magnitude: allocated (torch.empty & co.) and never")
+    assert "bug in fxinit" not in report.hint
+
+
 # ---------------------------------------------------------------------------- refused
 def test_a_refused_constructor() -> None:
     torch.manual_seed(5)

@@ -413,6 +413,44 @@ def test_gradient_paths_through_real_tensors_mixed_in() -> None:
     assert all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(*grads))
 
 
+_IN_PLACE_READS = {
+    "add_": lambda y, g: y.add_(g, alpha=2.0),
+    "mul_": lambda y, g: y.mul_(g),
+    "copy_": lambda y, g: y[1:].copy_(g[1:]),
+    "addcmul_": lambda y, g: y.addcmul_(g, g, value=0.5),
+    "index_add_": lambda y, g: y.index_add_(0, torch.tensor([2, 0]), g[:2]),
+}
+
+
+@pytest.mark.parametrize("op", sorted(_IN_PLACE_READS))
+def test_an_in_place_write_reading_a_real_tensor_that_requires_grad(op: str) -> None:
+    """``y.add_(g)``, ``y`` deferred and ``g`` the caller's, requiring grad: eager's ``grad_fn``
+    of the kept ``y`` leads to ``g``. The dispatcher lifted ``g`` below autograd and the replay
+    took it as a value: ``y`` became a leaf (warned). And a backward before materialize gave
+    ``g`` a deferred ``.grad``; it is refused, as for out-of-place ops."""
+    class M(nn.Module):
+        def __init__(self, g: torch.Tensor) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(3))
+            self.y = torch.randn(3) * self.w
+            _IN_PLACE_READS[op](self.y, g)
+
+    grads = []
+    for traced in (False, True):
+        torch.manual_seed(0)
+        g = torch.randn(3, requires_grad=True)
+        m = fxinit.trace_init(M, g) if traced else M(g)
+        if traced:
+            with pytest.raises(DeferredInitError, match="reached a real tensor that requires grad"):
+                m.y.sum().backward()
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # nothing lost
+                fxinit.materialize(m)
+        (m.y * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+        grads.append((m.y.detach(), m.w.grad, g.grad))
+    assert all(a is not None and torch.equal(a, b) for a, b in zip(*grads)), grads
+
+
 def test_a_backward_through_deferred_tensors_to_a_real_tensor_is_refused() -> None:
     """A real tensor that requires grad computed with a deferred one (a closure over a traced
     model's weight: x-transformers' tied ``to_logits``; or a ``backward()`` in ``__init__``

@@ -418,3 +418,53 @@ def test_state_dict_and_dtype_follow_module_to() -> None:
     m = fxinit.materialize(fxinit.trace_init(BufferAlsoAttribute), dtype=torch.bfloat16, state_dict=sd)
     assert (m.a.dtype, m.kept.dtype, m.a is m.kept) == (eager.a.dtype, eager.kept.dtype, eager.a is eager.kept)
     assert torch.equal(m.a, eager.a) and torch.equal(m.kept, eager.kept)
+
+
+class TiedOn(nn.Module):
+    """A tie made in the constructor, and a plain object holding a parameter (olmo-core's
+    ``FP8WeightStore.anchor_param``), on ``device``."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(8, 4, device=device)
+        self.head = nn.Linear(4, 8, bias=False, device=device)
+        self.head.weight = self.emb.weight
+        self.w = MyParameter(torch.ones(3, device=device))
+        self.w.flag = "set in the constructor"
+        self.store = [self.w]
+
+
+def _move_then_init(m: nn.Module, move: str) -> None:
+    if move == "to_empty":
+        m.to_empty(device="cpu")
+    else:
+        m.to(torch.device(move) if move in ("meta", "cpu") else getattr(torch, move))
+    if move != "meta":
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in (m.emb.weight, m.head.weight, m.w):
+                p.normal_(generator=g)
+
+
+@pytest.mark.parametrize("built_on, move", [("meta", "to_empty"), ("cpu", "to_empty"), ("cpu", "meta"),
+                                            ("meta", "float64"), ("cpu", "float64"), ("cpu", "cpu")])
+def test_module_moves_keep_or_replace_parameter_objects_as_eager(built_on: str, move: str) -> None:
+    """``Module._apply`` keeps a parameter object (``param.data = new``) only where torch says
+    the two tensors' types are compatible: from meta to a real device or back they are not, and
+    eager makes new parameters, breaking ties made before. A deferred tensor is meta underneath
+    whatever it stands for, so fxinit kept the objects: the tie survived ``to_empty``, and the
+    second init overwrote the first (found by an olmo-core sweep)."""
+    results = []
+    for traced in (False, True):
+        torch.manual_seed(0)
+        m = fxinit.trace_init(TiedOn, built_on) if traced else TiedOn(built_on)
+        _move_then_init(m, move)
+        if traced:
+            fxinit.materialize(m)
+        results.append((m.emb.weight is m.head.weight, m.store[0] is m.w, type(m.w).__name__,
+                        getattr(m.w, "flag", None), str(m.w.device), str(m.store[0].device),
+                        [p.detach().clone() for p in (m.emb.weight, m.head.weight, m.w)]))
+    eager, traced = results
+    assert traced[:6] == eager[:6]
+    assert all(a.dtype == b.dtype and a.device == b.device and (a.is_meta or torch.equal(a, b))
+               for a, b in zip(traced[6], eager[6]))

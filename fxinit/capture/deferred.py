@@ -31,7 +31,7 @@ from torch._C import TensorBase
 from fxinit.capture.compiled_calls import IS_COMPILING, refuse_compiled_call
 from fxinit.capture.grad_branches import run_as_eager
 from fxinit.capture.indices import as_index
-from fxinit.capture.moves import parse_move, with_index
+from fxinit.capture.moves import parse_move, shallow_copy_kind, with_index
 from fxinit.capture.post_import import run_pending
 from fxinit.errors import DeferredInitError
 
@@ -81,6 +81,7 @@ _AUTOCAST_ON = torch._C._is_any_autocast_enabled
 _SETITEM = torch.Tensor.__setitem__
 _GETITEM = torch.Tensor.__getitem__
 _FORMAT = torch.Tensor.__format__
+_SHALLOW_COPY_COMPATIBLE = torch._has_compatible_shallow_copy_type
 _INDEX_SEQUENCES = (list, tuple, range, np.ndarray)
 _DEEPCOPIED_STORAGES = "fxinit: storages deep-copied"  # a key of copy.deepcopy's memo
 _HOOK_SLOTS = [getattr(TensorBase, name) for name in ("_backward_hooks", "_post_accumulate_grad_hooks")
@@ -373,6 +374,10 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
     elif func is TensorBase.get_device and is_deferred_tensor(args[0]):  # torch would read meta's: -1
         device = reported_device(args[0])
         return -1 if device.type in ("cpu", "meta") else with_index(device).index
+    elif func is _SHALLOW_COPY_COMPATIBLE and len(args) == 2 and not kwargs:
+        # asked by ``Module._apply`` (``to_empty``, ``.to``): torch would compare the meta tensors underneath
+        return shallow_copy_kind(eager_device(args[0]), args[0].layout) == \
+            shallow_copy_kind(eager_device(args[1]), args[1].layout)
     elif func is TensorBase.type and len(args) == 1 and not kwargs and is_deferred_tensor(args[0]):
         return legacy_type_name(reported_device(args[0]), args[0].dtype)  # torch would name meta's type
     elif func is TensorBase.to or func is TensorBase.cpu or func is TensorBase.cuda:

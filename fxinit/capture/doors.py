@@ -62,21 +62,32 @@ class Doors:
         """``run(func, args, kwargs)`` with the real tensors among them lifted as graph constants:
         composite functions check devices before the dispatcher would lift them
         (``torch._weight_norm`` of a loaded ``weight_g`` and a deferred ``weight_v``). Not for
-        functions that may write into their arguments (in-place methods, ``out=``): a lifted copy
+        the arguments a function writes (an in-place method's first, ``out=``): a lifted copy
         would take the write. Others may write too (``F.batch_norm``'s running statistics): that
-        is refused. One that requires grad keeps its autograd edge (``capture.lifted``)."""
-        if getattr(func, "__name__", "_").endswith("_") or "out" in kwargs:
+        is refused. One that requires grad keeps its autograd edge (``capture.lifted``); so does
+        one an in-place method reads (``y.add_(x)``), the others left to the dispatcher."""
+        name = getattr(func, "__name__", "_")
+        if "out" in kwargs or name == "set_":
             return run(func, args, kwargs)
         copies: set[int] = set()
+        in_place = name.endswith("_")
 
         def lift(x: Any) -> Any:
             if isinstance(x, torch.Tensor) and not is_deferred_tensor(x) and x.device.type != "meta":
-                copy = LiftedWithGrad.apply(x, self) if x.requires_grad and torch.is_grad_enabled() else self.lift(x)
+                with_grad = x.requires_grad and torch.is_grad_enabled()
+                if in_place and not with_grad:
+                    return x
+                copy = LiftedWithGrad.apply(x, self) if with_grad else self.lift(x)
                 copies.add(self.storage_id(copy))
                 return copy
             return x
 
-        args, kwargs = tuple(lift(a) for a in args), {k: lift(v) for k, v in kwargs.items()}
+        if in_place:  # it writes its first argument
+            args, kwargs = args[:1] + tuple(lift(a) for a in args[1:]), {k: lift(v) for k, v in kwargs.items()}
+            if not copies:
+                return run(func, args, kwargs)
+        else:
+            args, kwargs = tuple(lift(a) for a in args), {k: lift(v) for k, v in kwargs.items()}
         last = next(iter(reversed(self.graph.nodes)))
         out = run(func, args, kwargs)
         node = last.next

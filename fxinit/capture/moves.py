@@ -156,3 +156,10 @@ def _cuda_move(t: torch.Tensor, rest: tuple, kwargs: dict) -> Move | None:
             return None
     return Move(t, device if device is not None else torch.device("cuda"), None,
                 bool(given.get("non_blocking", False)), False, given.get("memory_format"))
+
+
+def shallow_copy_kind(device: torch.device, layout: torch.layout) -> tuple[torch.layout, bool]:
+    """What ``torch._has_compatible_shallow_copy_type`` compares of a tensor on ``device``: one
+    layout on real devices is one kind (``Module.cuda()`` keeps the parameter objects, through
+    ``param.data = new``), the same on meta another (``to_empty`` from meta makes new ones)."""
+    return layout, device.type == "meta"

@@ -64,3 +64,14 @@ def dtype_after_to(current: torch.dtype, requested: torch.dtype | None) -> torch
     """The dtype a tensor of ``current`` has after ``Module.to(requested)``: floating-point
     and complex tensors take ``requested``, the others keep theirs."""
     return requested if requested is not None and cast_by_to(current) else current
+
+
+def copy_with_strides(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` with its strides, in memory of its own. Where elements share memory
+    (``expand``'s stride 0) they share it in the copy too: the span of memory ``t`` reads is
+    copied, as torch writes no tensor whose elements overlap."""
+    t = t.detach()
+    if torch._debug_has_internal_overlap(t) == 0:  # no overlap, surely
+        return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+    span = 1 + sum((n - 1) * s for n, s in zip(t.size(), t.stride())) if t.numel() else 0
+    return t.as_strided((span,), (1,)).clone().as_strided(t.size(), t.stride())

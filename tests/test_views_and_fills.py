@@ -202,3 +202,51 @@ def test_storages_resized_in_the_constructor_are_eagers(make: str) -> None:
     fxinit.materialize(m.lin)
     fxinit.materialize(m)
     assert torch.equal(m.b, eager.b) and torch.equal(m.lin.weight, eager.lin.weight)
+
+
+class AddsExpanded(nn.Module):
+    """A real tensor whose elements share memory (``expand``) given to the constructor."""
+
+    def __init__(self, bias: torch.Tensor) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3))
+        with torch.no_grad():
+            self.w.add_(bias)
+        self.register_buffer("e", bias * 2)
+
+
+class ScatterByExpandedIndex(nn.Module):
+    """PyG's ``scatter``/``softmax``: ``index.view(-1, 1).expand_as(src)``, in a lazy dry run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.LazyLinear(2)
+
+    def forward(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        return y.new_zeros(3, 2).scatter_reduce_(0, index.view(-1, 1).expand_as(y), y, reduce="amax",
+                                                 include_self=False)
+
+
+def test_real_tensors_whose_elements_share_memory() -> None:
+    """A graph constant is copied with its strides; a stride of 0 made that copy write
+    overlapping elements, which torch refuses: trace_init and dry_run crashed (found by a sweep
+    of PyTorch Geometric, whose lazy convolutions scatter by an expanded index). The copy now
+    keeps the memory the elements share."""
+    bias = torch.arange(3.0).expand(4, 3)
+    assert fxinit.check(AddsExpanded, bias).ok
+    torch.manual_seed(0)
+    m = fxinit.trace_init(AddsExpanded, bias)
+    graph = fxinit.init_graph(m)
+    torch.manual_seed(0)
+    eager = AddsExpanded(bias)
+    assert all(torch.equal(v, eager.state_dict()[k]) for k, v in graph.materialize().items())
+    x, index = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1])
+    torch.manual_seed(0)
+    eager = ScatterByExpandedIndex()
+    want = eager(x, index)
+    torch.manual_seed(0)
+    m = fxinit.trace_init(ScatterByExpandedIndex)
+    fxinit.dry_run(m, x, index)
+    fxinit.materialize(m)
+    assert torch.equal(m.lin.weight, eager.lin.weight) and torch.equal(m(x, index), want)

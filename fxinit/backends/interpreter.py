@@ -30,7 +30,7 @@ from fxinit.passes import intervals
 from fxinit.passes.fills import Ranges
 from fxinit.passes.slicing import metadata_only
 from fxinit.plan import Plan
-from fxinit.spec import dtype_after_to
+from fxinit.spec import copy_with_strides, dtype_after_to
 
 aten = torch.ops.aten
 
@@ -336,9 +336,7 @@ def _storage(t: torch.Tensor) -> torch.Tensor:
 
 def _copy(value: Any) -> Any:
     """A copy of a tensor with the same strides, in a storage of its own."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    return torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=value.device).copy_(value)
+    return copy_with_strides(value) if isinstance(value, torch.Tensor) else value
 
 
 def _cast(value: Any, dtype: torch.dtype | None) -> Any:

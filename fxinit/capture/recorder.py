@@ -57,7 +57,7 @@ from fxinit.numerics import current as current_numerics, note_settings
 from fxinit.ops import ALLOCATIONS, DRAW_NOTHING, call_init_function, changes_view, draws_random, resolve_init_function
 from fxinit.passes.fingerprint import fingerprint
 from fxinit.rng import default_generator_for
-from fxinit.spec import TensorSpec
+from fxinit.spec import TensorSpec, copy_with_strides
 
 aten = torch.ops.aten
 #: Ops that make quantized tensors (``torch.ao.nn.quantized`` modules, ``quantize_per_tensor``).
@@ -247,11 +247,7 @@ class Recorder(Shadows, Doors):
             raise self.fail(f"fxinit records strided tensors only; this one is {real.layout}", op="lift",
                             hint="build sparse or other non-strided tensors after fxinit.materialize")
         with self.suspended(), torch.no_grad():
-            if copy:
-                value = torch.empty_strided(real.size(), real.stride(), dtype=real.dtype, device=real.device)
-                value.copy_(real.detach())
-            else:
-                value = real.detach()
+            value = copy_with_strides(real) if copy else real.detach()
         name = f"_const{len(self.constants)}"
         self.constants[name] = value
         if real.requires_grad and (with_grad or torch.is_grad_enabled()):
@@ -262,7 +258,8 @@ class Recorder(Shadows, Doors):
         t = self._wrap(meta, node, real.device)
         if value.numel() <= SHADOW_LIMIT:
             with self.suspended():
-                self.set_shadow(t, value.to("cpu", copy=True) if value.device.type != "cpu" else value.clone())
+                shadow = copy_with_strides(value) if value.device.type == "cpu" else value.to("cpu", copy=True)
+                self.set_shadow(t, shadow)
         if device is not None and device.type == "meta":
             # A copy to meta that eager makes (``torch.tensor(data, device="meta")``): dispatch
             # would read device=meta on a deferred input as "like the input".

@@ -279,7 +279,7 @@ def _inputs(rec: Any, tensors: list[torch.Tensor], reached: AbstractSet[int] = f
         if n.meta.get("mutates"):
             first = n.args[0] if n.args and writes_first_argument(n) else None
             # an in-place method writes its first argument only (``y.add_(x)`` reads ``x``)
-            roots = {storage_root(first)} if isinstance(first, fx.Node) else {storage_root(x) for x in n.all_input_nodes}
+            roots = {storage_root(x) for x in ([first] if isinstance(first, fx.Node) else n.all_input_nodes)}
             for root in roots:
                 written[root] = max(written.get(root, -1), n.meta["pos"])
                 writes.setdefault(root, []).append(n)

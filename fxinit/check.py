@@ -377,9 +377,9 @@ def _difference_hint(report: CheckReport) -> str:
     d = report.first_divergent
     if report.uninitialized and len(report.uninitialized) == report.divergent and report.rng_after_equal is not False:
         names = ", ".join(report.uninitialized[:3]) + (" ..." if len(report.uninitialized) > 3 else "")
-        return (f"{names}: allocated (torch.empty & co.) and never written, so eager's value is whatever the memory "
-                "held, which may differ from build to build, and from fxinit's. Initialize it in the constructor or in an "
-                "init step, or leave it out of the comparison: no build can match it.")
+        return (f"{names}: allocated (torch.empty & co.) and never written, so eager's value is whatever the "
+                "memory held, which may differ from build to build, and from fxinit's. Initialize it in the "
+                "constructor or in an init step, or leave it out of the comparison: no build can match it.")
     if report.eager_deterministic is False:
         return ("two eager builds with the same seed differ, so no deferred build can match them: the constructor "
                 "reads something besides torch's seeded generators (the time, Python's `random`, numpy's global "

@@ -47,7 +47,8 @@ class Divergence:
     ``"type"`` (Parameter or not, exact class), ``"requires_grad"``, ``"grad_fn"`` (computed
     with autograd in one build only, or by another op), ``"deferred"`` (still
     deferred after ``materialize``), ``"meta"`` (a plain meta tensor where eager has data),
-    ``"tie"`` (shared with other names in one build only), ``"missing"`` (eager has the
+    ``"tie"`` (one object with other names in one build only), ``"storage"`` (memory shared
+    with other names, or a storage's size, not as eager's), ``"missing"`` (eager has the
     name, fxinit's build does not) or ``"extra"`` (the other way round)."""
 
     name: str
@@ -177,6 +178,7 @@ def compare_builds(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) 
     fxinit's build has."""
     found: list[Divergence] = []
     got_ties, want_ties = _tie_groups(got), _tie_groups(want)
+    got_memory, want_memory = _memory_groups(got), _memory_groups(want)
     for name, ref in want.items():
         if name not in got:
             found.append(Divergence(name, "missing", "eager construction has this tensor, fxinit's build does not"))
@@ -186,6 +188,12 @@ def compare_builds(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) 
         if d is None and got_ties[name] != want_ties[name]:
             d = Divergence(name, "tie", f"the same tensor object as {_names(got_ties[name])} in fxinit's build, "
                                         f"as {_names(want_ties[name])} in eager's")
+        memory = got_memory.get(name), want_memory.get(name)
+        if d is None and None not in memory and memory[0] != memory[1]:
+            (got_with, got_bytes), (want_with, want_bytes) = memory  # type: ignore[misc]
+            d = Divergence(name, "storage", f"memory shared with {_names(got_with)} in fxinit's build, with "
+                                            f"{_names(want_with)} in eager's" if got_with != want_with else
+                                            f"a storage of {got_bytes} bytes here, {want_bytes} in eager construction")
         if d is not None:
             found.append(d)
     found += [Divergence(name, "extra", "fxinit's build has this tensor, eager construction does not")
@@ -323,6 +331,22 @@ def _tie_groups(tensors: dict[str, torch.Tensor]) -> dict[str, frozenset[str]]:
         if isinstance(t, torch.Tensor):  # (not a module's extra state: None is one object)
             by_id[id(t)].add(name)
     return {name: frozenset(by_id[id(t)] - {name}) for name, t in tensors.items()}
+
+
+def _memory_groups(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[frozenset[str], int]]:
+    """name -> the other names whose memory is on the same storage, and the storage's size
+    (plain tensors with memory: a write to one shows in the others, as in eager or not)."""
+    keys: dict[str, tuple[int, int]] = {}
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided \
+                and not t.is_meta:
+            storage = t.untyped_storage()
+            if storage.data_ptr():
+                keys[name] = (storage.data_ptr(), storage.nbytes())
+    by_storage: dict[tuple[int, int], set[str]] = defaultdict(set)
+    for name, key in keys.items():
+        by_storage[key].add(name)
+    return {name: (frozenset(by_storage[key] - {name}), key[1]) for name, key in keys.items()}
 
 
 def _names(names: frozenset[str]) -> str:

@@ -148,6 +148,34 @@ def test_a_constructor_that_is_not_deterministic() -> None:
     assert "eager construction is NOT deterministic" in str(report)
 
 
+class SharesMemory(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.randn(2, 3))
+        self.register_buffer("cos", self.cache[0])
+        self.register_buffer("tail", torch.randn(10)[:8])
+
+
+@pytest.mark.parametrize("undo", ["sharing", "storage size"])
+def test_memory_shared_otherwise_than_eager_is_found(monkeypatch: pytest.MonkeyPatch, undo: str) -> None:
+    """Which names share memory (a write to one shows in the others) and how big each storage
+    is are eager's too (a deep copy of a view had made it compact, unseen by ``check``)."""
+    def materialize_then_undo(model: nn.Module) -> nn.Module:
+        fxinit.materialize(model)
+        name = "cos" if undo == "sharing" else "tail"
+        model.register_buffer(name, getattr(model, name).clone())
+        return model
+
+    monkeypatch.setattr(check_module, "materialize", materialize_then_undo)
+    report = fxinit.check(SharesMemory)
+    d = report.first_divergent
+    assert report.status == "different" and d is not None and d.what == "storage"
+    assert d.name == ("cache" if undo == "sharing" else "tail")
+    want = "shared with no other name in fxinit's build, with cos in eager's" if undo == "sharing" else \
+        "a storage of 32 bytes here, 40 in eager construction"
+    assert want in d.detail, d.detail
+
+
 class Unwritten(nn.Module):
     """DoRA's ``magnitude`` before ``initialize_dora_magnitude``: ``torch.empty``, never written."""
 

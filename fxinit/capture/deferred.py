@@ -16,6 +16,7 @@ It is a meta tensor underneath (so every shape computation is PyTorch's own), wi
 
 from __future__ import annotations
 
+import copy
 import gc
 import itertools
 import os
@@ -183,11 +184,12 @@ def is_deferred_tensor(t: object) -> bool:
     return isinstance(t, DeferredTensor) and STATE_ATTR in t.__dict__
 
 
-def dressed_as(deferred: torch.Tensor, value: torch.Tensor, keep_autograd: bool = False) -> torch.Tensor:
+def dressed_as(deferred: torch.Tensor, value: torch.Tensor, keep_autograd: bool = False,
+               carry: bool = True) -> torch.Tensor:
     """``value`` in the place of ``deferred``: a Parameter (of the subclass it was made as)
-    if that was one, its ``requires_grad``, its gradient hooks, and the attributes user code
-    set on it (not fxinit's own). ``keep_autograd``: ``value`` itself, with its ``grad_fn``
-    (a tensor computed from parameters: ``fxinit.autograd_links``)."""
+    if that was one, its ``requires_grad``, and unless not ``carry``, its gradient hooks and
+    the attributes user code set on it (not fxinit's own). ``keep_autograd``: ``value``
+    itself, with its ``grad_fn`` (a tensor computed from parameters: ``fxinit.autograd_links``)."""
     cls = deferred.__dict__.get(PARAMETER_CLASS)
     with torch._C.DisableTorchFunctionSubclass():
         requires_grad = deferred.requires_grad
@@ -206,6 +208,15 @@ def dressed_as(deferred: torch.Tensor, value: torch.Tensor, keep_autograd: bool 
         new = value.detach()
         if requires_grad:
             new.requires_grad_(True)
+    if carry:
+        _carry_over(deferred, new)
+    st = deferred.__dict__.get(STATE_ATTR)  # (none: a tensor materialized already, rebuilt by autograd_links)
+    new.__dict__[MATERIALIZED] = st.recorder.serial if st is not None else deferred.__dict__.get(MATERIALIZED)
+    return new
+
+
+def _carry_over(deferred: torch.Tensor, new: torch.Tensor) -> None:
+    """What user code set on ``deferred``, set on ``new``: attributes, gradient hooks, ``retain_grad``."""
     for k, v in deferred.__dict__.items():
         if k not in OWN_ATTRIBUTES and k not in new.__dict__:
             new.__dict__[k] = v
@@ -218,9 +229,6 @@ def dressed_as(deferred: torch.Tensor, value: torch.Tensor, keep_autograd: bool 
                     new.grad_fn._register_hook_dict(new)
     if deferred.__dict__.get(RETAINS_GRAD):  # asked again once its ``grad_fn`` is rebuilt (``autograd_links``)
         new.__dict__[RETAINS_GRAD] = True
-    st = deferred.__dict__.get(STATE_ATTR)  # (none: a tensor materialized already, rebuilt by autograd_links)
-    new.__dict__[MATERIALIZED] = st.recorder.serial if st is not None else deferred.__dict__.get(MATERIALIZED)
-    return new
 
 
 class DeferredTensor(torch.Tensor):
@@ -280,16 +288,22 @@ class DeferredTensor(torch.Tensor):
                                "protocol at the moment.  If you were attempting to deepcopy a module, this may be "
                                "because of a torch.nn.utils.weight_norm usage, see "
                                "https://github.com/pytorch/pytorch/pull/103001")
-        rec = state_of(self).recorder
-        copied = memo.setdefault(_DEEPCOPIED_STORAGES, {})
-        sharer = copied.setdefault(rec.storage_id(self), self)
-        if sharer is not self:  # eager copies a storage once and sets each tensor on it
-            raise rec.fail(
-                "copy.deepcopy of deferred tensors that share one storage (a buffer and a view of it): eager's copies "
-                "share one storage again, fxinit would copy them apart", op="copy.deepcopy",
-                hint="deepcopy the module before the views are taken, or build the copies with their own constructor")
+        parameter = isinstance(self, torch.nn.Parameter)
         with torch.no_grad():
-            new = dressed_as(self, self.clone(memory_format=torch.preserve_format))
+            if parameter or state_of(self).device.type == "meta":  # Parameter's: a clone (so is a meta tensor's)
+                value = self.clone(memory_format=torch.preserve_format)
+            else:  # Tensor's: the storage copied once, whole, and each tensor set on it with its own layout
+                copied = memo.setdefault(_DEEPCOPIED_STORAGES, {})
+                sid = state_of(self).recorder.storage_id(self)
+                if sid not in copied:
+                    copied[sid] = _storage_copied(self)
+                value = copied[sid].as_strided(self.size(), self.stride(), self.storage_offset())
+            new = dressed_as(self, value, carry=False)  # neither copies hooks; Parameter's no attributes
+            if not parameter:
+                new.__dict__.update(copy.deepcopy({k: v for k, v in self.__dict__.items() if k not in OWN_ATTRIBUTES},
+                                                  memo))
+                if self.grad is not None:
+                    new.grad = copy.deepcopy(self.grad, memo)
         memo[id(self)] = new
         return new
 
@@ -315,6 +329,15 @@ class DeferredTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
         return deferred_torch_function(func, args, kwargs or {})
+
+
+def _storage_copied(t: torch.Tensor) -> torch.Tensor:
+    """A deferred tensor over a copy of all of ``t``'s storage (``copy.deepcopy``)."""
+    with torch._C.DisableTorchFunctionSubclass():  # the meta storage underneath
+        n = TensorBase.untyped_storage(t).nbytes() // t.element_size()
+    if t.storage_offset() == 0 and t.numel() == n and t.is_contiguous():
+        return t.clone(memory_format=torch.contiguous_format)  # the common case: the tensor is its storage
+    return t.as_strided((n,), (1,), 0).clone()
 
 
 def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:

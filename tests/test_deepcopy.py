@@ -1,0 +1,95 @@
+"""``copy.deepcopy`` of deferred tensors, in a constructor (``_get_clones``) and after the trace
+(an EMA teacher): what eager's ``Tensor.__deepcopy__`` and ``Parameter.__deepcopy__`` make.
+A plain tensor's storage is copied once, whole, and each tensor on it keeps its layout (offset,
+strides, the memory expanded elements share); a parameter is cloned, without the attributes
+and hooks set on it; a plain tensor's attributes are deep-copied, and its gradient too."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fxinit
+from tests.conftest import compare_modules
+
+
+class Views(nn.Module):
+    """speechbrain's ``Filterbank``: ``self.f_central = hz[1:-1]``; views of every kind; a
+    buffer over a parameter's storage; a buffer and a view of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        hz = torch.linspace(0.0, 8000.0, 10)
+        self.f_central = hz[1:-1]
+        self.register_buffer("tail", torch.randn(10)[2:])
+        self.register_buffer("every_other", torch.randn(10)[::2])
+        self.register_buffer("expanded", torch.randn(1, 4).expand(3, 4))
+        self.register_buffer("cache", torch.randn(2, 3))
+        self.register_buffer("cos", self.cache[0])
+        self.w = nn.Parameter(torch.randn(4, 3))
+        self.register_buffer("wt", self.w.detach()[1:].t())
+        self.lin = nn.Linear(3, 2)
+
+
+class Clones(nn.Module):
+    """The ``_get_clones`` idiom: copies of a prototype layer, made in the constructor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        proto = Views()
+        self.layers = nn.ModuleList(copy.deepcopy(proto) for _ in range(2))
+
+
+def _layouts(m: nn.Module) -> dict[str, tuple]:
+    tensors = dict(m.state_dict(keep_vars=True))
+    tensors.update({f"{k}.f_central": v.f_central for k, v in m.named_modules() if hasattr(v, "f_central")})
+    return {k: (t.stride(), t.storage_offset(), t.untyped_storage().nbytes()) for k, t in tensors.items()}
+
+
+@pytest.mark.parametrize("where", ["constructor", "after the trace"])
+def test_deep_copies_keep_eagers_layouts_and_sharing(where: str) -> None:
+    """Found by a speechbrain sweep: a view's copy was a compact clone (``hz[1:-1]`` at offset
+    0), and tensors sharing one storage were refused."""
+    ctor = Clones if where == "constructor" else Views
+    torch.manual_seed(0)
+    eager = ctor() if where == "constructor" else copy.deepcopy(ctor())
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(ctor)
+    if where != "constructor":
+        traced = copy.deepcopy(traced)
+    fxinit.materialize(traced)
+    assert compare_modules(traced, eager, "") == []  # values, strides, which names share memory
+    assert _layouts(traced) == _layouts(eager)
+    if where == "constructor":
+        assert fxinit.check(Clones).ok
+
+
+class Dressed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+        self.w.flag = "on the parameter"
+        self.w.register_hook(lambda g: g * 0)
+        self.register_buffer("b", torch.randn(3))
+        self.b.table = {"k": [1]}
+        self.b.grad = torch.ones(3)
+
+
+def test_deep_copies_take_attributes_hooks_and_gradients_as_eager() -> None:
+    """Eager's ``Parameter.__deepcopy__`` is ``type(p)(p.data.clone(), p.requires_grad)``: no
+    attributes, no hooks, no gradient; a plain tensor's ``__dict__`` and gradient are deep-copied.
+    fxinit had carried the parameter's attributes and hooks over, and shared the dict."""
+    seen = []
+    for traced in (False, True):
+        torch.manual_seed(0)
+        m = fxinit.trace_init(Dressed) if traced else Dressed()
+        c = copy.deepcopy(m)
+        if traced:
+            fxinit.materialize(c)
+        c.w.sum().backward()
+        seen.append((getattr(c.w, "flag", None), c.b.table, c.b.table is m.b.table, c.w.grad.tolist(),
+                     c.b.grad.tolist()))
+    assert seen[0] == seen[1]

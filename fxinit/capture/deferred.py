@@ -294,7 +294,7 @@ class DeferredTensor(torch.Tensor):
                 value = self.clone(memory_format=torch.preserve_format)
             else:  # Tensor's: the storage copied once, whole, and each tensor set on it with its own layout
                 copied = memo.setdefault(_DEEPCOPIED_STORAGES, {})
-                sid = state_of(self).recorder.storage_id(self)
+                sid = id(state_of(self).recorder), state_of(self).recorder.storage_id(self)
                 if sid not in copied:
                     copied[sid] = _storage_copied(self)
                 value = copied[sid].as_strided(self.size(), self.stride(), self.storage_offset())

@@ -468,3 +468,37 @@ def test_module_moves_keep_or_replace_parameter_objects_as_eager(built_on: str, 
     assert traced[:6] == eager[:6]
     assert all(a.dtype == b.dtype and a.device == b.device and (a.is_meta or torch.equal(a, b))
                for a, b in zip(traced[6], eager[6]))
+
+
+class ModuleToTensor(nn.Module):
+    """vit-pytorch's ``NetWrapper._get_projector``: ``MLP(...).to(hidden)``, ``hidden`` deferred."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4, device="cpu", dtype=torch.float64).to(self.a.weight)
+        self.c = nn.Linear(4, 4, device="cpu").to(tensor=self.a.bias, non_blocking=True)
+        self.d = nn.Linear(4, 4)
+
+
+@pytest.mark.parametrize("context", [None, "cuda"])
+def test_module_to_a_deferred_tensor_takes_its_device_and_dtype(context: str | None) -> None:
+    """``Module.to(t)`` reads ``t``'s device through ``torch._C._nn._parse_to``, which saw the
+    meta tensor underneath: the module's tensors were moved to meta, and stayed meta after
+    materialize (found by a sweep of lucidrains' libraries)."""
+    def build(traced: bool) -> nn.Module:
+        torch.manual_seed(0)
+        m = fxinit.trace_init(ModuleToTensor) if traced else ModuleToTensor()
+        m.d.to(m.a.weight)  # an init step after the trace
+        return m
+
+    if context == "cuda":  # recorded for the device eager would use, on a machine without it too
+        with torch.device("cuda"):
+            m = fxinit.trace_init(ModuleToTensor)
+        assert {str(p.device) for p in m.parameters()} == {"cuda:0"}
+        assert {p.dtype for p in m.parameters()} == {torch.float32}
+        return
+    eager, traced = build(False), build(True)
+    fxinit.materialize(traced)
+    for (name, got), want in zip(traced.named_parameters(), eager.parameters()):
+        assert (got.device, got.dtype) == (want.device, want.dtype) and torch.equal(got, want), name

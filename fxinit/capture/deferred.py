@@ -32,7 +32,7 @@ from torch._C import TensorBase
 from fxinit.capture.compiled_calls import IS_COMPILING, refuse_compiled_call
 from fxinit.capture.grad_branches import run_as_eager
 from fxinit.capture.indices import as_index
-from fxinit.capture.moves import parse_move, shallow_copy_kind, with_index
+from fxinit.capture.moves import legacy_type_name, parse_move, shallow_copy_kind, with_index
 from fxinit.capture.post_import import run_pending
 from fxinit.errors import DeferredInitError
 
@@ -83,6 +83,7 @@ _SETITEM = torch.Tensor.__setitem__
 _GETITEM = torch.Tensor.__getitem__
 _FORMAT = torch.Tensor.__format__
 _SHALLOW_COPY_COMPATIBLE = torch._has_compatible_shallow_copy_type
+_PARSE_TO = torch._C._nn._parse_to
 _INDEX_SEQUENCES = (list, tuple, range, np.ndarray)
 _DEEPCOPIED_STORAGES = "fxinit: storages deep-copied"  # a key of copy.deepcopy's memo
 _HOOK_SLOTS = [getattr(TensorBase, name) for name in ("_backward_hooks", "_post_accumulate_grad_hooks")
@@ -401,6 +402,11 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
         # asked by ``Module._apply`` (``to_empty``, ``.to``): torch would compare the meta tensors underneath
         return shallow_copy_kind(eager_device(args[0]), args[0].layout) == \
             shallow_copy_kind(eager_device(args[1]), args[1].layout)
+    elif func is _PARSE_TO:  # ``Module.to(t)``: torch would answer the meta device underneath
+        with torch._C.DisableTorchFunctionSubclass():
+            device, dtype, non_blocking, memory_format = func(*args, **kwargs)
+        t = args[0] if args else kwargs.get("tensor")
+        return eager_device(t) if is_deferred_tensor(t) else device, dtype, non_blocking, memory_format
     elif func is TensorBase.type and len(args) == 1 and not kwargs and is_deferred_tensor(args[0]):
         return legacy_type_name(reported_device(args[0]), args[0].dtype)  # torch would name meta's type
     elif func is TensorBase.to or func is TensorBase.cpu or func is TensorBase.cuda:
@@ -557,18 +563,6 @@ def _property(kind: str, owner: Any, args: tuple) -> Any:
         state_of(t).recorder.set_data(t, args[1])
         return None
     return _NOT_HANDLED
-
-
-_LEGACY_NAMES: dict[torch.dtype, str] = {}
-
-
-def legacy_type_name(device: torch.device, dtype: torch.dtype) -> str:
-    """``t.type()`` of a tensor on ``device`` of ``dtype``: ``torch.HalfTensor``, ``torch.cuda.HalfTensor``."""
-    name = _LEGACY_NAMES.get(dtype)
-    if name is None:  # torch's own name, from a CPU tensor no mode sees
-        with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
-            name = _LEGACY_NAMES[dtype] = torch.empty(0, dtype=dtype).type()[len("torch."):]
-    return "torch." + ("" if device.type == "cpu" else f"{device.type}.") + name
 
 
 def eager_device(t: torch.Tensor) -> torch.device:

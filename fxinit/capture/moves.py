@@ -163,3 +163,15 @@ def shallow_copy_kind(device: torch.device, layout: torch.layout) -> tuple[torch
     layout on real devices is one kind (``Module.cuda()`` keeps the parameter objects, through
     ``param.data = new``), the same on meta another (``to_empty`` from meta makes new ones)."""
     return layout, device.type == "meta"
+
+
+_LEGACY_NAMES: dict[torch.dtype, str] = {}
+
+
+def legacy_type_name(device: torch.device, dtype: torch.dtype) -> str:
+    """``t.type()`` of a tensor on ``device`` of ``dtype``: ``torch.HalfTensor``, ``torch.cuda.HalfTensor``."""
+    name = _LEGACY_NAMES.get(dtype)
+    if name is None:  # torch's own name, from a CPU tensor no mode sees
+        with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+            name = _LEGACY_NAMES[dtype] = torch.empty(0, dtype=dtype).type()[len("torch."):]
+    return "torch." + ("" if device.type == "cpu" else f"{device.type}.") + name

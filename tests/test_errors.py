@@ -80,6 +80,13 @@ class UntypedStorage(nn.Module):
         self.st = self.w.untyped_storage()  # ERR:untyped_storage
 
 
+class FromDlpack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+        self.arr = np.from_dlpack(self.w.detach())  # ERR:dlpack
+
+
 class Numpy(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -103,6 +110,7 @@ ERROR_CASES = [
     ("data_ptr", DataPtr, ("data_ptr",)),
     ("untyped_storage", UntypedStorage, ("untyped_storage",)),
     ("numpy", Numpy, ("numpy",)),
+    ("dlpack", FromDlpack, ("__dlpack",)),
 ]
 
 

@@ -95,6 +95,7 @@ _RAW_ACCESS = {
     torch.Tensor._typed_storage,
     torch.Tensor.storage,
     torch.Tensor.__dlpack__,
+    torch.Tensor.__dlpack_device__,  # (asked first, by torch.utils.dlpack and numpy's from_dlpack)
 }
 _LOAD_FROM_STATE_DICT = torch.nn.Module._load_from_state_dict.__code__
 _VALUE_READS = {TensorBase.tolist, TensorBase.numpy, torch.Tensor.__array__}

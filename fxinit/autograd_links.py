@@ -176,7 +176,8 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
     for link in sorted(links, key=_made):
         if any(is_deferred_tensor(p) or (p.grad_fn is not None and node.op != "get_attr")  # (a real tensor lifted)
                for node, p in link.leaves.items()):
-            continue  # its parameters were not materialized by this call
+            lost.append(f"{link.eager}, materialized before the parameters it was computed from")
+            continue
         value = _replayed(link) if link.nodes else None
         if value is not None and value._is_view() and _memory_shared_elsewhere(link.tensor, value, holders):
             value = None  # a view of a replayed temporary would leave the memory eager's tensor shares

@@ -502,3 +502,24 @@ def test_module_to_a_deferred_tensor_takes_its_device_and_dtype(context: str | N
     fxinit.materialize(traced)
     for (name, got), want in zip(traced.named_parameters(), eager.parameters()):
         assert (got.device, got.dtype) == (want.device, want.dtype) and torch.equal(got, want), name
+
+
+def _real_to_deferred(m: nn.Module) -> list[torch.Tensor]:
+    """gpytorch's ``Kernel._set_lengthscale``: ``torch.as_tensor(value).to(self.raw_lengthscale)``."""
+    w = m.a.weight
+    return [torch.as_tensor(0.5).to(w), torch.arange(3, dtype=torch.float64).to(w, copy=True),
+            torch.Tensor.to(torch.ones(2, dtype=torch.int64), w), torch.ones(2).to(tensor=w, non_blocking=True)]
+
+
+def test_a_real_tensor_moved_like_a_deferred_one_takes_its_device_and_dtype() -> None:
+    """``real.to(t)`` after the trace read the meta tensor underneath ``t``: a plain meta tensor,
+    whose value no one has (found by a gpytorch sweep: ``kernel.lengthscale = 0.5``)."""
+    m = fxinit.trace_init(ModuleToTensor)
+    for got, want in zip(_real_to_deferred(m), _real_to_deferred(ModuleToTensor())):
+        assert not fxinit.is_deferred(got) and (got.device, got.dtype) == (want.device, want.dtype)
+        assert torch.equal(got, want) and (got.item() if got.numel() == 1 else True)
+    with torch.device("cuda"):
+        m = fxinit.trace_init(ModuleToTensor)
+    moved = _real_to_deferred(m)  # a graph constant copied there, where this machine lacks the device
+    assert {(str(t.device), t.dtype) for t in moved} == {("cuda:0", torch.float32)}
+    assert torch.cuda.is_available() or all(fxinit.is_deferred(t) for t in moved)

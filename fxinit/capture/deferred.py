@@ -414,6 +414,8 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
         result = _maybe_noop_move(func, args, kwargs)
         if result is not None:
             return result
+        if not is_deferred_tensor(args[0]) and (move := parse_move(func, args, kwargs, eager_device)) is not None:
+            return _recorder_of(args, kwargs).moved(move)  # ``real.to(t)``: torch would read meta
     elif func is _FORMAT and len(args) == 2 and is_deferred_tensor(args[0]) and args[0].__class__ is DeferredTensor \
             and state_of(args[0]).device.type != "meta" and args[0].dim() == 0:
         return args[0].item().__format__(args[1])  # eager formats a plain 0-dim tensor as its number

@@ -268,6 +268,8 @@ class Doors:
                 return t.to(**move.to_kwargs(META, copy=True))
         if move.device is None or move.device.type in ("cpu", "meta"):
             return t.to(**move.to_kwargs(move.device or eager_device(t), copy=True))
+        if not is_deferred_tensor(t):  # (after the trace too, where no mode would see ``t.to(meta)``)
+            return self.lift(t if move.dtype is None else t.to(move.dtype), device=with_index(move.device))
         with self.intended_device(with_index(move.device)):
             return t.to(**move.to_kwargs(META, copy=True))
 

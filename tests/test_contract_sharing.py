@@ -381,6 +381,21 @@ def test_a_kept_tensor_computed_from_a_kept_tensor_made_before_a_write() -> None
         assert want is not None and got is not None and same_bits(got, want), name
 
 
+def _built_with_a_caller_tensor(cls: type, traced: bool, before: Callable[[nn.Module], None] = lambda m: None
+                                ) -> tuple[nn.Module, torch.Tensor]:
+    """``cls(g)``, ``g`` the caller's tensor that requires grad, eager or traced (``before(m)``,
+    then materialized, with no tensor's ``grad_fn`` lost)."""
+    torch.manual_seed(0)
+    g = torch.randn(3, requires_grad=True)
+    m = fxinit.trace_init(cls, g) if traced else cls(g)
+    if traced:
+        before(m)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing lost
+            fxinit.materialize(m)
+    return m, g
+
+
 def test_gradient_paths_through_real_tensors_mixed_in() -> None:
     """A real tensor that requires grad mixed into a deferred op: eager's gradient passes it.
     Inside a list (``parameters_to_vector`` of a real, empty parameter and a deferred one) the
@@ -399,13 +414,7 @@ def test_gradient_paths_through_real_tensors_mixed_in() -> None:
 
     grads = []
     for traced in (False, True):
-        torch.manual_seed(0)
-        g = torch.randn(3, requires_grad=True)
-        m = fxinit.trace_init(M, g) if traced else M(g)
-        if traced:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")  # nothing lost
-                fxinit.materialize(m)
+        m, g = _built_with_a_caller_tensor(M, traced)
         assert type(m.v.grad_fn).__name__ == "CatBackward0" and type(m.t.grad_fn).__name__ == "MulBackward0"
         m.v.sum().backward()
         (m.t * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
@@ -435,17 +444,13 @@ def test_an_in_place_write_reading_a_real_tensor_that_requires_grad(op: str) -> 
             self.y = torch.randn(3) * self.w
             _IN_PLACE_READS[op](self.y, g)
 
+    def backward_first(m: nn.Module) -> None:
+        with pytest.raises(DeferredInitError, match="reached a real tensor that requires grad"):
+            m.y.sum().backward()
+
     grads = []
     for traced in (False, True):
-        torch.manual_seed(0)
-        g = torch.randn(3, requires_grad=True)
-        m = fxinit.trace_init(M, g) if traced else M(g)
-        if traced:
-            with pytest.raises(DeferredInitError, match="reached a real tensor that requires grad"):
-                m.y.sum().backward()
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")  # nothing lost
-                fxinit.materialize(m)
+        m, g = _built_with_a_caller_tensor(M, traced, backward_first)
         (m.y * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
         grads.append((m.y.detach(), m.w.grad, g.grad))
     assert all(a is not None and torch.equal(a, b) for a, b in zip(*grads)), grads

@@ -43,6 +43,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.capture.deferred import RETAINS_GRAD, dressed_as, is_deferred_tensor, plain_attributes, state_of
+from fxinit.capture.schema import mutated_arg_indices
 from fxinit.grad_graphs import autograd_leaves, graph_signature, signatures_match
 from fxinit.numerics import Settings, settings_applied
 from fxinit.ops import is_view, reads_no_data
@@ -278,13 +279,22 @@ def _inputs(rec: Any, tensors: list[torch.Tensor], reached: AbstractSet[int] = f
     writes: dict[fx.Node, list[fx.Node]] = {}
     for n in rec.graph.nodes:
         if n.meta.get("mutates"):
-            first = n.args[0] if n.args and writes_first_argument(n) else None
-            # an in-place method writes its first argument only (``y.add_(x)`` reads ``x``)
-            roots = {storage_root(x) for x in ([first] if isinstance(first, fx.Node) else n.all_input_nodes)}
-            for root in roots:
+            for root in _written_roots(n):
                 written[root] = max(written.get(root, -1), n.meta["pos"])
                 writes.setdefault(root, []).append(n)
     return _Inputs(parameters, held, rec.constants, written, rec.lifted_with_grad, aliased, writes, successors)
+
+
+def _written_roots(n: fx.Node) -> set[fx.Node]:
+    """The storage roots the recorded op ``n`` writes: the arguments its schema marks written
+    (``y.add_(x)`` writes ``y``, reads ``x``), or, where that cannot be told, all it reads."""
+    schema = getattr(n.target, "_schema", None)
+    if schema is not None:
+        written = [n.args[i] if i < len(n.args) else n.kwargs.get(schema.arguments[i].name)
+                   for i in mutated_arg_indices(n.target)]
+        if written and all(isinstance(x, fx.Node) for x in written):
+            return {storage_root(x) for x in written}
+    return {storage_root(x) for x in n.all_input_nodes}
 
 
 def _view_link(t: torch.Tensor, parameters: dict[fx.Node, torch.Tensor]) -> Link | None:

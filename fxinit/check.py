@@ -141,7 +141,7 @@ def check(fn: Callable[..., torch.nn.Module], *args: Any, seed: int = 0, rng_aft
             return report
         report.status = DIFFERENT
         unset = set(graph.uninitialized()) if graph is not None else set()
-        report.uninitialized = [d.name for d in found if d.name in unset]
+        report.uninitialized = [d.name for d in found if d.what == "values" and d.name in unset]
         if report.first_divergent is not None:
             report.source, report.provenance = provenance(report.first_divergent.name, graph, nodes)
         del model, got
@@ -191,9 +191,10 @@ def compare_builds(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) 
         memory = got_memory.get(name), want_memory.get(name)
         if d is None and None not in memory and memory[0] != memory[1]:
             (got_with, got_bytes), (want_with, want_bytes) = memory  # type: ignore[misc]
-            d = Divergence(name, "storage", f"memory shared with {_names(got_with)} in fxinit's build, with "
-                                            f"{_names(want_with)} in eager's" if got_with != want_with else
-                                            f"a storage of {got_bytes} bytes here, {want_bytes} in eager construction")
+            detail = (f"memory shared with {_names(got_with)} in fxinit's build, with {_names(want_with)} in eager's"
+                      if got_with != want_with else
+                      f"a storage of {got_bytes} bytes here, {want_bytes} in eager construction")
+            d = Divergence(name, "storage", detail)
         if d is not None:
             found.append(d)
     found += [Divergence(name, "extra", "fxinit's build has this tensor, eager construction does not")

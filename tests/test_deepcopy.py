@@ -93,3 +93,41 @@ def test_deep_copies_take_attributes_hooks_and_gradients_as_eager() -> None:
         seen.append((getattr(c.w, "flag", None), c.b.table, c.b.table is m.b.table, c.w.grad.tolist(),
                      c.b.grad.tolist()))
     assert seen[0] == seen[1]
+
+
+class OtherDtypes(nn.Module):
+    """Tensors of several dtypes on one storage, and views torch resolves on a copy (conj, neg)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("a", torch.randn(4))
+        self.register_buffer("b", self.a.view(torch.int32)[1:])
+        c = torch.randn(3, dtype=torch.complex64)
+        self.register_buffer("re", torch.view_as_real(c)[1:])
+        self.register_buffer("c", c)
+        self.register_buffer("neg_imag", c.conj().imag)
+        self.register_buffer("conj", torch.randn(2, dtype=torch.complex64).conj())
+
+
+def test_deep_copies_of_storages_viewed_as_other_dtypes() -> None:
+    """A storage is copied as bytes: each tensor on it keeps its own dtype (a review found the
+    first tensor's dtype given to all, and a conjugate's imaginary part with its sign flipped)."""
+    torch.manual_seed(0)
+    eager = copy.deepcopy(OtherDtypes())
+    torch.manual_seed(0)
+    traced = copy.deepcopy(fxinit.trace_init(OtherDtypes))
+    fxinit.materialize(traced)
+    assert compare_modules(traced, eager, "") == [] and _layouts(traced) == _layouts(eager)
+    assert all(a.is_conj() == b.is_conj() and a.is_neg() == b.is_neg()
+               for a, b in zip(traced.buffers(), eager.buffers()))
+
+
+def test_a_storage_of_no_whole_number_of_elements_is_refused() -> None:
+    class Reinterpreted(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("f", torch.arange(6, dtype=torch.uint8)[:4].view(torch.float32))
+
+    copy.deepcopy(Reinterpreted())
+    with pytest.raises(fxinit.DeferredInitError, match="not a whole number of its elements"):
+        copy.deepcopy(fxinit.trace_init(Reinterpreted))

@@ -16,7 +16,6 @@ It is a meta tensor underneath (so every shape computation is PyTorch's own), wi
 
 from __future__ import annotations
 
-import copy
 import gc
 import itertools
 import os
@@ -85,7 +84,6 @@ _FORMAT = torch.Tensor.__format__
 _SHALLOW_COPY_COMPATIBLE = torch._has_compatible_shallow_copy_type
 _PARSE_TO = torch._C._nn._parse_to
 _INDEX_SEQUENCES = (list, tuple, range, np.ndarray)
-_DEEPCOPIED_STORAGES = "fxinit: storages deep-copied"  # a key of copy.deepcopy's memo
 _HOOK_SLOTS = [getattr(TensorBase, name) for name in ("_backward_hooks", "_post_accumulate_grad_hooks")
                if hasattr(TensorBase, name)]
 _BACKWARD_HOOKS = TensorBase._backward_hooks
@@ -290,24 +288,7 @@ class DeferredTensor(torch.Tensor):
                                "protocol at the moment.  If you were attempting to deepcopy a module, this may be "
                                "because of a torch.nn.utils.weight_norm usage, see "
                                "https://github.com/pytorch/pytorch/pull/103001")
-        parameter = isinstance(self, torch.nn.Parameter)
-        with torch.no_grad():
-            if parameter or state_of(self).device.type == "meta":  # Parameter's: a clone (so is a meta tensor's)
-                value = self.clone(memory_format=torch.preserve_format)
-            else:  # Tensor's: the storage copied once, whole, and each tensor set on it with its own layout
-                copied = memo.setdefault(_DEEPCOPIED_STORAGES, {})
-                sid = id(state_of(self).recorder), state_of(self).recorder.storage_id(self)
-                if sid not in copied:
-                    copied[sid] = _storage_copied(self)
-                value = copied[sid].as_strided(self.size(), self.stride(), self.storage_offset())
-            new = dressed_as(self, value, carry=False)  # neither copies hooks; Parameter's no attributes
-            if not parameter:
-                new.__dict__.update(copy.deepcopy({k: v for k, v in self.__dict__.items() if k not in OWN_ATTRIBUTES},
-                                                  memo))
-                if self.grad is not None:
-                    new.grad = copy.deepcopy(self.grad, memo)
-        memo[id(self)] = new
-        return new
+        return state_of(self).recorder.deep_copy(self, memo)
 
     def __copy__(self) -> torch.Tensor:
         raise state_of(self).recorder.fail(
@@ -331,15 +312,6 @@ class DeferredTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
         return deferred_torch_function(func, args, kwargs or {})
-
-
-def _storage_copied(t: torch.Tensor) -> torch.Tensor:
-    """A deferred tensor over a copy of all of ``t``'s storage (``copy.deepcopy``)."""
-    with torch._C.DisableTorchFunctionSubclass():  # the meta storage underneath
-        n = TensorBase.untyped_storage(t).nbytes() // t.element_size()
-    if t.storage_offset() == 0 and t.numel() == n and t.is_contiguous():
-        return t.clone(memory_format=torch.contiguous_format)  # the common case: the tensor is its storage
-    return t.as_strided((n,), (1,), 0).clone()
 
 
 def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:

@@ -32,6 +32,7 @@ nothing, silently. Each is closed here, in one of the contract's three ways:
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import weakref
 from typing import Any, Callable, Iterator
@@ -40,7 +41,8 @@ import numpy as np
 import torch
 from torch._C import TensorBase
 
-from fxinit.capture.deferred import DATA_PROPERTY, PARAMETER_CLASS, eager_device, is_deferred_tensor, made_as, state_of
+from fxinit.capture.deferred import (DATA_PROPERTY, OWN_ATTRIBUTES, PARAMETER_CLASS, dressed_as, eager_device,
+                                     is_deferred_tensor, made_as, state_of)
 from fxinit.capture.devices import CPU, META, default_device
 from fxinit.capture.lifted import LiftedWithGrad
 from fxinit.capture.moves import Move, with_index
@@ -70,7 +72,8 @@ class Doors:
         if "out" in kwargs or name == "set_":
             return run(func, args, kwargs)
         copies: set[int] = set()
-        in_place = name.endswith("_")
+        dunder = name.startswith("__")
+        in_place = name.endswith("_") and (not dunder or name.startswith("__i") or name == "__setitem__")
 
         def lift(x: Any) -> Any:
             if isinstance(x, torch.Tensor) and not is_deferred_tensor(x) and x.device.type != "meta":
@@ -252,6 +255,35 @@ class Doors:
         return self.constant_from(torch.tensor, (data,), {"dtype": dtype or self_t.dtype, "device": device,
                                                           "requires_grad": requires_grad})
 
+    def deep_copy(self, t: torch.Tensor, memo: dict) -> torch.Tensor:
+        """``copy.deepcopy(t)`` of a deferred leaf, as eager copies: a Parameter, a clone
+        (``Parameter.__deepcopy__``: no attributes, hooks or gradient); a plain tensor, set on a
+        copy of its whole storage, made once per ``deepcopy`` call, with its own dtype, offset and
+        strides (``Tensor.__deepcopy__``: so are the other tensors on it), its attributes and
+        gradient deep-copied. A meta tensor's is a clone too."""
+        parameter = isinstance(t, torch.nn.Parameter)
+        with torch.no_grad():
+            if parameter or state_of(t).device.type == "meta":
+                value = t.clone(memory_format=torch.preserve_format)
+            else:
+                copied = memo.setdefault(_DEEPCOPIED_STORAGES, {})
+                sid = id(self), self.storage_id(t)
+                if sid not in copied:
+                    copied[sid] = _storage_copied(self, t)
+                value = _bytes_as(self, copied[sid], t)
+                if t.is_conj():  # eager sets the copy on the storage, then resolves these views' bits
+                    value = value.conj_physical()
+                if t.is_neg():
+                    value = value.neg()
+            new = dressed_as(t, value, carry=False)
+            if not parameter:
+                new.__dict__.update(copy.deepcopy({k: v for k, v in t.__dict__.items() if k not in OWN_ATTRIBUTES},
+                                                  memo))
+                if t.grad is not None:
+                    new.grad = copy.deepcopy(t.grad, memo)
+        memo[id(t)] = new
+        return new
+
     def moved(self, move: Move) -> torch.Tensor:
         """The tensor ``move`` asks for (``t.to("cuda")``, ``t.cuda()``, ``t.to(other)``; a deferred
         or real ``t``), from a capture mode or from capture's own code. Where eager answers with
@@ -269,7 +301,8 @@ class Doors:
         if move.device is None or move.device.type in ("cpu", "meta"):
             return t.to(**move.to_kwargs(move.device or eager_device(t), copy=True))
         if not is_deferred_tensor(t):  # (after the trace too, where no mode would see ``t.to(meta)``)
-            return self.lift(t if move.dtype is None else t.to(move.dtype), device=with_index(move.device))
+            here = t.to(dtype=move.dtype, memory_format=move.memory_format or torch.preserve_format)
+            return self.lift(here, device=with_index(move.device))
         with self.intended_device(with_index(move.device)):
             return t.to(**move.to_kwargs(META, copy=True))
 
@@ -425,3 +458,39 @@ def open_doors_after_trace() -> None:
             torch.Tensor.data = DATA_PROPERTY  # type: ignore[assignment]
             torch.from_numpy = _from_numpy  # type: ignore[assignment]
             _installed = True
+
+
+_DEEPCOPIED_STORAGES = "fxinit: storages deep-copied"  # a key of copy.deepcopy's memo
+
+
+def _storage_copied(rec: Any, t: torch.Tensor) -> torch.Tensor:
+    """A copy of all of ``t``'s storage, as bytes (``copy.deepcopy``: tensors of other dtypes
+    may share it)."""
+    with torch._C.DisableTorchFunctionSubclass():  # the meta storage underneath
+        nbytes = TensorBase.untyped_storage(t).nbytes()
+    n, rest = divmod(nbytes, t.element_size())
+    if rest:
+        raise _not_whole_elements(rec, t, nbytes)
+    if t.is_conj():  # the bits in memory, not the values these views show
+        t = t.conj()
+    if t.is_neg():
+        t = torch._neg_view(t)
+    if t.storage_offset() == 0 and t.numel() == n and t.is_contiguous():
+        whole = t.clone(memory_format=torch.contiguous_format)  # the common case: the tensor is its storage
+    else:
+        whole = t.as_strided((n,), (1,), 0).clone()
+    return whole.reshape(-1).view(torch.uint8)
+
+
+def _bytes_as(rec: Any, copied: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``t``'s view (dtype, offset, strides) of the storage ``copied`` holds, as bytes."""
+    if copied.numel() % t.element_size():
+        raise _not_whole_elements(rec, t, copied.numel())
+    return copied.view(t.dtype).as_strided(t.size(), t.stride(), t.storage_offset())
+
+
+def _not_whole_elements(rec: Any, t: torch.Tensor, nbytes: int) -> Exception:
+    return rec.fail(f"copy.deepcopy of a {t.dtype} tensor on a storage of {nbytes} bytes, not a whole number of its "
+                    "elements: fxinit copies a storage through the tensors on it", op="copy.deepcopy",
+                    hint="deepcopy the module before the storage is viewed as another dtype, or after "
+                         "fxinit.materialize")

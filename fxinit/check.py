@@ -73,7 +73,7 @@ class CheckReport:
     provenance: str | None = None  # InitGraph.explain of it: every op, init function, module, line
     rng_after_equal: bool | None = None  # None: not checked (rng_after=False, or refused)
     eager_deterministic: bool | None = None  # when different: a second eager build equals the first
-    uninitialized: list[str] = field(default_factory=list)  # differing names no op writes (``torch.empty``)
+    uninitialized: list[str] = field(default_factory=list)  # names whose values differ, no op writes them
     message: str | None = None  # when refused: the DeferredInitError's message
     hint: str | None = None  # what to do
 

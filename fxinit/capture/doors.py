@@ -80,9 +80,9 @@ class Doors:
                 with_grad = x.requires_grad and torch.is_grad_enabled()
                 if in_place and not with_grad:
                     return x
-                copy = LiftedWithGrad.apply(x, self) if with_grad else self.lift(x)
-                copies.add(self.storage_id(copy))
-                return copy
+                lifted = LiftedWithGrad.apply(x, self) if with_grad else self.lift(x)
+                copies.add(self.storage_id(lifted))
+                return lifted
             return x
 
         if in_place:  # it writes its first argument

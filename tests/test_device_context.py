@@ -523,3 +523,5 @@ def test_a_real_tensor_moved_like_a_deferred_one_takes_its_device_and_dtype() ->
     moved = _real_to_deferred(m)  # a graph constant copied there, where this machine lacks the device
     assert {(str(t.device), t.dtype) for t in moved} == {("cuda:0", torch.float32)}
     assert torch.cuda.is_available() or all(fxinit.is_deferred(t) for t in moved)
+    nhwc = torch.randn(2, 3, 4, 4).to(m.a.weight, memory_format=torch.channels_last)
+    assert nhwc.stride() == (48, 1, 12, 3)  # eager's layout, on the device this machine lacks too

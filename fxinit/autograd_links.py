@@ -43,7 +43,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.capture.deferred import RETAINS_GRAD, dressed_as, is_deferred_tensor, plain_attributes, state_of
-from fxinit.capture.schema import mutated_arg_indices
+from fxinit.capture.schema import mutated_arg_indices, schema_value
 from fxinit.grad_graphs import autograd_leaves, graph_signature, signatures_match
 from fxinit.numerics import Settings, settings_applied
 from fxinit.ops import is_view, reads_no_data
@@ -288,10 +288,8 @@ def _inputs(rec: Any, tensors: list[torch.Tensor], reached: AbstractSet[int] = f
 def _written_roots(n: fx.Node) -> set[fx.Node]:
     """The storage roots the recorded op ``n`` writes: the arguments its schema marks written
     (``y.add_(x)`` writes ``y``, reads ``x``), or, where that cannot be told, all it reads."""
-    schema = getattr(n.target, "_schema", None)
-    if schema is not None:
-        written = [n.args[i] if i < len(n.args) else n.kwargs.get(schema.arguments[i].name)
-                   for i in mutated_arg_indices(n.target)]
+    if getattr(n.target, "_schema", None) is not None:
+        written = [schema_value(n.target, n.args, n.kwargs, i) for i in mutated_arg_indices(n.target)]
         if written and all(isinstance(x, fx.Node) for x in written):
             return {storage_root(x) for x in written}
     return {storage_root(x) for x in n.all_input_nodes}

@@ -31,7 +31,7 @@ from torch._C import TensorBase
 from fxinit.capture.compiled_calls import IS_COMPILING, refuse_compiled_call
 from fxinit.capture.grad_branches import run_as_eager
 from fxinit.capture.indices import as_index
-from fxinit.capture.moves import legacy_type_name, parse_move, shallow_copy_kind, with_index
+from fxinit.capture.moves import PARSE_TO, legacy_type_name, parse_move, shallow_copy_kind, with_index
 from fxinit.capture.post_import import run_pending
 from fxinit.errors import DeferredInitError
 
@@ -82,7 +82,6 @@ _SETITEM = torch.Tensor.__setitem__
 _GETITEM = torch.Tensor.__getitem__
 _FORMAT = torch.Tensor.__format__
 _SHALLOW_COPY_COMPATIBLE = torch._has_compatible_shallow_copy_type
-_PARSE_TO = torch._C._nn._parse_to
 _INDEX_SEQUENCES = (list, tuple, range, np.ndarray)
 _HOOK_SLOTS = [getattr(TensorBase, name) for name in ("_backward_hooks", "_post_accumulate_grad_hooks")
                if hasattr(TensorBase, name)]
@@ -375,7 +374,7 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
         # asked by ``Module._apply`` (``to_empty``, ``.to``): torch would compare the meta tensors underneath
         return shallow_copy_kind(eager_device(args[0]), args[0].layout) == \
             shallow_copy_kind(eager_device(args[1]), args[1].layout)
-    elif func is _PARSE_TO:  # ``Module.to(t)``: torch would answer the meta device underneath
+    elif func is PARSE_TO:  # ``Module.to(t)``: torch would answer the meta device underneath
         with torch._C.DisableTorchFunctionSubclass():
             device, dtype, non_blocking, memory_format = func(*args, **kwargs)
         t = args[0] if args else kwargs.get("tensor")

@@ -25,7 +25,7 @@ import torch
 from torch._C import TensorBase
 from torch._prims_common import suggest_memory_format
 
-_PARSE_TO = torch._C._nn._parse_to
+PARSE_TO = torch._C._nn._parse_to
 MOVES = (TensorBase.to, TensorBase.cuda, TensorBase.cpu, TensorBase.type, TensorBase.type_as)
 
 
@@ -89,13 +89,13 @@ def parse_move(func: Any, args: tuple, kwargs: dict, device_of: Callable[[torch.
         kw["device"] = _device_number(kw["device"])
     other = rest[0] if rest and isinstance(rest[0], torch.Tensor) else None
     try:
-        device, dtype, non_blocking, memory_format = _PARSE_TO(*rest, **kw)
+        device, dtype, non_blocking, memory_format = PARSE_TO(*rest, **kw)
     except (TypeError, RuntimeError):  # torch says "does not accept copy argument" with a RuntimeError
         if not rest or not isinstance(rest[-1], bool):
             return None
         copy = copy or rest.pop()  # to(dtype, non_blocking, copy) and the like: copy is last
         try:
-            device, dtype, non_blocking, memory_format = _PARSE_TO(*rest, **kw)
+            device, dtype, non_blocking, memory_format = PARSE_TO(*rest, **kw)
         except (TypeError, RuntimeError):
             return None
     if other is not None:

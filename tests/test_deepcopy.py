@@ -131,3 +131,31 @@ def test_a_storage_of_no_whole_number_of_elements_is_refused() -> None:
     copy.deepcopy(Reinterpreted())
     with pytest.raises(fxinit.DeferredInitError, match="not a whole number of its elements"):
         copy.deepcopy(fxinit.trace_init(Reinterpreted))
+
+
+class Tagged(nn.Parameter):
+    """A parameter class with its own ``__deepcopy__`` (quantized parameters carry their state
+    this way): eager's copy is what that method makes."""
+
+    def __new__(cls, data: torch.Tensor, tag: str = "") -> "Tagged":
+        p = super().__new__(cls, data)
+        p.tag = tag
+        return p
+
+    def __deepcopy__(self, memo: dict) -> "Tagged":
+        new = type(self)(self.data.clone(), tag=self.tag + " copy")
+        memo[id(self)] = new
+        return new
+
+
+def test_a_parameter_class_with_its_own_deep_copy_is_refused_by_name() -> None:
+    def copied_in_the_constructor() -> nn.Module:
+        m = nn.Module()
+        m.w = Tagged(torch.randn(3), tag="w")
+        m.v = copy.deepcopy(m.w)
+        return m
+
+    assert copied_in_the_constructor().v.tag == "w copy"
+    with pytest.raises(fxinit.DeferredInitError, match="Tagged: the class defines its own __deepcopy__") as info:
+        fxinit.trace_init(copied_in_the_constructor)
+    assert "m.v = copy.deepcopy(m.w)" in str(info.value)  # the caller's line, not copy.py's

@@ -287,6 +287,13 @@ class DeferredTensor(torch.Tensor):
                                "protocol at the moment.  If you were attempting to deepcopy a module, this may be "
                                "because of a torch.nn.utils.weight_norm usage, see "
                                "https://github.com/pytorch/pytorch/pull/103001")
+        cls = self.__dict__.get(PARAMETER_CLASS)
+        if cls is not None and cls.__deepcopy__ is not torch.nn.Parameter.__deepcopy__:
+            # its own copy runs on ``type(self)``, which is fxinit's class here, not ``cls``
+            raise state_of(self).recorder.fail(
+                f"copy.deepcopy of a deferred {cls.__qualname__}: the class defines its own __deepcopy__, which "
+                "fxinit cannot run on a deferred tensor", op="copy.deepcopy",
+                hint="deep-copy the module after fxinit.materialize, or build the copy instead of copying")
         return state_of(self).recorder.deep_copy(self, memo)
 
     def __copy__(self) -> torch.Tensor:

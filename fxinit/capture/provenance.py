@@ -7,6 +7,7 @@ root module exists.
 
 from __future__ import annotations
 
+import copy
 import contextlib
 import functools
 import linecache
@@ -48,8 +49,9 @@ _DEMO_FILE = os.path.join(_FXINIT_DIR, "demo.py")
 
 
 #: Wrappers between a caller and what it calls: ``typing_extensions.deprecated`` (around
-#: ``nn.utils.weight_norm``), Python's own in ``warnings``, ``functools`` and ``contextlib``.
-_WRAPPER_FILES = frozenset(os.path.abspath(m.__file__) for m in (functools, contextlib, warnings)) | frozenset(
+#: ``nn.utils.weight_norm``), Python's own in ``warnings``, ``functools``, ``contextlib`` and
+#: ``copy`` (``copy.deepcopy`` calls a tensor's ``__deepcopy__``).
+_WRAPPER_FILES = frozenset(os.path.abspath(m.__file__) for m in (functools, contextlib, warnings, copy)) | frozenset(
     f for f in (getattr(sys.modules.get("typing_extensions"), "__file__", None),) if f)
 
 

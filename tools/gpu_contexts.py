@@ -62,6 +62,22 @@ class Ops(nn.Module):
         self.register_buffer("like", torch.randn_like(self.randn))
 
 
+class Samplers(nn.Module):
+    """Samplers whose CPU kernels draw as many numbers as their inputs' values ask for (CUDA's
+    reserve a fixed Philox offset): refused when tracing for a device this machine lacks."""
+
+    def __init__(self, n: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.register_buffer("gamma", torch._standard_gamma(torch.linspace(0.05, 3.0, n, dtype=dtype)))
+        self.register_buffer("poisson", torch.poisson(torch.linspace(0.0, 40.0, n, dtype=dtype)))
+        self.register_buffer("binomial", torch.binomial(torch.full((n,), 30.0, dtype=dtype),
+                                                        torch.linspace(0.0, 1.0, n, dtype=dtype)))
+        self.register_buffer("dirichlet", torch._sample_dirichlet(torch.linspace(0.1, 2.0, 4 * n, dtype=dtype)
+                                                                  .reshape(n, 4)))
+        self.register_buffer("rrelu", F.rrelu(torch.linspace(-1.0, 1.0, n, dtype=dtype), training=True))
+        self.after = nn.Parameter(torch.randn(n, dtype=dtype))  # where each sampler left the generator
+
+
 class Inits(nn.Module):
     """The ``nn.init`` functions on matrices, and the modules with device-dependent branches."""
 
@@ -100,12 +116,15 @@ class Inits(nn.Module):
 
 
 def constructors(device_here: bool = True, sizes: tuple[int, ...] = SIZES) -> dict[str, Callable[[], nn.Module]]:
-    """The constructors by name; ``device_here=False`` leaves out the init functions whose draws
-    depend on their values (refused when tracing for a device this machine lacks)."""
+    """The constructors by name; ``device_here=False`` leaves out the init functions and samplers
+    whose draws depend on their values (refused when tracing for a device this machine lacks)."""
     out: dict[str, Callable[[], nn.Module]] = {"inits": lambda: Inits(device_here)}
     for dtype in DTYPES:
         for n in sizes:
             out[f"ops {str(dtype).split('.')[-1]} {n}"] = lambda n=n, dtype=dtype: Ops(n, dtype, device_here)
+    for dtype in (torch.float32, torch.float64) if device_here else ():  # (their CPU kernels' dtypes)
+        for n in sizes[:4]:
+            out[f"samplers {str(dtype).split('.')[-1]} {n}"] = lambda n=n, dtype=dtype: Samplers(n, dtype)
     return out
 
 

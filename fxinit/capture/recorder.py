@@ -42,6 +42,7 @@ from fxinit.capture.names import TraceNames
 from fxinit.capture.opaque import find_opaque_call
 from fxinit.capture.provenance import (called_from, current_provenance, format_source, module_path_from_stack,
                                        subclass_dispatch, user_frame)
+from fxinit.capture.random_draws import META_RESULTS, draw_for_real
 from fxinit.capture.real import (NOT_REAL, STORAGES, adopt_real, is_strided_result, non_strided_result,
                                  real_tensor_op, set_from_storage)
 from fxinit.capture.schema import (AUTOCAST_LOWER, COLLECTIVE_NAMESPACES, DATA_DEPENDENT, DETACH, LIFT_OPS,
@@ -347,27 +348,6 @@ class Recorder(Shadows, Doors):
             whole = t.is_contiguous() and t.numel() * t.element_size() == info.keepalive.nbytes()
         return (sid,) if whole else ()
 
-    def _draw_for_real(self, func: Any, args: tuple, kwargs: dict, device: torch.device) -> None:
-        """Run random op ``func`` for real on scratch tensors: it draws what eager would."""
-        mutated = {id(schema_value(func, args, kwargs, i)) for i in mutated_arg_indices(func)}
-
-        def real(x: Any) -> Any:
-            if not is_deferred_tensor(x):
-                return x
-            if id(x) in mutated:  # overwritten by the op: its values do not matter
-                return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=state_of(x).device)
-            value = self.value_of(x)  # probabilities, means: exact when cheap, else a valid stand-in
-            if value is not None:
-                return value.to(state_of(x).device)
-            return torch.ones(x.size(), dtype=x.dtype, device=state_of(x).device)
-
-        with self.suspended(), torch.no_grad():
-            rargs = map_tree(real, args)
-            rkwargs = map_tree(real, kwargs)
-            if "device" in rkwargs:
-                rkwargs["device"] = device
-            func(*rargs, **rkwargs)
-
     # ------------------------------------------------------------------ the op
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         self._check_live()
@@ -420,7 +400,10 @@ class Recorder(Shadows, Doors):
             mkwargs["generator"] = None
         try:
             with torch._C._DisableTorchDispatch():
-                mout = fill_result(func, args, mkwargs) if func in SLOW_META_FILLS else func(*args, **mkwargs)
+                if func in SLOW_META_FILLS:
+                    mout = fill_result(func, args, mkwargs)
+                else:
+                    mout = META_RESULTS.get(func, func)(*args, **mkwargs)
         except DeferredInitError:
             raise
         except Exception as exc:  # no meta kernel, or data-dependent output shape
@@ -535,7 +518,7 @@ class Recorder(Shadows, Doors):
             else:
                 used = gen if gen is not None else default_generator_for(device)
                 key = self.generators.step(func, args, kwargs, device, used, mutated_objs or [mout],
-                                           lambda: self._draw_for_real(func, args, kwargs, device))
+                                           lambda: draw_for_real(self, func, args, kwargs, device))
         node = self._node(func, gargs, gkwargs)
         node.meta.update(reads=reads, mutates=mutates, overwrites=self._overwrites(func, inputs, mutated_objs))
         if random:

@@ -90,7 +90,8 @@ def _with_companions(tensors: list[torch.Tensor], where: dict[int, list[Location
     Tensors that alias one storage in eager construction (a parameter that is a view of
     another, a buffer aliasing a parameter) must be materialized from one computation to
     alias one real storage too, whichever of them was asked for. Tensors computed with
-    autograd from parameters go with the parameters they came from (``autograd_links``).
+    autograd from parameters go with the parameters they came from (``autograd_links``), and
+    tensors a tensor holds as attributes with it.
     ``all_places``: ``where`` gets every place in the model of the tensors returned (else
     those it has, when nothing else of the model need go with them: ``_alone``).
     """
@@ -103,6 +104,10 @@ def _with_companions(tensors: list[torch.Tensor], where: dict[int, list[Location
               if is_deferred_tensor(p) and id(p) not in ids and now_real(p) is None]  # (made real since: relinked)
     if leaves:
         out = _companions(out + leaves, where, walked, all_places)
+    have = {id(t) for t in out}
+    held = list({id(x): x for t in out for x in vars(t).values() if is_deferred_tensor(x) and id(x) not in have}.values())
+    if held:  # tensors a parameter holds as attributes (bitsandbytes' ``Int8Params.SCB``): part of it
+        out = _companions(out + held, where, walked, all_places)
     with plain_attributes():
         grads = [g for g in map(_deferred_grad, out) if g is not None and id(g) not in ids]
     return out + list({id(g): g for g in grads}.values())
@@ -261,7 +266,7 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
                 ) from exc
             warnings.warn(f"fxinit: could not swap in place ({exc}); replaced the module attribute instead, "
                           "so other references to the old object stay deferred", stacklevel=3)
-            if any(kind in ("container", "hook", "inner") for _, _, kind in places):
+            if any(kind in ("container", "hook", "inner", "attribute") for _, _, kind in places):
                 raise DeferredInitError(
                     f"fxinit could not swap the materialized value into a tensor kept in a container or a hook "
                     f"({places[0][1]}): {exc}", hint="drop other references to the deferred tensor") from exc

@@ -164,6 +164,7 @@ def module_slots(mod: torch.nn.Module, seen: set[int] | None = None) -> Iterator
     (``"_parameters"``, ``"_buffers"``), its other tensor attributes (``"__dict__"``), the tensors
     in its containers and plain objects (``"container"``, named like ``anchors[0]``,
     ``cache['rope']['sin']``, ``_counts.x``: ``contained``), the
+    tensors its tensors hold as attributes (``"attribute"``, named like ``weight.SCB``), the
     tensors held by callables: its own and its tensors' hooks, and functions kept as
     attributes (``"hook"``, named like ``weight._backward_hooks[0].<mask>``), and the tensors
     inside those of its tensors that are wrapper subclasses (``"inner"``, named like
@@ -176,6 +177,9 @@ def module_slots(mod: torch.nn.Module, seen: set[int] | None = None) -> Iterator
             if t is not None:
                 for path, x in _tensor_hooks(t, name):
                     yield from _with_inner("hook", path, x)
+                for attr, x in vars(t).items():  # bitsandbytes' Int8Params.SCB, set by its .to()
+                    if isinstance(x, torch.Tensor) and x is not t:
+                        yield from _with_inner("attribute", f"{name}.{attr}", x)
                 if hasattr(type(t), "__tensor_flatten__"):  # _with_inner, without a generator a parameter
                     for path, x in inner_tensors(t, name):
                         yield "inner", path, x

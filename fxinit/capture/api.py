@@ -12,7 +12,6 @@ import torch
 from fxinit.capture import init_shims
 from fxinit.capture.compiled_calls import compiled_call_refusal
 from fxinit.capture.deferred import is_deferred_tensor, state_of
-from fxinit.capture.doors import parameter_classes
 from fxinit.capture.foreach_groups import deferred_devices
 from fxinit.capture.lazy import lazy_module_support
 from fxinit.capture.modes import active_modes
@@ -43,7 +42,7 @@ def _capturing(recorder: Recorder) -> Iterator[None]:
     recorder.capturing = True
     _local.depth = _depth() + 1
     try:
-        with source_lines_scope(), recorder.lazy_cpu.scope(), parameter_classes(), deferred_devices(), fmode, dmode, \
+        with source_lines_scope(), recorder.lazy_cpu.scope(), deferred_devices(), fmode, dmode, \
                 lazy_module_support(recorder):
             yield
     except Exception as exc:

@@ -33,6 +33,7 @@ from fxinit.capture.grad_branches import run_as_eager
 from fxinit.capture.indices import as_index
 from fxinit.capture.moves import PARSE_TO, legacy_type_name, parse_move, shallow_copy_kind, with_index
 from fxinit.capture.post_import import run_pending
+from fxinit.capture.subclass_code import NOT_SUBCLASS_CODE, run_subclass_code, subclass_attribute
 from fxinit.errors import DeferredInitError
 
 _META = torch.device("meta")
@@ -44,7 +45,7 @@ _LOADERS = frozenset(os.path.join(_DISTRIBUTED_DIR, "checkpoint", name) for name
 STATE_ATTR = "_fxinit_state"
 PARAMETER_CLASS = "_fxinit_parameter_class"  # an nn.Parameter subclass the tensor was made as (capture.doors)
 #: recorders whose deferred tensors were made as other classes (``made_as``), while they live -> those classes
-_CLASSES_MADE_AS: weakref.WeakKeyDictionary[Any, set[type]] = weakref.WeakKeyDictionary()
+CLASSES_MADE_AS: weakref.WeakKeyDictionary[Any, set[type]] = weakref.WeakKeyDictionary()
 MATERIALIZED = "_fxinit_materialized"  # on every tensor materialize swapped a value into: its trace's serial
 TRACE_SERIALS = itertools.count(1)  # one per recorder (``Recorder.serial``)
 #: fxinit's own entries of a deferred tensor's ``__dict__`` (``_is_param``: a class attribute of Parameter)
@@ -133,14 +134,14 @@ def made_as(t: torch.Tensor, cls: type) -> None:
     """``t`` (deferred) was made as ``cls`` (``nn.Parameter`` subclasses, ``_make_subclass``,
     ``as_subclass``): it answers ``__class__`` and is materialized as one."""
     t.__dict__[PARAMETER_CLASS] = cls
-    _CLASSES_MADE_AS.setdefault(state_of(t).recorder, set()).add(cls)
+    CLASSES_MADE_AS.setdefault(state_of(t).recorder, set()).add(cls)
 
 
 def _classes_made_as() -> set[type]:
     """The classes deferred tensors of live traces were made as (``made_as``)."""
-    if _CLASSES_MADE_AS:
+    if CLASSES_MADE_AS:
         gc.collect()  # (a materialized model's recorder may be waiting for the cycle collector)
-    return set().union(*_CLASSES_MADE_AS.values())
+    return set().union(*CLASSES_MADE_AS.values())
 
 
 def state_of(t: torch.Tensor) -> DeferredState:
@@ -277,6 +278,12 @@ class DeferredTensor(torch.Tensor):
     def __class__(self, cls: type) -> None:
         _OBJECT_CLASS.__set__(self, cls)
 
+    def __getattr__(self, name: str) -> Any:  # (only where the type has no such attribute)
+        cls = self.__dict__.get(PARAMETER_CLASS)
+        if cls is None:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        return subclass_attribute(self, cls, name)
+
     def __deepcopy__(self, memo: dict) -> torch.Tensor:
         if id(self) in memo:
             return memo[id(self)]
@@ -320,12 +327,22 @@ class DeferredTensor(torch.Tensor):
         return deferred_torch_function(func, args, kwargs or {})
 
 
+def subclass_call(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``func`` run by the own code of the class a deferred argument was made as, as eager
+    runs it (``capture.subclass_code``), or ``NOT_SUBCLASS_CODE``."""
+    made = {i: a.__dict__[PARAMETER_CLASS] for i, a in enumerate(args)
+            if isinstance(a, DeferredTensor) and PARAMETER_CLASS in a.__dict__}
+    return run_subclass_code(func, args, kwargs, made) if made else NOT_SUBCLASS_CODE
+
+
 def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
     """DeferredTensor's ``__torch_function__``. The capture function mode calls it directly
     when deferred tensors are the only overloaded arguments, which saves torch's trip back
     through the subclass layer."""
     if IS_COMPILING():
         refuse_compiled_call(_recorder_of(args, kwargs), func)
+    if CLASSES_MADE_AS and (out := subclass_call(func, args, kwargs)) is not NOT_SUBCLASS_CODE:
+        return out
     if (func is _SETITEM or func is _GETITEM) and len(args) > 1 and isinstance(args[1], _INDEX_SEQUENCES):
         args = (args[0], as_index(args[1]), *args[2:])  # not as torch would make them, on meta
     if type(func) is PROPERTY_CALL:

@@ -16,8 +16,9 @@ nothing, silently. Each is closed here, in one of the contract's three ways:
 * ``torch.tensor([a, b])`` of deferred one-element tensors: Python would read their values
   (``item()``); the elements are stacked instead, as recorded ops;
 * ``nn.Parameter`` subclasses: ``Parameter.__new__`` turns a deferred tensor into a
-  deferred tensor flagged as a parameter, which loses the class; while capture is on it
-  notes the class on the tensor, and materialize builds the value as that class. So do
+  deferred tensor flagged as a parameter, which loses the class; from the first trace on
+  (during a trace and after it: a layer swap, a deep copy) it notes the class on the tensor,
+  and materialize builds the value as that class. So do
   ``as_subclass`` and ``torch.Tensor._make_subclass`` (bitsandbytes' ``Params4bit``), which
   would make a second Python object of the meta tensor (torch refuses: it has one);
 * ``numpy()`` after the trace, where no mode would see ``from_numpy`` or ``as_tensor`` of the
@@ -31,11 +32,10 @@ nothing, silently. Each is closed here, in one of the contract's three ways:
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import threading
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -358,7 +358,6 @@ class ReadOnlyValues(np.ndarray):
 
 
 _PARAMETER_NEW = torch.nn.Parameter.__new__
-_patched = 0
 _patch_lock = threading.Lock()
 
 
@@ -405,28 +404,6 @@ _PATCHES = ((torch.nn.Parameter, "__new__", _PARAMETER_NEW, _parameter_new),
             (torch.Tensor, "as_subclass", _AS_SUBCLASS, _as_subclass))
 
 
-@contextlib.contextmanager
-def parameter_classes() -> Iterator[None]:
-    """While capture is on, deferred tensors remember the class they were made as: an
-    ``nn.Parameter`` subclass, or any class of ``_make_subclass`` and ``as_subclass``."""
-    global _patched
-    with _patch_lock:
-        _patched += 1
-        for owner, name, _, patch in _PATCHES:
-            setattr(owner, name, patch)
-    try:
-        yield
-    finally:
-        with _patch_lock:
-            _patched -= 1
-            if not _patched:
-                for owner, name, original, _ in _PATCHES:
-                    if name in vars(owner) and original is getattr(torch._C.TensorBase, name, None):
-                        delattr(owner, name)  # (torch.Tensor inherits it: leave it as it was)
-                    else:
-                        setattr(owner, name, original)
-
-
 _FROM_NUMPY = torch.from_numpy
 _NUMPY_RECORDERS: "weakref.WeakSet[Any]" = weakref.WeakSet()  # recorders that gave arrays after a trace
 _installed = False
@@ -448,15 +425,19 @@ _from_numpy.__doc__ = _FROM_NUMPY.__doc__
 
 
 def open_doors_after_trace() -> None:
-    """From the first recorder on, ``real.data = deferred`` and ``torch.from_numpy`` of
-    fxinit's arrays reach fxinit after a trace too (see the module docstring). Once, for the
-    process: the same objects stay in place, so that code torch.compile'd against them is not
-    recompiled each time a recorder comes or goes."""
+    """From the first recorder on, ``real.data = deferred``, ``torch.from_numpy`` of fxinit's
+    arrays, and the classes tensors are made as (``nn.Parameter`` subclasses, ``_make_subclass``,
+    ``as_subclass`` of a deferred tensor: bitsandbytes' ``Params4bit(w.data)`` in a layer swap,
+    ``copy.deepcopy`` of a model holding one) reach fxinit, during a trace and after it (see
+    the module docstring). Once, for the process: the same objects stay in place, so that code
+    torch.compile'd against them is not recompiled each time a recorder comes or goes."""
     global _installed
     with _patch_lock:
         if not _installed:
             torch.Tensor.data = DATA_PROPERTY  # type: ignore[assignment]
             torch.from_numpy = _from_numpy  # type: ignore[assignment]
+            for owner, name, _, patch in _PATCHES:
+                setattr(owner, name, patch)
             _installed = True
 
 

@@ -33,7 +33,7 @@ import torch
 from fxinit.capture.deferred import is_deferred_tensor, reported_device
 
 _GROUP = torch._C._group_tensors_by_device_and_dtype
-_entered = 0  # captures under way (one patch for all, as ``capture.doors.parameter_classes``)
+_entered = 0  # captures under way (one patch for all)
 _lock = threading.Lock()
 
 Groups = dict[tuple[torch.device, torch.dtype], tuple[list[list[Optional[torch.Tensor]]], list[int]]]

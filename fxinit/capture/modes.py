@@ -16,8 +16,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxinit.capture.deferred import (PROPERTY_CALL, DeferredTensor, deferred_torch_function, eager_device,
-                                     is_deferred_tensor, state_of)
+from fxinit.capture.deferred import (CLASSES_MADE_AS, PROPERTY_CALL, DeferredTensor, deferred_torch_function,
+                                     eager_device, is_deferred_tensor, state_of, subclass_call)
+from fxinit.capture.subclass_code import NOT_SUBCLASS_CODE
 from fxinit.capture.branches import cpu_branch_call, dropout_call, inexact_branch
 from fxinit.capture.devices import context_constructors, default_device
 from fxinit.capture.grad_branches import run_as_eager
@@ -85,6 +86,8 @@ class CaptureFunctionMode(TorchFunctionMode):
         recorder = self.recorder
         if recorder.is_suspended or func is _SET_GRAD_ENABLED:
             return func(*args, **kwargs)  # grad mode (every torch.no_grad): nothing to do
+        if CLASSES_MADE_AS and (out := subclass_call(func, args, kwargs)) is not NOT_SUBCLASS_CODE:
+            return out  # a Parameter subclass's own code takes the call (capture.subclass_code)
         if type(func) is PROPERTY_CALL:  # property reads and writes: DeferredTensor's to answer
             # ``types`` holds the owner's type only: `real.data = deferred` is DeferredTensor's too.
             if (DeferredTensor in types or isinstance(args[-1], DeferredTensor)) and _SUBCLASS_TORCH_FUNCTION_ON():

@@ -1,0 +1,80 @@
+"""The Python code of ``nn.Parameter`` subclasses, run for the deferred tensors made as them.
+
+A deferred tensor's type is fxinit's ``DeferredTensor`` (torch's dispatch reads it); it says
+it is the class it was made as through ``__class__`` (``isinstance``: ``capture.deferred``).
+Python looks methods up on the type, so a subclass's own methods would be skipped and the
+result be a plain parameter's, silently: bitsandbytes' ``Params4bit.to`` quantizes on a move
+(``Module.to`` / ``_apply`` call it), and its ``__torch_function__`` keeps the class of
+``torch.chunk``'s pieces. Eager runs that code; so does fxinit, with the deferred tensor as
+``self``:
+
+* a method of ``torch.Tensor`` that the subclass defines again (``to``, ``cuda``, ``cpu``):
+  that method, for ``self``;
+* a function of torch (``torch.chunk``, ``torch.split``, ``nn.init.*``) on a deferred tensor
+  whose class defines ``__torch_function__``: that ``__torch_function__``. Its own call to
+  ``super().__torch_function__`` runs the op as a plain tensor's (``Parameter`` disables the
+  protocol), which reaches fxinit's dispatch. Tensor methods and attributes keep fxinit's
+  handling (which stands for a plain tensor's, as the subclass's ``super()`` would).
+
+While the subclass's code runs for a tensor, the same method of that tensor (its ``super()``
+call) is torch's. Attributes only the subclass has (``Params4bit._quantize``) are found on it
+(``DeferredTensor.__getattr__``, asked only where the type has none).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+_PARAMETER_MRO = frozenset(torch.nn.Parameter.__mro__)
+_running = threading.local()  # (id of the tensor or class, name) of the subclass code running now
+NOT_SUBCLASS_CODE = object()
+
+
+def defines(cls: type, name: str) -> bool:
+    """Whether ``cls`` or a base of it below ``nn.Parameter`` defines ``name``."""
+    return any(name in vars(k) for k in cls.__mro__ if k not in _PARAMETER_MRO)
+
+
+def subclass_attribute(t: torch.Tensor, cls: type, name: str) -> Any:
+    """Attribute ``name`` of ``cls`` for ``t`` (a method bound to it, a property's value), as
+    ``getattr`` finds it on an object of ``cls``; AttributeError where ``cls`` has none."""
+    for k in cls.__mro__:
+        if name in vars(k):
+            found = vars(k)[name]
+            return found.__get__(t, cls) if hasattr(found, "__get__") else found
+    raise AttributeError(f"'{cls.__name__}' object has no attribute '{name}'")
+
+
+def _tensor_method(func: Any) -> str | None:
+    name = getattr(func, "__name__", None)
+    return name if name is not None and getattr(torch.Tensor, name, None) is func else None
+
+
+def run_subclass_code(func: Any, args: tuple, kwargs: dict, made_as: dict[int, type]) -> Any:
+    """``func(*args, **kwargs)`` as eager runs it where a subclass's own code takes the call,
+    or ``NOT_SUBCLASS_CODE``. ``made_as``: the class each deferred argument was made as, by
+    position (only those made as a subclass of ``nn.Parameter``)."""
+    running = _running.__dict__.setdefault("keys", set())
+    name = _tensor_method(func)
+    if name is not None:
+        cls = made_as.get(0)
+        key = (id(args[0]), name)
+        if cls is None or key in running or not defines(cls, name):
+            return NOT_SUBCLASS_CODE
+        code = getattr(cls, name)
+    else:
+        if getattr(func, "__name__", None) in ("__get__", "__set__"):  # attributes: fxinit's handling
+            return NOT_SUBCLASS_CODE
+        cls = next((c for c in made_as.values() if defines(c, "__torch_function__")), None)
+        key = (id(cls), "__torch_function__")
+        if cls is None or key in running:
+            return NOT_SUBCLASS_CODE
+        code = lambda *a, **k: cls.__torch_function__(func, (cls,), a, k)  # noqa: E731
+    running.add(key)
+    try:
+        return code(*args, **kwargs)
+    finally:
+        running.discard(key)

@@ -14,6 +14,7 @@ from fxinit.extract import init_graph
 from fxinit.materialize import is_deferred, materialize, materialize_module, materialize_tensor
 from fxinit.check import check
 from fxinit import fsdp1 as _fsdp1  # noqa: F401  (FSDP1's deferred-init idiom: fxinit/fsdp1.py)
+from fxinit import ddp as _ddp  # noqa: F401  (DistributedDataParallel of a deferred model: refused)
 
 __version__ = "0.1.0"
 

@@ -32,8 +32,9 @@ from fxinit.dependencies import dependency_graph
 from fxinit.errors import DeferredInitError
 from fxinit.numerics import Numerics
 from fxinit.execute import program_dead_writes, slicer
-from fxinit.ops import ALLOCATIONS, allocates, is_random, view_base
+from fxinit.ops import allocates, is_random
 from fxinit.passes.ranges import rows_extent
+from fxinit.passes.uninitialized import never_written
 from fxinit.plan import Plan
 from fxinit.report import explain
 from fxinit.rng import Snapshot
@@ -99,15 +100,9 @@ class InitGraph:
         """Outputs that no op ever writes: allocated (``torch.empty`` & co.) and left as they
         are, so eager construction gives them whatever the memory held, and so does
         materialization. A model usually means to initialize them (e.g. parameters that
-        ``from_pretrained`` found missing and ``_init_weights`` does not cover)."""
-        written = {sid for n in self.nodes for sid in n.meta.get("mutates", ())}
-        names = []
-        for name, node in self.outputs.items():
-            if self.output_storage[name] in written:
-                continue
-            if view_base(node).target in ALLOCATIONS:
-                names.append(name)
-        return names
+        ``from_pretrained`` found missing and ``_init_weights`` does not cover), and copies of
+        them (``copy.deepcopy`` of a layer holding one: ``passes.uninitialized.never_written``)."""
+        return never_written(self.nodes, self.outputs, self.output_storage)
 
     def explain(self, name: str) -> str:
         """How the tensor ``name`` is initialized, in words: each op with the init function,

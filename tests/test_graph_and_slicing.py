@@ -1,5 +1,7 @@
 """The InitGraph contract: slices run alone, in any order, with exact RNG replay."""
 
+import copy
+
 import torch
 import torch.nn as nn
 
@@ -110,8 +112,14 @@ class LeavesSomeAsAllocated(nn.Module):
         self.register_buffer("view_of_empty", torch.empty(4, 4).t()[1])
         self.lin = nn.Linear(2, 2)
         self.register_buffer("copied", torch.empty(2).copy_(torch.arange(2.0)))
+        # copies of an allocation (found by a Lightning sweep: nn.TransformerEncoder's deep
+        # copies of a layer whose biases an empty init skipped)
+        self.layers = nn.ModuleList([copy.deepcopy(self.lin) for _ in range(2)])
+        self.layers[0].bias = nn.Parameter(self.forgotten.detach().clone())
+        self.register_buffer("half_of_empty", self.view_of_empty.half())
+        self.register_buffer("clone_written", self.forgotten.detach().clone().add_(1))
 
 
 def test_uninitialized_names_the_tensors_no_op_writes() -> None:
     graph = fxinit.init_graph(fxinit.trace_init(LeavesSomeAsAllocated))
-    assert sorted(graph.uninitialized()) == ["forgotten", "view_of_empty"]
+    assert sorted(graph.uninitialized()) == ["forgotten", "half_of_empty", "layers.0.bias", "view_of_empty"]

@@ -10,11 +10,35 @@ trace); a slice that reads one before any op writes it must not run.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
+import torch
 import torch.fx as fx
 
-from fxinit.ops import is_view, reads_no_data
+from fxinit.ops import ALLOCATIONS, is_view, reads_no_data, view_base
+
+_COPIES = frozenset({torch.ops.aten.clone, torch.ops.aten._to_copy})  # a value as it is (cast or not)
+
+
+def never_written(nodes: Sequence[fx.Node], outputs: Mapping[str, fx.Node], output_storage: Mapping[str, int]
+                  ) -> list[str]:
+    """Names of the outputs whose values no op writes: an allocation left as it is
+    (``torch.empty`` & co.), or a copy of one, at any depth (``copy.deepcopy``'s clones of a
+    layer, ``_get_clones``; a ``.to(dtype)``). Their values are whatever memory held, in eager
+    construction and in materialization alike (``InitGraph.uninitialized``)."""
+    written = {sid for n in nodes for sid in n.meta.get("mutates", ())}
+
+    def unwritten(node: fx.Node, sid: int) -> bool:
+        if sid in written:
+            return False
+        base = view_base(node)
+        if base.target in ALLOCATIONS:
+            return True
+        reads = base.meta.get("reads", ())
+        return getattr(base.target, "overloadpacket", None) in _COPIES and len(reads) == 1 and \
+            isinstance(base.args[0], fx.Node) and unwritten(base.args[0], reads[0])
+
+    return [name for name, node in outputs.items() if unwritten(node, output_storage[name])]
 
 
 def unwritten_reads(nodes: Sequence[fx.Node], targets: Iterable[tuple[fx.Node, int]] = ()

@@ -5,9 +5,12 @@ initialize via ``deferred_init.materialize_module()``". It decides per unit, in
 ``_need_to_materialize_module``, by asking every parameter and buffer ``is_meta``. A
 deferred tensor says ``True`` to torch.distributed, so FSDP would take its meta path
 (``to_empty`` + ``reset_parameters()`` per module: fresh values, not eager's). There, and
-only when the user gave no ``param_init_fn``, fxinit does what torchdistX's path does: it
-materializes the unit (exact values, on the intended device; FSDP then moves them to
-``device_id``) and answers ``False``. With a ``param_init_fn`` FSDP calls it as usual.
+fxinit does what torchdistX's path does: it materializes the unit (exact values, on the
+intended device; FSDP then moves them to ``device_id``) and answers ``False``, also where a
+``param_init_fn`` is given (a framework's: composer's, or torch's documented ``to_empty`` +
+``reset_parameters``), which eager's FSDP never calls on a built model: it failed in FSDP's
+device check (``fxinit.materialize_module`` there materializes the unit too). For a model
+traced on the meta device, which eager's FSDP calls it for, the function is called as usual.
 
 FSDP1's manual wrapping (``enable_wrap`` + ``wrap`` inside ``__init__``) would flatten
 parameters while the constructor is being recorded: refused, pointing to auto-wrapping.
@@ -40,9 +43,10 @@ def _unit_to_materialize(frame: types.FrameType, t: torch.Tensor, need: Any, ini
             "its flat parameters would be built from values that do not exist yet",
             op="FullyShardedDataParallel", hint="build the model with fxinit first, then wrap it: "
                                                 "FSDP(model, auto_wrap_policy=...) materializes each unit exactly")
-    if caller.f_locals.get("param_init_fn") is not None:
-        return None  # FSDP calls the user's function on a meta-looking module
-    if torchdistx_branch(caller.f_globals) and any(is_deferred_tensor(p) for p in f.f_locals.get("managed_params", ())):
+    managed = [p for p in f.f_locals.get("managed_params", ()) if is_deferred_tensor(p)]
+    if caller.f_locals.get("param_init_fn") is not None and any(state_of(p).device.type == "meta" for p in managed):
+        return None  # FSDP calls the function, as on a module eager built on meta
+    if torchdistx_branch(caller.f_globals) and managed:
         return False  # not meta: FSDP asks fake.is_fake and calls deferred_init.materialize_module (fxinit's)
     materialize(f.f_locals["module"])
     return False

@@ -183,7 +183,8 @@ def fsdp2_portable(factory: Callable[[], nn.Module], blocks) -> tuple[list[str],
 
 
 def fsdp1(factory: Callable[[], nn.Module], auto_wrap: bool, how: str, mixed: bool) -> list[str]:
-    """``how``: ``"param_init_fn"`` (FSDP calls fxinit.materialize_module), ``"idiom"``
+    """``how``: ``"param_init_fn"`` (FSDP calls fxinit.materialize_module), ``"own_init_fn"``
+    (any other ``param_init_fn``, which eager's FSDP never calls on a built model), ``"idiom"``
     (torchdistX's documented ``FSDP(deferred_init(M), ...)``, nothing else) or
     ``"materialized"`` (materialize first, then wrap: the plain way)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -200,6 +201,8 @@ def fsdp1(factory: Callable[[], nn.Module], auto_wrap: bool, how: str, mixed: bo
     model = fxinit.deferred_init(factory)
     if how == "param_init_fn":
         wrapped = FSDP(model, param_init_fn=fxinit.materialize_module, **options)
+    elif how == "own_init_fn":  # a framework's (composer's) or torch's documented one: eager never calls it
+        wrapped = FSDP(model, param_init_fn=_reset_on_cpu, **options)
     elif how == "idiom":
         wrapped = FSDP(model, **options)
     else:
@@ -214,6 +217,13 @@ def fsdp1(factory: Callable[[], nn.Module], auto_wrap: bool, how: str, mixed: bo
         errors += _compare({k: v.clone() for k, v in wrapped.named_parameters()},
                            {k: v.clone() for k, v in eager.named_parameters()}, what + " after a step")
     return errors
+
+
+def _reset_on_cpu(module: nn.Module) -> None:
+    """FSDP1's documented ``param_init_fn`` for modules built on meta."""
+    module.to_empty(device=torch.device("cpu"), recurse=False)
+    if hasattr(module, "reset_parameters"):
+        module.reset_parameters()
 
 
 def fsdp1_wrap_in_constructor() -> list[str]:
@@ -269,7 +279,7 @@ def _scenario(name: str, rank: int, world: int) -> Any:
     if name == "fsdp2_portable":
         return {"net": fsdp2_portable(Net, net_blocks)[1], "llama": fsdp2_portable(llama, llama_blocks)[1]}
     if name == "fsdp1":
-        hows = ("param_init_fn", "idiom", "materialized")
+        hows = ("param_init_fn", "own_init_fn", "idiom", "materialized")
         errors = [e for f in (Simple, Net) for aw in (True, False) for how in hows
                   for e in fsdp1(f, aw, how, mixed=False)]
         errors += fsdp1_wrap_in_constructor()

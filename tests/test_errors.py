@@ -605,3 +605,35 @@ def test_provenance_skips_deprecation_wrappers() -> None:
     sources = {n.meta["prov"].source for n in fxinit.init_graph(m).nodes if n.meta["prov"].init_fn is None}
     assert sources and all(s and "typing_extensions" not in s for s in sources), sources
     assert any(s.startswith(f"{__file__}:") for s in sources), sources
+
+
+def test_values_read_after_the_trace_are_computed_whatever_they_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mmengine's ``init_weights`` compares each parameter's mean before and after (found by an
+    mmengine sweep: refused for any parameter over 16 MiB). While recording, a read costlier
+    than the budget is refused, which keeps a trace cheap; after it, an init step reads what
+    eager's reads."""
+    from fxinit.capture import shadows
+
+    monkeypatch.setattr(shadows, "EVAL_BUDGET", 64)  # (as a parameter over 16 MiB)
+
+    class ReadsWhileRecording(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+            self.positive = bool(self.lin.weight.sum() > 0)
+
+    with pytest.raises(fxinit.DeferredInitError, match="too large to compute while recording"):
+        fxinit.trace_init(ReadsWhileRecording)
+
+    def init_weights(m: nn.Module) -> list[bool]:  # mmengine's bookkeeping, then an init, then again
+        means = {p: p.data.mean().cpu() for p in m.parameters()}
+        nn.init.normal_(m.weight, std=0.02)
+        return [bool(means[p] != p.data.mean()) for p in m.parameters()] + [float(m.weight.sum()) > 0]
+
+    torch.manual_seed(0)
+    eager = nn.Linear(8, 8)
+    want = init_weights(eager)
+    torch.manual_seed(0)
+    m = fxinit.trace_init(nn.Linear, 8, 8)
+    assert init_weights(m) == want
+    assert_modules_equal(fxinit.materialize(m), eager)

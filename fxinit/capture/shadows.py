@@ -127,7 +127,9 @@ class Shadows:
 
     # ------------------------------------------------------------------ value reads
     def read_values(self, func: Any, t: torch.Tensor, args: tuple, kwargs: dict) -> Any:
-        shadow = self.value_of(t)
+        # after the trace, whatever it costs: an init step (mmengine's init_weights compares each
+        # parameter's mean) reads what eager's reads, where no trace waits to stay cheap
+        shadow = self.value_of(t, bounded=self.capturing)
         if shadow is None:
             raise self.fail(
                 f"fxinit cannot read the values of a deferred tensor that is too large to compute while recording "
@@ -159,7 +161,7 @@ class Shadows:
 
     def compute_real(self, func: Any, args: tuple, kwargs: dict) -> Any:
         def real(x: Any) -> Any:
-            return self.value_of(x) if is_deferred_tensor(x) else x
+            return self.value_of(x, bounded=self.capturing) if is_deferred_tensor(x) else x
 
         rkwargs = map_tree(real, kwargs)
         if "device" in rkwargs:
@@ -170,7 +172,8 @@ class Shadows:
     def via_values(self, func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
                      data_dependent: bool, cause: Exception | None = None) -> Any:
         """Ops whose result depends on values (or that have no meta kernel): run them on exact values, or refuse."""
-        if not draws_random(func, args, kwargs) and all(self.value_of(t) is not None for t in inputs):
+        if not draws_random(func, args, kwargs) and all(self.value_of(t, bounded=self.capturing) is not None
+                                                         for t in inputs):
             real_out = self.compute_real(func, args, kwargs)
             if not tensors_in(real_out) or not is_strided_result(real_out):
                 return real_out  # a Python value (item, bool), or a sparse tensor: kept real (capture.real)

@@ -455,3 +455,36 @@ def test_same_bits_distinguishes_signed_zero_and_nan_payloads() -> None:
     assert not same_bits(torch.tensor([0.0]), torch.tensor([-0.0]))
     assert same_bits(torch.tensor([float("nan")]), torch.tensor([float("nan")]))
     assert not same_bits(torch.tensor([1.0]), torch.tensor([1.0], dtype=torch.float64))
+
+
+class ElementwiseEquality(nn.Module):
+    """tensordict's ``TensorDictParams`` (in every torchrl loss module): ``==`` compares element
+    by element, and the result's truth value raises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def __eq__(self, other: object) -> torch.Tensor:  # type: ignore[override]
+        return torch.tensor([True, False])
+
+    __hash__ = nn.Module.__hash__
+
+
+def test_modules_that_define_equality_otherwise() -> None:
+    """fxinit's own maps of modules compared them with ``==`` (found by a torchrl sweep):
+    materialize, check and a forward after a partial materialize raised."""
+    def holding() -> nn.Module:
+        m = nn.Module()
+        m.inner = ElementwiseEquality()
+        m.other = nn.Linear(2, 2)
+        return m
+
+    for build in (ElementwiseEquality, holding):
+        assert_same_as_eager(build, seeds=(0,))
+        assert fxinit.check(build).ok
+    torch.manual_seed(0)
+    m = fxinit.trace_init(ElementwiseEquality)
+    fxinit.materialize(m.lin.weight)
+    fxinit.materialize(m.lin.bias)
+    m.lin(torch.ones(2))  # the guard comes off the materialized module

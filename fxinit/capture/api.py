@@ -25,9 +25,35 @@ _PARAMETRIZE = "torch.nn.utils.parametriz"  # parametrize, parametrizations
 
 _local = threading.local()
 _META_INIT_RECORDERS: list[Recorder] = []
-_ROOT_RECORDERS: "weakref.WeakKeyDictionary[torch.nn.Module, Recorder]" = weakref.WeakKeyDictionary()
+
+
+class _ByModule:
+    """Values by module, as long as the module lives. Keyed by identity: a
+    ``WeakKeyDictionary`` compares its keys with ``==``, which a module may define otherwise
+    (tensordict's ``TensorDictParams``, in every torchrl loss, compares element by element, and
+    its truth value raises)."""
+
+    def __init__(self) -> None:
+        self._items: dict[int, tuple[weakref.ref, Any]] = {}
+
+    def get(self, module: torch.nn.Module) -> Any:
+        item = self._items.get(id(module))
+        return item[1] if item is not None and item[0]() is module else None
+
+    def __setitem__(self, module: torch.nn.Module, value: Any) -> None:
+        key, items = id(module), self._items
+        items[key] = (weakref.ref(module, lambda _: items.pop(key, None)), value)
+
+    def pop(self, module: torch.nn.Module) -> Any:
+        value = self.get(module)
+        if value is not None:
+            del self._items[id(module)]
+        return value
+
+
+_ROOT_RECORDERS = _ByModule()  # module -> the recorder of the trace that built it
 #: The hook ``guard_calls`` put on each module, until that module's tensors are materialized.
-_GUARDS: "weakref.WeakKeyDictionary[torch.nn.Module, Any]" = weakref.WeakKeyDictionary()
+_GUARDS = _ByModule()
 
 
 def _depth() -> int:
@@ -97,7 +123,7 @@ def guard_calls(module: torch.nn.Module, recorder: Recorder) -> None:
                             None)
             if deferred is None:
                 holder[0].remove()
-                _GUARDS.pop(mod, None)
+                _GUARDS.pop(mod)
                 return
             raise DeferredInitError(
                 f"{path or type(mod).__name__} was called while its tensors are deferred (built by fxinit.trace_init, "
@@ -118,7 +144,7 @@ def unguard(module: torch.nn.Module) -> None:
         handle = _GUARDS.get(mod)
         if handle is not None and not any(_is_deferred(t) for t in (*mod._parameters.values(), *mod._buffers.values())):
             handle.remove()
-            del _GUARDS[mod]
+            _GUARDS.pop(mod)
 
 
 def _is_deferred(t: Any) -> bool:

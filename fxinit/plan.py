@@ -225,6 +225,30 @@ def last_uses(nodes: Sequence[fx.Node], reuse: Mapping[fx.Node, tuple[fx.Node, b
     return frees
 
 
+def peak_bytes(plan: Plan) -> int:
+    """The most bytes of storage a run of ``plan`` holds at once: a storage is held from the
+    node that allocates it until no value on it (the node's, its views', in-place results')
+    is held any more (``frees``)."""
+    owner: dict[fx.Node, fx.Node] = {}  # value -> the node whose storage it is on
+    users: dict[fx.Node, int] = {}  # storage owner -> values on it held now
+    live = peak = 0
+    for n in plan.nodes:
+        base = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
+        o = n if allocates(n) or base not in owner else owner[base]
+        owner[n] = o
+        if o is n and n.meta.get("spec") is not None:
+            live += n.meta["spec"].nbytes
+        users[o] = users.get(o, 0) + 1
+        peak = max(peak, live)
+        for value in plan.frees.get(n, ()):
+            held = owner.get(value)
+            if held is not None:
+                users[held] -= 1
+                if not users[held] and held.meta.get("spec") is not None:
+                    live -= held.meta["spec"].nbytes
+    return peak
+
+
 # ---------------------------------------------------------------------------- printing
 def format_plan(plan: Plan) -> str:
     """One line per node: what it computes, then what the passes decided about it."""

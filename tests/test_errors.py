@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 import fxinit
-from conftest import assert_modules_equal, same_bits
+from conftest import assert_modules_equal, assert_same_as_eager, same_bits
 
 _THIS = os.path.abspath(__file__)
 
@@ -144,10 +144,12 @@ def test_error_outside_any_module_names_the_line() -> None:
 def test_error_in_reinit_after_trace_names_the_line() -> None:
     m = fxinit.trace_init(nn.Linear, *BIG)
     with pytest.raises(fxinit.DeferredInitError) as info:
-        float(m.weight.abs().max())  # ERR:after_trace
+        m.weight.abs().data_ptr()  # ERR:after_trace
     assert f"test_errors.py:{_line('ERR:after_trace')}" in str(info.value)
     assert fxinit.is_deferred(m.weight)
+    top = float(m.weight.abs().max())  # a value read after the trace is computed, whatever it costs
     fxinit.materialize(m)  # the model is still usable
+    assert top == float(m.weight.abs().max())
 
 
 def test_small_constant_values_are_answered_not_refused() -> None:
@@ -637,3 +639,27 @@ def test_values_read_after_the_trace_are_computed_whatever_they_cost(monkeypatch
     m = fxinit.trace_init(nn.Linear, 8, 8)
     assert init_weights(m) == want
     assert_modules_equal(fxinit.materialize(m), eager)
+
+
+def test_a_value_read_while_recording_costs_what_its_slice_holds_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """e3nn's ``normalize2mom`` reads ``act(randn(1_000_000, float64)).pow(2).mean().item()``
+    in every activation's constructor (found by an e3nn sweep: refused, as three 8 MB tensors
+    summed over the 16 MiB budget; two are held at once). The budget counts what a run of the
+    slice holds at once, which is what computing the value costs."""
+    from fxinit.capture import shadows
+
+    monkeypatch.setattr(shadows, "EVAL_BUDGET", 20_000)  # (as 16 MiB for 1M float64 elements)
+
+    class Normalized(nn.Module):
+        def __init__(self, chained: bool) -> None:
+            super().__init__()
+            g = torch.Generator().manual_seed(0)
+            z = torch.randn(1000, dtype=torch.float64, generator=g)
+            # chained: each 8000-byte step frees the one before; else all three are held at once
+            x = torch.tanh(z).pow(2) if chained else torch.tanh(z) + z.pow(2) * z.sin()
+            self.cst = x.mean().item()
+            self.lin = nn.Linear(2, 2)
+
+    assert_same_as_eager(Normalized, True, seeds=(0,), orders=("whole",))
+    with pytest.raises(fxinit.DeferredInitError, match="too large to compute"):
+        fxinit.trace_init(Normalized, False)

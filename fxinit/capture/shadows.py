@@ -4,8 +4,8 @@ Vision models compute drop-path schedules with ``torch.linspace(...).item()`` in
 ``__init__``. Tensors computed only from constants (no random ancestry) with at most
 ``EAGER_SHADOW_LIMIT`` elements keep a real *shadow* as they are recorded, maintained through
 in-place ops and views; other values Python asks for are computed from their slice of the
-graph (``execute``: random ops replay their snapshots) when that slice allocates at most
-``EVAL_BUDGET`` bytes, and a storage of at most ``SHADOW_LIMIT`` elements keeps the value
+graph (``execute``: random ops replay their snapshots) when that slice holds at most
+``EVAL_BUDGET`` bytes at once (``plan.peak_bytes``), and a storage of at most ``SHADOW_LIMIT`` elements keeps the value
 until it is next written. Anything else raises ``DeferredInitError``.
 """
 
@@ -24,6 +24,7 @@ from fxinit.capture.schema import WHAT_THE_USER_WROTE
 from fxinit.capture.trees import leaves, map_tree, tensors_in
 from fxinit.ops import draws_random
 from fxinit.passes.ranges import storage_extent
+from fxinit.plan import peak_bytes
 from fxinit.spec import TensorSpec
 
 #: Tensors up to this many elements computed only from constants get an exact shadow as
@@ -69,8 +70,8 @@ class Shadows:
         """The exact current value of deferred ``t`` on the CPU, if it is cheap to know
         (or whatever it costs, with ``bounded=False``: for a real tensor that takes it).
 
-        Small constant-derived tensors have a shadow. Others with a slice of at most
-        EVAL_BUDGET bytes are computed by running that slice of the graph recorded so far:
+        Small constant-derived tensors have a shadow. Others whose slice holds at most
+        EVAL_BUDGET bytes at once are computed by running that slice of the graph recorded so far:
         every random op in it carries its generator snapshot, so this is exact and touches
         no user generator; a small storage keeps the result as its shadow until it is next
         written. Costlier ones return None (the caller refuses).
@@ -81,7 +82,7 @@ class Shadows:
         node = state_of(t).node
         targets = [(node, self.storage_id(t))]
         todo = execute.plan(self, targets, devices=unavailable_to_cpu, eliminate_dead=False)
-        if bounded and sum(n.meta["spec"].nbytes for n in todo.nodes if n.meta.get("spec") is not None) > EVAL_BUDGET:
+        if bounded and peak_bytes(todo) > EVAL_BUDGET:
             return None
         with self.suspended():
             value = execute.run(self, todo, workers=1)[node].to("cpu")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import sys
 
 import pytest
@@ -488,3 +489,34 @@ def test_modules_that_define_equality_otherwise() -> None:
     fxinit.materialize(m.lin.weight)
     fxinit.materialize(m.lin.bias)
     m.lin(torch.ones(2))  # the guard comes off the materialized module
+
+
+def test_modules_without_tensors_of_a_traced_model_pickle_as_eagers() -> None:
+    """fxinit's call guard (a closure) sat on every module, so pickling a tensor-free one
+    failed (found by an e3nn sweep: its modules deep-copy their generated code through pickle)."""
+    import pickle
+
+    class Holder(nn.Module):  # deep-copies a child through pickle, as e3nn's CodeGenMixin
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+            self.act = nn.ReLU()
+
+        def __getstate__(self) -> dict:
+            state = {**self.__dict__, "_modules": dict(self._modules)}
+            state["act"] = pickle.dumps(state["_modules"].pop("act"))
+            return state
+
+        def __setstate__(self, state: dict) -> None:
+            act = pickle.loads(state.pop("act"))
+            self.__dict__.update(state)
+            self._modules["act"] = act
+
+    torch.manual_seed(0)
+    eager = copy.deepcopy(Holder())
+    torch.manual_seed(0)
+    m = copy.deepcopy(fxinit.trace_init(Holder))
+    assert type(pickle.loads(pickle.dumps(m.act))) is nn.ReLU
+    assert_modules_equal(fxinit.materialize(m), eager)
+    with pytest.raises(fxinit.DeferredInitError, match="was called while its tensors are deferred"):
+        fxinit.trace_init(Holder).fc(torch.ones(2))  # a module with tensors is still guarded

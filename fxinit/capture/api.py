@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import weakref
 from typing import Any, Callable, Iterator, TypeVar
@@ -114,6 +115,8 @@ def guard_calls(module: torch.nn.Module, recorder: Recorder) -> None:
                 hint="script the module after fxinit.materialize, or build this model eagerly")
         if type(mod).__module__.startswith(_PARAMETRIZE):
             continue  # computes a weight from parameters (recorded), never from data
+        if next(itertools.chain(mod.parameters(), mod.buffers()), None) is None:
+            continue  # nothing to wait for (an activation, e3nn's generated code: pickled as eager's)
         holder: list[Any] = []
 
         def refuse(mod: torch.nn.Module, args: Any, path: str = path, holder: list[Any] = holder) -> None:

@@ -52,6 +52,28 @@ def test_round_trip_is_exact_and_keeps_everything(tmp_path: Path) -> None:
     assert values["head.weight"] is values["emb.weight"]
 
 
+class ValuesDecideShapes(nn.Module):
+    """Ops the meta device cannot run: an index by a mask (e3nn's ``LowPassFilter``: ``x[x.abs() <= 1]``),
+    a sampler torch gives no meta kernel (binomial), at an offset."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        x = torch.linspace(-2.0, 2.0, 9)
+        self.register_buffer("kept", x[x.abs() <= 1])
+        self.register_buffer("drawn", torch.binomial(torch.full((2, 3), 5.0), torch.full((2, 3), 0.5))[1])
+        self.lin = nn.Linear(2, 2)
+
+
+def test_ops_meta_cannot_run_are_checked_by_their_declared_layout(tmp_path: Path) -> None:
+    """Saved graphs with them were refused at load (found by an e3nn sweep)."""
+    torch.manual_seed(0)
+    eager = _eager_tensors(ValuesDecideShapes())
+    torch.manual_seed(0)
+    fxinit.init_graph(fxinit.trace_init(ValuesDecideShapes)).save(tmp_path / "g.pt")
+    values = fxinit.load_graph(tmp_path / "g.pt").materialize()
+    assert values.keys() == eager.keys() and all(same_bits(values[k], eager[k]) for k in eager)
+
+
 def test_round_trip_after_in_place_view_ops(tmp_path: Path) -> None:
     """``t_()`` and ``unsqueeze_()`` change a tensor's view: the saved graph declares the views
     the model ends with, and loading checks those declarations against what the ops compute."""

@@ -22,6 +22,10 @@ D = torch.distributions
 N = 6000  # more elements than a shadow is kept for
 
 
+def _seeded() -> torch.Generator:
+    return torch.Generator().manual_seed(3)
+
+
 def _holding(make: Callable[[], torch.Tensor]) -> Callable[[], nn.Module]:
     """A module holding ``make()`` and a parameter drawn after it (which a generator left
     elsewhere shows)."""
@@ -46,6 +50,13 @@ SAMPLES = {
     "rrelu": lambda: F.rrelu(torch.linspace(-1.0, 1.0, N), training=True),
     "rrelu_in_place": lambda: F.rrelu(torch.linspace(-1.0, 1.0, 100), training=True, inplace=True),
     "rrelu_module_in_place": lambda: nn.RReLU(inplace=True).train()(torch.randn(100)),
+    # a generator of the caller's: these samplers take it positionally, where torch's dispatcher
+    # passes it among the arguments (it was left out: the default generator's snapshot was taken,
+    # and the replay passed two generators)
+    "poisson_generator": lambda: torch.poisson(torch.rand(N) * 4, generator=_seeded()),
+    "binomial_generator": lambda: torch.binomial(torch.full((N,), 9.0), torch.rand(N), generator=_seeded()),
+    "gamma_generator": lambda: torch._standard_gamma(torch.rand(N) + 0.1, generator=_seeded()),
+    "dirichlet_generator": lambda: torch._sample_dirichlet(torch.rand(N // 4, 4) + 0.1, generator=_seeded()),
 }
 
 

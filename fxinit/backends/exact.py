@@ -75,7 +75,12 @@ class ExactSampler:
         """Call ``fn`` drawing from the recorded snapshots: a private generator passed in,
         and the default generators temporarily set for code that draws from them implicitly."""
         if "gen" in keys:
-            kwargs["generator"] = private_generator(self.snapshots[keys["gen"]])
+            gen = private_generator(self.snapshots[keys["gen"]])
+            at = _generator_position(fn)
+            if at is not None and at < len(args):  # recorded positionally: ``torch.poisson(x, generator=g)``
+                args = (*args[:at], gen, *args[at + 1:])
+            else:
+                kwargs["generator"] = gen
         defaults = {k: self.snapshots[v] for k, v in keys.items() if k.startswith("default:")}
         if not defaults:
             return fn(*args, **kwargs)
@@ -240,3 +245,10 @@ def rejection_in_pieces(dtype: torch.dtype) -> bool:
         return True
     except Exception:
         return False
+
+
+def _generator_position(fn: Any) -> int | None:
+    """Where ``fn``'s schema takes its generator, if it has one."""
+    schema = getattr(fn, "_schema", None)
+    names = [a.name for a in schema.arguments] if schema is not None else []
+    return names.index("generator") if "generator" in names else None

@@ -36,7 +36,7 @@ import torch
 
 from fxinit.capture.devices import default_device, device_available, output_device
 from fxinit.capture.deferred import MATERIALIZED, dressed_as, is_deferred_tensor, state_of
-from fxinit.capture.schema import mutated_arg_indices, schema_value
+from fxinit.capture.schema import generator_of, mutated_arg_indices, schema_value
 from fxinit.capture.trees import leaves, tensors_in
 from fxinit.ops import draws_random
 
@@ -68,7 +68,7 @@ def real_tensor_op(recorder: Any, func: Any, args: tuple, kwargs: dict) -> Any:
         return NOT_REAL  # a plain meta tensor mixed in: the recorder says what went wrong
     if draws_random(func, args, kwargs):
         recorder.lazy_cpu.flush()
-        gen = kwargs.get("generator")
+        gen = generator_of(func, args, kwargs) if hasattr(func, "_schema") else kwargs.get("generator")
         if gen is not None:
             recorder.lazy_cpu.true_snapshot(gen)  # the true state in place before it draws
     if not deferred:

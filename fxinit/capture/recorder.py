@@ -46,7 +46,7 @@ from fxinit.capture.random_draws import META_RESULTS, draw_for_real
 from fxinit.capture.real import (NOT_REAL, STORAGES, adopt_real, is_strided_result, non_strided_result,
                                  real_tensor_op, set_from_storage)
 from fxinit.capture.schema import (AUTOCAST_LOWER, COLLECTIVE_NAMESPACES, DATA_DEPENDENT, DETACH, LIFT_OPS,
-                                   OVERWRITE_OPS, SCALAR_FACTORIES, SLOW_META_FILLS, fill_result,
+                                   OVERWRITE_OPS, SCALAR_FACTORIES, SLOW_META_FILLS, fill_result, generator_of,
                                    mutated_arg_indices, schema_value, takes_generator)
 from fxinit.capture.shadows import SHADOW_LIMIT, Shadows
 from fxinit.capture.stepping import GeneratorStepper
@@ -398,12 +398,13 @@ class Recorder(Shadows, Doors):
             mkwargs["device"] = META
         if "generator" in mkwargs:
             mkwargs["generator"] = None
+        margs = tuple(None if isinstance(a, torch.Generator) else a for a in args)  # (positional: poisson's)
         try:
             with torch._C._DisableTorchDispatch():
                 if func in SLOW_META_FILLS:
-                    mout = fill_result(func, args, mkwargs)
+                    mout = fill_result(func, margs, mkwargs)
                 else:
-                    mout = META_RESULTS.get(func, func)(*args, **mkwargs)
+                    mout = META_RESULTS.get(func, func)(*margs, **mkwargs)
         except DeferredInitError:
             raise
         except Exception as exc:  # no meta kernel, or data-dependent output shape
@@ -510,7 +511,7 @@ class Recorder(Shadows, Doors):
                     op=str(func),
                     hint="call the init function on the DTensor itself (nn.init.*, Tensor.normal_ & co. act on its "
                          "global tensor), or materialize before calling this")
-            gen = kwargs.get("generator")
+            gen = generator_of(func, args, kwargs)
             if gen is None and device.type != "cpu" and not device_available(device):
                 try:  # CUDA's generator is followed by reservations (rng.philox)
                     key = self.generators.step_absent(func, args, kwargs, device, mutated_objs or [mout])

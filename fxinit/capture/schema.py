@@ -48,6 +48,14 @@ def takes_generator(func: Any) -> bool:
     return any(a.name == "generator" for a in func._schema.arguments)
 
 
+def generator_of(func: Any, args: tuple, kwargs: dict) -> Any:
+    """The generator a call of ``func`` is given, or None: keyword-only in most samplers
+    (``normal_``), positional in others (``poisson``, ``binomial``, ``_standard_gamma``,
+    ``rrelu_with_noise``), where the dispatcher passes it among ``args``."""
+    names = [a.name for a in func._schema.arguments]
+    return schema_value(func, args, kwargs, names.index("generator")) if "generator" in names else None
+
+
 # Ops that write into arguments their schema does not mark as written (running stats).
 UNANNOTATED_WRITES = {
     aten.native_batch_norm.default: (3, 4),

@@ -25,6 +25,7 @@ import torch.fx as fx
 
 from fxinit.archive import pack, short_message, unpack
 from fxinit.capture.provenance import Provenance
+from fxinit.capture.random_draws import META_RESULTS
 from fxinit.errors import ArtifactError
 from fxinit.init_bodies import body_fingerprint
 from fxinit.numerics import SETTINGS, Numerics, check_value
@@ -533,15 +534,15 @@ def _check_on_meta(graph: fx.Graph, constants: dict[str, torch.Tensor], default_
             saved = torch.get_default_dtype()
             try:
                 torch.set_default_dtype(dtype) if dtype.is_floating_point else None
-                value = n.target(*args, **kwargs)
+                value = META_RESULTS.get(n.target, n.target)(*args, **kwargs)
             except ArtifactError:
                 raise
             except NotImplementedError:
                 if spec is None:
                     raise
-                # meta cannot tell (no meta kernel; a shape that depends on values: indexing by a
-                # mask, which capture computed): the declared layout stands, the op checks its
-                # arguments when it runs
+                # meta cannot tell (a shape that depends on values: indexing by a mask, which
+                # capture computed): the declared layout stands, the op checks its arguments
+                # when it runs
                 span = 0 if 0 in spec.shape else 1 + sum((n - 1) * st for n, st in zip(spec.shape, spec.stride))
                 value = torch.empty(spec.storage_offset + span, dtype=spec.dtype, device=meta).as_strided(
                     spec.shape, spec.stride, spec.storage_offset)

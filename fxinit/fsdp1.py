@@ -10,10 +10,10 @@ intended device; FSDP then moves them to ``device_id``) and answers ``False``, a
 ``param_init_fn`` is given (a framework's: composer's, or torch's documented ``to_empty`` +
 ``reset_parameters``), which eager's FSDP never calls on a built model: it failed in FSDP's
 device check (``fxinit.materialize_module`` there materializes the unit too). For a model
-traced on the meta device, which eager's FSDP calls it for, the function is called as usual;
-without one, FSDP's own values for a meta module (``_materialize_meta_module``: ``to_empty`` +
-``reset_parameters()`` per module) are recorded on the unit first, as eager's FSDP makes them
-there (Lightning's ``FSDPStrategy`` with ``init_module(empty_init=True)``).
+traced on the meta device, what eager's FSDP runs on a meta module is recorded on the unit
+first: the ``param_init_fn``, or without one its own ``to_empty`` + ``reset_parameters()`` per
+module (Lightning's ``FSDPStrategy`` with ``init_module(empty_init=True)``); it failed in
+FSDP's device check, or was refused.
 
 FSDP1's manual wrapping (``enable_wrap`` + ``wrap`` inside ``__init__``) would flatten
 parameters while the constructor is being recorded: refused, pointing to auto-wrapping.
@@ -51,14 +51,15 @@ def _unit_to_materialize(frame: types.FrameType, t: torch.Tensor, need: Any, ini
     if not any(is_deferred_tensor(x) for x in (*unit.parameters(), *unit.buffers())):
         return False  # done by an earlier answer (FSDP's list still holds the objects to_empty replaced)
     on_meta = any(state_of(t).device.type == "meta" for t in (*managed, t))
-    if on_meta and caller.f_locals.get("param_init_fn") is not None:
-        return None  # FSDP calls the function, as on a module eager built on meta
-    if torchdistx_branch(caller.f_globals) and managed:
+    if torchdistx_branch(caller.f_globals) and managed and not on_meta:
         return False  # not meta: FSDP asks fake.is_fake and calls deferred_init.materialize_module (fxinit's)
-    if on_meta:  # FSDP's own values for a meta module (to_empty + reset_parameters), recorded, then exact
-        state = caller.f_locals["state"]
-        caller.f_globals["_materialize_meta_module"](unit, caller.f_locals["device_id"], state._ignored_modules,
-                                                     state._device_handle)
+    if on_meta:  # what eager's FSDP runs on a meta module, recorded; then the unit is exact
+        state, init_fn, fsdp = caller.f_locals["state"], caller.f_locals.get("param_init_fn"), caller.f_globals
+        if init_fn is not None:
+            fsdp["_materialize_with_param_init_fn"](unit, init_fn, state._ignored_modules)
+        else:  # to_empty + reset_parameters() per module
+            fsdp["_materialize_meta_module"](unit, caller.f_locals["device_id"], state._ignored_modules,
+                                             state._device_handle)
     materialize(unit)
     return False
 

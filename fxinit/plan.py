@@ -13,6 +13,7 @@ plan without deciding anything; ``InitGraph.stats`` reads one; ``print(plan)`` s
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Callable, Mapping, Sequence
 
@@ -234,7 +235,8 @@ def peak_bytes(plan: Plan) -> int:
     live = peak = 0
     for n in plan.nodes:
         base = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
-        o = n if allocates(n) or base not in owner else owner[base]
+        # (a piece of a multi-output op's result is a storage of its own: qr's q and r)
+        o = n if allocates(n) or n.target is operator.getitem or base not in owner else owner[base]
         owner[n] = o
         if o is n and n.meta.get("spec") is not None:
             live += n.meta["spec"].nbytes

@@ -186,7 +186,8 @@ def fsdp2_portable(factory: Callable[[], nn.Module], blocks) -> tuple[list[str],
 def fsdp1(factory: Callable[[], nn.Module], auto_wrap: bool, how: str, mixed: bool) -> list[str]:
     """``how``: ``"param_init_fn"`` (FSDP calls fxinit.materialize_module), ``"own_init_fn"``
     (any other ``param_init_fn``, which eager's FSDP never calls on a built model), ``"meta"``
-    (built under ``torch.device("meta")``: FSDP's own ``to_empty`` + ``reset_parameters``), ``"idiom"``
+    (built under ``torch.device("meta")``: FSDP's own ``to_empty`` + ``reset_parameters``),
+    ``"meta_init_fn"`` (the same, with a ``param_init_fn``), ``"idiom"``
     (torchdistX's documented ``FSDP(deferred_init(M), ...)``, nothing else) or
     ``"materialized"`` (materialize first, then wrap: the plain way)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -197,15 +198,18 @@ def fsdp1(factory: Callable[[], nn.Module], auto_wrap: bool, how: str, mixed: bo
                    device_id=torch.device("cpu"),
                    mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
                    if mixed else None)
-    meta = torch.device("meta") if how == "meta" else contextlib.nullcontext()
+    meta = torch.device("meta") if how.startswith("meta") else contextlib.nullcontext()
+    init_fn = _reset_on_cpu if how == "meta_init_fn" else None
     torch.manual_seed(0)
-    with meta:  # built on meta: FSDP gives each unit values (to_empty + reset_parameters)
+    with meta:  # built on meta: FSDP gives each unit values (its param_init_fn, or to_empty + reset_parameters)
         built = factory()
-    eager = FSDP(built, **options)
+    eager = FSDP(built, param_init_fn=init_fn, **options)
     torch.manual_seed(0)
     with meta:
         model = fxinit.deferred_init(factory)
-    if how == "param_init_fn":
+    if how == "meta_init_fn":
+        wrapped = FSDP(model, param_init_fn=init_fn, **options)
+    elif how == "param_init_fn":
         wrapped = FSDP(model, param_init_fn=fxinit.materialize_module, **options)
     elif how == "own_init_fn":  # a framework's (composer's) or torch's documented one: eager never calls it
         wrapped = FSDP(model, param_init_fn=_reset_on_cpu, **options)
@@ -288,7 +292,8 @@ def _scenario(name: str, rank: int, world: int) -> Any:
         hows = ("param_init_fn", "own_init_fn", "idiom", "materialized")
         errors = [e for f in (Simple, Net) for aw in (True, False) for how in hows
                   for e in fsdp1(f, aw, how, mixed=False)]
-        errors += [e for aw in (True, False) for e in fsdp1(Simple, aw, "meta", mixed=False)]
+        errors += [e for aw in (True, False) for how in ("meta", "meta_init_fn")
+                   for e in fsdp1(Simple, aw, how, mixed=False)]
         errors += fsdp1_wrap_in_constructor()
         return errors + [e for how in hows for e in fsdp1(Simple, True, how, mixed=True)]  # CPU layer_norm has no bf16 mixed mode
     if name == "pipeline":

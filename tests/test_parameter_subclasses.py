@@ -62,12 +62,14 @@ def test_a_subclass_method_runs_on_a_move_in_the_constructor_and_after_the_trace
 def test_a_subclass_torch_function_keeps_its_pieces_class() -> None:
     pieces = {}
 
-    def chunked(m: nn.Module) -> None:
-        pieces[fxinit.is_deferred(m.weight)] = torch.chunk(m.weight, 2)
+    def chunked(m: nn.Module) -> None:  # positionally, by keyword (found by a review), and in a list
+        pieces[fxinit.is_deferred(m.weight)] = (*torch.chunk(m.weight, 2), *torch.chunk(input=m.weight, chunks=2),
+                                                 torch.cat([m.weight, m.weight]))
 
     assert_same_as_eager(QuantizedLinear, seeds=(0,), orders=("whole",), post=chunked)
-    assert [p.__class__ for p in pieces[True]] == [type(p) for p in pieces[False]] == [Quantized, Quantized]
-    assert isinstance(pieces[True][0], Quantized)
+    assert [isinstance(p, Quantized) for p in pieces[True]] == [isinstance(p, Quantized) for p in pieces[False]] \
+        == [True] * 4 + [False]
+    assert pieces[True][0].__class__ is Quantized
 
 
 class Tracked(nn.Parameter):

@@ -330,8 +330,11 @@ class DeferredTensor(torch.Tensor):
 def subclass_call(func: Any, args: tuple, kwargs: dict) -> Any:
     """``func`` run by the own code of the class a deferred argument was made as, as eager
     runs it (``capture.subclass_code``), or ``NOT_SUBCLASS_CODE``."""
-    made = {i: a.__dict__[PARAMETER_CLASS] for i, a in enumerate(args)
+    made = {i: a.__dict__[PARAMETER_CLASS] for i, a in enumerate((*args, *kwargs.values()))
             if isinstance(a, DeferredTensor) and PARAMETER_CLASS in a.__dict__}
+    made.update((-1 - i, a.__dict__[PARAMETER_CLASS]) for i, a in enumerate(  # in lists: torch.cat([p, q])
+        x for v in (*args, *kwargs.values()) if isinstance(v, (list, tuple)) for x in v)
+        if isinstance(a, DeferredTensor) and PARAMETER_CLASS in a.__dict__)
     return run_subclass_code(func, args, kwargs, made) if made else NOT_SUBCLASS_CODE
 
 

@@ -56,7 +56,8 @@ def _tensor_method(func: Any) -> str | None:
 def run_subclass_code(func: Any, args: tuple, kwargs: dict, made_as: dict[int, type]) -> Any:
     """``func(*args, **kwargs)`` as eager runs it where a subclass's own code takes the call,
     or ``NOT_SUBCLASS_CODE``. ``made_as``: the class each deferred argument was made as, by
-    position (only those made as a subclass of ``nn.Parameter``)."""
+    position (0: ``self`` of a method; keyword arguments after the positional ones, tensors in
+    lists at negative positions)."""
     running = _running.__dict__.setdefault("keys", set())
     name = _tensor_method(func)
     if name is not None:
@@ -68,7 +69,9 @@ def run_subclass_code(func: Any, args: tuple, kwargs: dict, made_as: dict[int, t
     else:
         if getattr(func, "__name__", None) in ("__get__", "__set__"):  # attributes: fxinit's handling
             return NOT_SUBCLASS_CODE
-        cls = next((c for c in made_as.values() if defines(c, "__torch_function__")), None)
+        overriding = [c for c in made_as.values() if defines(c, "__torch_function__")]
+        # torch asks the most derived class first
+        cls = next((c for c in overriding if not any(o is not c and issubclass(o, c) for o in overriding)), None)
         key = (id(cls), "__torch_function__")
         if cls is None or key in running:
             return NOT_SUBCLASS_CODE

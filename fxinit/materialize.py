@@ -105,7 +105,8 @@ def _with_companions(tensors: list[torch.Tensor], where: dict[int, list[Location
     if leaves:
         out = _companions(out + leaves, where, walked, all_places)
     have = {id(t) for t in out}
-    held = list({id(x): x for t in out for x in vars(t).values() if is_deferred_tensor(x) and id(x) not in have}.values())
+    held = list({id(x): x for t in out for x in vars(t).values()
+                 if is_deferred_tensor(x) and id(x) not in have}.values())
     if held:  # tensors a parameter holds as attributes (bitsandbytes' ``Int8Params.SCB``): part of it
         out = _companions(out + held, where, walked, all_places)
     with plain_attributes():

@@ -47,7 +47,7 @@ from fxinit.capture.real import (NOT_REAL, STORAGES, adopt_real, is_strided_resu
                                  real_tensor_op, set_from_storage)
 from fxinit.capture.schema import (AUTOCAST_LOWER, COLLECTIVE_NAMESPACES, DATA_DEPENDENT, DETACH, LIFT_OPS,
                                    OVERWRITE_OPS, SCALAR_FACTORIES, SLOW_META_FILLS, fill_result, generator_of,
-                                   mutated_arg_indices, schema_value, takes_generator)
+                                   mutated_arg_indices, positional_generator, schema_value, takes_generator)
 from fxinit.capture.shadows import SHADOW_LIMIT, Shadows
 from fxinit.capture.stepping import GeneratorStepper
 from fxinit.capture.storages import Storages, storage_key
@@ -398,7 +398,8 @@ class Recorder(Shadows, Doors):
             mkwargs["device"] = META
         if "generator" in mkwargs:
             mkwargs["generator"] = None
-        margs = tuple(None if isinstance(a, torch.Generator) else a for a in args)  # (positional: poisson's)
+        at = positional_generator(func)  # (poisson's: where the dispatcher passes it)
+        margs = args if at is None or at >= len(args) else (*args[:at], None, *args[at + 1:])
         try:
             with torch._C._DisableTorchDispatch():
                 if func in SLOW_META_FILLS:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from fxinit.ops import per_target
 from fxinit.rng.draws import call_key
 
 aten = torch.ops.aten
@@ -52,8 +53,14 @@ def generator_of(func: Any, args: tuple, kwargs: dict) -> Any:
     """The generator a call of ``func`` is given, or None: keyword-only in most samplers
     (``normal_``), positional in others (``poisson``, ``binomial``, ``_standard_gamma``,
     ``rrelu_with_noise``), where the dispatcher passes it among ``args``."""
-    names = [a.name for a in func._schema.arguments]
-    return schema_value(func, args, kwargs, names.index("generator")) if "generator" in names else None
+    at = positional_generator(func)
+    return args[at] if at is not None and at < len(args) else kwargs.get("generator")
+
+
+@per_target
+def positional_generator(func: Any) -> int | None:
+    """Where ``func``'s schema takes a generator that is not keyword-only, if it does."""
+    return next((i for i, a in enumerate(func._schema.arguments) if a.name == "generator" and not a.kwarg_only), None)
 
 
 # Ops that write into arguments their schema does not mark as written (running stats).

@@ -206,6 +206,8 @@ def _gradients(got: list[tuple[str, Any]], want: list[tuple[str, Any]]) -> list[
     want_loss, want_leaves = loss_and_leaves(want)
     if want_loss is None or not want_leaves:
         return []
+    if any(isinstance(t, torch.Tensor) and t.requires_grad and not t.numel() for _, t in want):
+        return []  # torch 2.13's backward of a norm over no elements dies of SIGFPE (weight_norm of an empty v)
     try:
         want_grads = torch.autograd.grad(want_loss, [t for _, t in want_leaves], retain_graph=True, allow_unused=True)
     except RuntimeError:

@@ -663,3 +663,21 @@ def test_a_value_read_while_recording_costs_what_its_slice_holds_at_once(monkeyp
     assert_same_as_eager(Normalized, True, seeds=(0,), orders=("whole",))
     with pytest.raises(fxinit.DeferredInitError, match="too large to compute"):
         fxinit.trace_init(Normalized, False)
+
+
+def test_a_parameter_written_into_a_callers_tensor_with_autograd_on_is_refused() -> None:
+    """``arg.copy_(self.w)`` with grad enabled: eager's ``arg`` leads its gradient to ``w``,
+    fxinit's led it to the deferred tensor, and ``w`` got none, silently (fuzzer seed 22).
+    Under ``torch.no_grad()`` it is written, as eager's."""
+    class Writes(nn.Module):
+        def __init__(self, arg: torch.Tensor, grad: bool) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(()))
+            with torch.set_grad_enabled(grad):
+                arg.copy_(self.w)
+
+    with pytest.raises(fxinit.DeferredInitError, match="requires grad into a real tensor with autograd on"):
+        fxinit.trace_init(Writes, torch.ones(2, 3), True)
+    arg = torch.ones(2, 3)
+    m = fxinit.materialize(fxinit.trace_init(Writes, arg, False))
+    assert torch.equal(arg, torch.zeros(2, 3)) and arg.grad_fn is None and m.w.requires_grad

@@ -78,6 +78,11 @@ def real_tensor_op(recorder: Any, func: Any, args: tuple, kwargs: dict) -> Any:
             return NOT_REAL
         with recorder.suspended(), _as_called(recorder, tensors):
             return func(*args, **kwargs)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in deferred):
+        raise recorder.fail(  # (found by fuzzer seed 22: the gradient reached the deferred tensor, not the real one)
+            f"fxinit cannot write a deferred tensor that requires grad into a real tensor with autograd on ({func}): "
+            "eager's real tensor would lead its gradient to the parameter, which has no value yet",
+            op=str(func), hint="write under torch.no_grad(), as init code does, or after fxinit.materialize")
     if any(recorder.value_of(t, bounded=recorder.capturing) is None for t in deferred):
         raise recorder.fail(
             f"fxinit cannot write deferred values into a real tensor ({func}): the real tensor is there now, "

@@ -295,3 +295,12 @@ def op_name(node: fx.Node) -> str:
     if node.meta.get("opaque"):
         return node.meta["opaque"].rsplit(".", 1)[-1]
     return getattr(getattr(node.target, "overloadpacket", node.target), "__name__", str(node.target))
+
+
+@per_target
+def positional_generator(target: Any) -> int | None:
+    """Where op ``target``'s schema takes a generator that is not keyword-only (``poisson``,
+    ``binomial``: the dispatcher passes it among the arguments), if it does."""
+    schema = getattr(target, "_schema", None)
+    arguments = schema.arguments if schema is not None else ()
+    return next((i for i, a in enumerate(arguments) if a.name == "generator" and not a.kwarg_only), None)

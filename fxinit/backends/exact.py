@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.fx as fx
 
+from fxinit.ops import positional_generator
 from fxinit.passes.batched_fills import BatchedFill
 from fxinit.passes.cast_fusion import FusedCast
 from fxinit.passes import intervals
@@ -76,7 +77,7 @@ class ExactSampler:
         and the default generators temporarily set for code that draws from them implicitly."""
         if "gen" in keys:
             gen = private_generator(self.snapshots[keys["gen"]])
-            at = _generator_position(fn)
+            at = positional_generator(fn)
             if at is not None and at < len(args):  # recorded positionally: ``torch.poisson(x, generator=g)``
                 args = (*args[:at], gen, *args[at + 1:])
             else:
@@ -245,10 +246,3 @@ def rejection_in_pieces(dtype: torch.dtype) -> bool:
         return True
     except Exception:
         return False
-
-
-def _generator_position(fn: Any) -> int | None:
-    """Where ``fn``'s schema takes its generator, if it has one."""
-    schema = getattr(fn, "_schema", None)
-    names = [a.name for a in schema.arguments] if schema is not None else []
-    return names.index("generator") if "generator" in names else None

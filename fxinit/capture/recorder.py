@@ -47,7 +47,7 @@ from fxinit.capture.real import (NOT_REAL, STORAGES, adopt_real, is_strided_resu
                                  real_tensor_op, set_from_storage)
 from fxinit.capture.schema import (AUTOCAST_LOWER, COLLECTIVE_NAMESPACES, DATA_DEPENDENT, DETACH, LIFT_OPS,
                                    OVERWRITE_OPS, SCALAR_FACTORIES, SLOW_META_FILLS, fill_result, generator_of,
-                                   mutated_arg_indices, positional_generator, schema_value, takes_generator)
+                                   mutated_arg_indices, schema_value, takes_generator)
 from fxinit.capture.shadows import SHADOW_LIMIT, Shadows
 from fxinit.capture.stepping import GeneratorStepper
 from fxinit.capture.storages import Storages, storage_key
@@ -55,7 +55,8 @@ from fxinit.capture.trees import leaves, map_tree, tensors_in
 from fxinit.errors import DeferredInitError
 from fxinit.init_bodies import body_fingerprint
 from fxinit.numerics import current as current_numerics, note_settings
-from fxinit.ops import ALLOCATIONS, DRAW_NOTHING, call_init_function, changes_view, draws_random, resolve_init_function
+from fxinit.ops import (ALLOCATIONS, DRAW_NOTHING, call_init_function, changes_view, draws_random, positional_generator,
+                        resolve_init_function)
 from fxinit.passes.fingerprint import fingerprint
 from fxinit.rng import default_generator_for
 from fxinit.spec import TensorSpec, copy_with_strides

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from fxinit.ops import per_target
+from fxinit.ops import positional_generator
 from fxinit.rng.draws import call_key
 
 aten = torch.ops.aten
@@ -55,12 +55,6 @@ def generator_of(func: Any, args: tuple, kwargs: dict) -> Any:
     ``rrelu_with_noise``), where the dispatcher passes it among ``args``."""
     at = positional_generator(func)
     return args[at] if at is not None and at < len(args) else kwargs.get("generator")
-
-
-@per_target
-def positional_generator(func: Any) -> int | None:
-    """Where ``func``'s schema takes a generator that is not keyword-only, if it does."""
-    return next((i for i, a in enumerate(func._schema.arguments) if a.name == "generator" and not a.kwarg_only), None)
 
 
 # Ops that write into arguments their schema does not mark as written (running stats).

@@ -15,9 +15,11 @@ from fxinit.capture.compiled_calls import compiled_call_refusal
 from fxinit.capture.deferred import is_deferred_tensor, state_of
 from fxinit.capture.foreach_groups import deferred_devices
 from fxinit.capture.lazy import lazy_module_support
+from fxinit.capture.legacy_types import legacy_types
 from fxinit.capture.modes import active_modes
 from fxinit.capture.post_import import run_pending
 from fxinit.capture.provenance import source_lines_scope
+from fxinit.capture.real_storages import real_storages
 from fxinit.capture.recorder import Recorder
 from fxinit.errors import DeferredInitError
 
@@ -69,8 +71,8 @@ def _capturing(recorder: Recorder) -> Iterator[None]:
     recorder.capturing = True
     _local.depth = _depth() + 1
     try:
-        with source_lines_scope(), recorder.lazy_cpu.scope(), deferred_devices(), fmode, dmode, \
-                lazy_module_support(recorder):
+        with source_lines_scope(), recorder.lazy_cpu.scope(), deferred_devices(), real_storages(recorder), \
+                legacy_types(), fmode, dmode, lazy_module_support(recorder):
             yield
     except Exception as exc:
         refusal = compiled_call_refusal(exc)

@@ -23,6 +23,7 @@ from fxinit.capture.branches import cpu_branch_call, dropout_call, inexact_branc
 from fxinit.capture.devices import context_constructors, default_device
 from fxinit.capture.grad_branches import run_as_eager
 from fxinit.capture.moves import MOVES, device_of_number, parse_move, with_index
+from fxinit.capture.real import SIZE_FROM_INDICES, with_inferred_size
 from fxinit.capture.recorder import Recorder
 
 _CONSTANT_FACTORIES = {torch.tensor, torch.as_tensor, torch.asarray, torch.from_numpy, torch.frombuffer}
@@ -136,6 +137,8 @@ class CaptureFunctionMode(TorchFunctionMode):
                 kwargs = {**kwargs, "device": "meta"}
                 with recorder.intended_device(with_index(torch.device(device))):  # "cuda": the current one
                     return func(*args, **kwargs)
+            if func in SIZE_FROM_INDICES:
+                args, kwargs = with_inferred_size(recorder, func, args, kwargs)
             # real tensors too: under the capture's dispatch mode C++ takes them for ones that may need gradients
             return run_as_eager(func, args, kwargs, lambda: _call(func, types, args, kwargs))
         finally:

@@ -207,6 +207,32 @@ def non_strided_result(recorder: Any, func: Any, args: tuple, kwargs: dict, inpu
         hint="build this tensor from real data, or after fxinit.materialize")
 
 
+#: Sparse constructors and the position of their ``size``, which, when not given, torch's C++
+#: infers from the indices' values (a deferred tensor has none: meta underneath).
+SIZE_FROM_INDICES = {torch.sparse_coo_tensor: 2, torch.sparse_compressed_tensor: 3, torch.sparse_csr_tensor: 3,
+                     torch.sparse_csc_tensor: 3, torch.sparse_bsr_tensor: 3, torch.sparse_bsc_tensor: 3}
+
+
+def with_inferred_size(recorder: Any, func: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``func``'s arguments with the ``size`` torch would infer from deferred indices, read
+    from their exact values (then the call runs as one given that size, recorded as eager
+    runs it: a result made from a parameter keeps its autograd edge); as they are where the
+    size is given or no index is deferred."""
+    at = SIZE_FROM_INDICES[func]
+    if len(args) > at or kwargs.get("size") is not None:
+        return args, kwargs
+    deferred = [t for t in tensors_in((args, kwargs)) if is_deferred_tensor(t)]
+    if not deferred:
+        return args, kwargs
+    if any(recorder.value_of(t) is None for t in deferred):
+        raise recorder.fail(
+            f"fxinit cannot infer the size of {func.__name__}'s result: it comes from the values of the indices, "
+            "which are too costly to compute while recording", op=func.__name__,
+            hint="pass size= (the dense shape) to the constructor")
+    real = recorder.compute_real(func, args, kwargs)
+    return args, {**kwargs, "size": tuple(real.shape)}
+
+
 def shares_memory(func: Any, data: Any, device: Any) -> bool:
     """Whether eager's ``func(data)`` (``from_numpy``, ``frombuffer``, ``as_tensor`` of an
     array or a real CPU tensor) returns a tensor sharing the caller's memory: then capture

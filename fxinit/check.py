@@ -158,21 +158,31 @@ def check(fn: Callable[..., torch.nn.Module], *args: Any, seed: int = 0, rng_aft
         _set_rng_states(saved)
 
 
-def reachable_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+def reachable_tensors(module: torch.nn.Module, _within: set[int] | None = None) -> dict[str, torch.Tensor]:
     """Every tensor reachable from ``module``, by name, in a fixed order: the entries of
     ``state_dict(keep_vars=True)``, then non-persistent buffers (``rotary.inv_freq``), tensor
     attributes of modules (``attn.mask``), and tensors held in containers and plain objects
-    (``cache[0]``, ``tables['sin']``, ``router._counts.x``: ``reachable.module_slots``); shared
+    (``cache[0]``, ``tables['sin']``, ``router._counts.x``: ``reachable.module_slots``), and the
+    tensors of modules held in containers (``_hparams_initial['loss'].weight``); shared
     modules under each of their names."""
     out: dict[str, torch.Tensor] = dict(module.state_dict(keep_vars=True))
+    held: list[tuple[str, torch.nn.Module]] = []
     for mod_name, mod in module.named_modules(remove_duplicate=False):
         prefix = f"{mod_name}." if mod_name else ""
         for name, t in mod._buffers.items():
             if t is not None and name in mod._non_persistent_buffers_set:
                 out.setdefault(prefix + name, t)
         for kind, name, value in module_slots(mod):
-            if kind in ("__dict__", "container"):
+            if isinstance(value, torch.nn.Module):
+                held.append((prefix + name, value))
+            elif kind in ("__dict__", "container"):
                 out.setdefault(prefix + name, value)
+    within = _within if _within is not None else {id(m) for m in module.modules()}
+    for name, mod in held:  # modules held in containers (not submodules): their tensors too, once
+        if id(mod) not in within:
+            within.update(id(m) for m in mod.modules())
+            for sub, t in reachable_tensors(mod, within).items():
+                out.setdefault(f"{name}.{sub}", t)
     return out
 
 
@@ -283,6 +293,8 @@ def _describe(node: fx.Node) -> str:
 
 
 def _compare_values(name: str, got: torch.Tensor, want: torch.Tensor) -> Divergence | None:
+    if torch.strided not in (want.layout, got.layout) or got.layout != want.layout:
+        return _compare_sparse(name, got, want)
     try:
         bits_got, bits_want = _bits(got), _bits(want)
     except (RuntimeError, TypeError):  # sparse, quantized, ...: no integer view, compare values
@@ -307,6 +319,38 @@ def _compare_values(name: str, got: torch.Tensor, want: torch.Tensor) -> Diverge
         if max_diff == 0:
             detail += " (signed zeros or NaN payloads: the bits differ)"
     return Divergence(name, "values", detail, differing=count, numel=numel, max_abs_diff=max_diff)
+
+
+def _compare_sparse(name: str, got: torch.Tensor, want: torch.Tensor) -> Divergence | None:
+    """A sparse tensor is its index and value tensors, as they are (an uncoalesced one's
+    duplicates and order too): each compared bit for bit."""
+    if got.layout != want.layout or (got.is_sparse and got.is_coalesced() != want.is_coalesced()):
+        return Divergence(name, "values", f"{got.layout} (coalesced: {got.is_sparse and got.is_coalesced()}) where "
+                                          f"eager's is {want.layout} (coalesced: {want.is_sparse and want.is_coalesced()})")
+    for part, a, b in zip(_SPARSE_PARTS[want.layout], _sparse_parts(got), _sparse_parts(want)):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return Divergence(name, "values", f"its {part} are {tuple(a.shape)} {a.dtype} where eager's are "
+                                              f"{tuple(b.shape)} {b.dtype}")
+        found = _compare_values(f"{name} ({part})", a, b)
+        if found is not None:
+            return Divergence(name, found.what, f"its {part}: {found.detail}", differing=found.differing,
+                              numel=found.numel, max_abs_diff=found.max_abs_diff)
+    return None
+
+
+_SPARSE_PARTS = {torch.sparse_coo: ("indices", "values"),
+                 torch.sparse_csr: ("crow_indices", "col_indices", "values"),
+                 torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
+                 torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
+                 torch.sparse_bsc: ("ccol_indices", "row_indices", "values")}
+
+
+def _sparse_parts(t: torch.Tensor) -> list[torch.Tensor]:
+    if t.layout == torch.sparse_coo:
+        return [t._indices(), t._values()]
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [t.crow_indices(), t.col_indices(), t.values()]
+    return [t.ccol_indices(), t.row_indices(), t.values()]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

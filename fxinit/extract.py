@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.capture.deferred import MATERIALIZED, is_deferred_tensor, state_of
+from fxinit.capture.provenance import Provenance
 from fxinit.entries import Entry, model_entries
 from fxinit.errors import DeferredInitError
 from fxinit.execute import slicer
@@ -132,12 +133,19 @@ def add_real_outputs(graph: fx.Graph, real: dict[str, torch.Tensor], outputs: di
     sids = [sid for n in graph.nodes for sid in (*n.meta.get("reads", ()), *n.meta.get("mutates", ()))]
     free_sid = max([*sids, *storage.values(), 0]) + 1  # storage ids no recorded node uses
     for fqn, t in real.items():
+        if t.layout != torch.strided:
+            raise DeferredInitError(
+                f"{fqn} is a {t.layout} tensor: an init graph holds strided tensors only, and this model's "
+                f"{fqn} cannot be written into one", op="init_graph",
+                hint="materialize and save the model itself (torch.save, save_pretrained), or drop or make dense "
+                     "that tensor before init_graph; fxinit.materialize gives it as eager's")
         if id(t) not in by_object:
             i = len(by_object)
             name = f"_real{i}"
             constants[name] = t.detach().clone(memory_format=torch.preserve_format)
             node = graph.get_attr(name)
-            node.meta.update(reads=(), mutates=(), spec=TensorSpec.of(t, t.device), pos=last + 1 + i)
+            node.meta.update(reads=(), mutates=(), spec=TensorSpec.of(t, t.device), pos=last + 1 + i,
+                             prov=Provenance(f"<a real tensor the model holds: {fqn}>", None, None))
             by_object[id(t)] = (node, free_sid + i)
         outputs[fqn], storage[fqn] = by_object[id(t)]
 

@@ -30,7 +30,8 @@ from fxinit.capture.storages import storage_references
 from fxinit.checkpoint import CheckpointSource, checkpoint_values, load_by_its_own_code, loads_by_its_own_code
 from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materialize_dtensors
 from fxinit.errors import DeferredInitError
-from fxinit.module_to import Location, buffer_slots_apart, casting_themselves, separate_buffer_slots, takes_dtype
+from fxinit.module_to import (Location, buffer_slots_apart, casting_themselves, runs_own_to, separate_buffer_slots,
+                              takes_dtype)
 from fxinit.reachable import Slot, inner_tensors, left_behind, module_slots, module_walk
 from fxinit.spec import dtype_after_to
 from fxinit.values import TRACED_SEED, compute_values, moved, stream_seed, value_of_at_read
@@ -523,8 +524,8 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
         unguard(obj)
         if dtype is not None:
             _cast_real(obj, dtype, made, inside)
-            for top in casting:  # their own code, as eager's .to(dtype) runs it
-                top.to(dtype)
+            for top in casting + ([obj] if runs_own_to(obj, casting) else []):
+                top.to(dtype)  # their own code, as eager's .to(dtype) runs it
     if from_meta_init and not keep_cache:
         clear_meta_init_cache()
     if state_dict is not None and not strict:

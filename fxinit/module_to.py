@@ -127,3 +127,11 @@ def casting_themselves(module: torch.nn.Module) -> list[torch.nn.Module]:
 
     visit(module)
     return list(found.values())
+
+
+def runs_own_to(module: torch.nn.Module, casting: list[torch.nn.Module]) -> bool:
+    """Whether ``module``'s class has a ``to`` of its own that ``casting`` (``casting_themselves``)
+    does not run already: eager's ``module.to(dtype)`` runs it (Lightning's modules note their
+    dtype there, and build tensors of it in ``forward``). Run once the tensors are cast, it
+    finds them in the dtype asked for and does the rest of what it does."""
+    return type(module).to is not torch.nn.Module.to and not any(top is module for top in casting)

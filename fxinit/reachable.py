@@ -210,6 +210,8 @@ def module_slots(mod: torch.nn.Module, seen: set[int] | None = None) -> Iterator
             for key, x in contained(v, seen=seen):
                 if isinstance(x, torch.Tensor):
                     yield from _with_inner("container", name + key, x)
+                elif isinstance(x, torch.nn.Module):  # not a submodule: its tensors are the walk's too
+                    yield "container", name + key, x
 
 
 _CALLABLES = (types.FunctionType, types.MethodType, functools.partial)
@@ -224,11 +226,26 @@ Slot = tuple[str, torch.nn.Module, str, str, Any]
 
 def module_walk(module: torch.nn.Module) -> list[Slot]:
     """Every tensor slot of every module of ``module``'s tree, in ``named_modules`` order (a
-    module reached twice counts once): one walk that materialize's questions share. Only
-    tensors: holding anything else (an RNN's weak references to its weights) would keep it."""
+    module reached twice counts once), then of the modules it holds in containers without
+    registering them (Lightning's ``save_hyperparameters`` keeps a deep copy of a loss module
+    in a dict), and theirs: one walk that materialize's questions share. Only tensors: holding
+    anything else (an RNN's weak references to its weights) would keep it."""
     seen: set[int] = set()
-    return [(path, mod, kind, name, value) for path, mod in module.named_modules()
-            for kind, name, value in module_slots(mod, seen) if isinstance(value, torch.Tensor)]
+    walked: set[int] = set()
+    slots: list[Slot] = []
+    trees = [("", module)]
+    while trees:
+        prefix, top = trees.pop(0)
+        for path, mod in top.named_modules(prefix=prefix):
+            if id(mod) in walked:
+                continue
+            walked.add(id(mod))
+            for kind, name, value in module_slots(mod, seen):
+                if isinstance(value, torch.Tensor):
+                    slots.append((path, mod, kind, name, value))
+                elif isinstance(value, torch.nn.Module):
+                    trees.append((f"{path}.{name}" if path else name, value))
+    return slots
 
 
 def left_behind(module: torch.nn.Module, walk: list[Slot] | None = None) -> list[str]:

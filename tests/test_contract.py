@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import collections
 import collections.abc
+import copy
+import pickle
 import threading
 from typing import Any, Callable
 
@@ -519,6 +521,63 @@ def test_dtype_runs_a_modules_own_apply_as_to_does() -> None:
     _assert_equal(eager, traced)
     assert traced.inner.rope.bands.dtype == torch.float32 and traced.inner.dtype == torch.bfloat16
     assert eager.inner.dtype == torch.bfloat16
+
+
+class _DtypeTracking(nn.Module):
+    """Lightning's ``DeviceDtypeModuleMixin``: a ``to`` of its own notes the dtype, and
+    ``forward`` builds tensors of it (pytorch-forecasting's TFT)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._dtype = torch.get_default_dtype()
+        self.lin = nn.Linear(4, 4)
+
+    def to(self, *args: Any, **kwargs: Any) -> nn.Module:
+        _, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        if dtype is not None:
+            self._dtype = dtype
+        return super().to(*args, **kwargs)
+
+
+def test_dtype_runs_the_models_own_to_as_to_does() -> None:
+    """Found by a sweep of neuralforecast and pytorch-forecasting: ``materialize(m, dtype=)`` cast
+    the tensors, but ``m``'s own ``to`` (Lightning's) never ran, so ``m._dtype`` stayed float32."""
+    torch.manual_seed(0)
+    eager = _DtypeTracking().to(torch.bfloat16)
+    torch.manual_seed(0)
+    traced = fxinit.materialize(fxinit.trace_init(_DtypeTracking), dtype=torch.bfloat16)
+    _assert_equal(eager, traced)
+    assert traced._dtype == eager._dtype == torch.bfloat16
+
+
+class _KeepsHyperparameters(nn.Module):
+    def __init__(self, loss: nn.Module) -> None:
+        super().__init__()
+        self.loss = loss
+        self.lin = nn.Linear(4, 4)
+        self._hparams_initial = {"loss": copy.deepcopy(loss), "more": [nn.Linear(2, 2)]}
+
+
+def test_modules_held_in_containers_are_materialized_and_checked() -> None:
+    """Found by a sweep of neuralforecast: Lightning's ``save_hyperparameters`` keeps a deep copy
+    of the hyperparameters, a loss module among them, in a dict; materialize left the copy's
+    tensors deferred (``pickle.dumps(model)`` refused where eager's pickles), and ``check``, which
+    did not look there, said equal."""
+    def build() -> nn.Module:
+        return _KeepsHyperparameters(nn.Linear(3, 3))
+
+    torch.manual_seed(0)
+    eager = build()
+    torch.manual_seed(0)
+    traced = fxinit.materialize(fxinit.trace_init(build))
+    assert not fxinit.is_deferred(traced._hparams_initial["loss"]) and not fxinit.is_deferred(
+        traced._hparams_initial["more"][0])
+    for got, want in ((traced._hparams_initial["loss"], eager._hparams_initial["loss"]),
+                      (traced._hparams_initial["more"][0], eager._hparams_initial["more"][0])):
+        assert torch.equal(got.weight, want.weight) and torch.equal(got.bias, want.bias)
+    pickle.dumps(traced)  # (a deferred tensor refuses to be pickled)
+    assert "_hparams_initial['loss'].weight" in reachable_tensors(traced)
+    assert fxinit.check(build).ok
 
 
 def test_dtype_casts_what_was_materialized_before_too() -> None:

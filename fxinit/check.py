@@ -456,7 +456,9 @@ def _difference_hint(report: CheckReport) -> str:
     if report.eager_deterministic is False:
         return ("two eager builds with the same seed differ, so no deferred build can match them: the constructor "
                 "reads something besides torch's seeded generators (the time, Python's `random`, numpy's global "
-                "generator, a counter kept between calls, os.urandom). Make it deterministic and check again.")
+                "generator, a counter kept between calls, os.urandom), or runs a kernel whose bits depend on memory "
+                "alignment or threads (`torch.linalg.lstsq` with its default CPU driver, gelsy, in pykan's and "
+                "neuralforecast's KAN layers). Make it deterministic and check again.")
     if d is None:
         what = ("the tensors are equal, but after fxinit's build the global generator is not where eager construction "
                 "leaves it, so random numbers drawn afterwards (dropout, shuffling) differ")

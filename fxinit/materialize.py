@@ -30,8 +30,8 @@ from fxinit.capture.storages import storage_references
 from fxinit.checkpoint import CheckpointSource, checkpoint_values, load_by_its_own_code, loads_by_its_own_code
 from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materialize_dtensors
 from fxinit.errors import DeferredInitError
-from fxinit.module_to import (Location, buffer_slots_apart, casting_themselves, runs_own_to, separate_buffer_slots,
-                              takes_dtype)
+from fxinit.module_to import (Location, buffer_slots_apart, cast_real, casting_themselves, runs_own_to,
+                              separate_buffer_slots, takes_dtype)
 from fxinit.reachable import Slot, inner_tensors, left_behind, module_slots, module_walk
 from fxinit.spec import dtype_after_to
 from fxinit.values import TRACED_SEED, compute_values, moved, stream_seed, value_of_at_read
@@ -442,7 +442,7 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     load hooks rename or rebuild what it reads runs its own ``load_state_dict``, recorded.
 
     When it returns, nothing reachable from a module ``obj`` (parameters, buffers, tensor
-    attributes, tensors in list and dict attributes) is deferred any more; a plain meta
+    attributes, tensors and modules in list and dict attributes) is deferred any more; a plain meta
     tensor there (built after the trace without being recorded) is refused before any work.
 
     ``rng="portable"`` draws every random op from the counter-based stream keyed by
@@ -523,7 +523,7 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     if isinstance(obj, torch.nn.Module):
         unguard(obj)
         if dtype is not None:
-            _cast_real(obj, dtype, made, inside)
+            cast_real(obj, dtype, made, inside)
             for top in casting + ([obj] if runs_own_to(obj, casting) else []):
                 top.to(dtype)  # their own code, as eager's .to(dtype) runs it
     if from_meta_init and not keep_cache:
@@ -531,32 +531,6 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     if state_dict is not None and not strict:
         return _IncompatibleKeys(*incompatible)  # type: ignore[return-value]
     return obj
-
-
-def _cast_real(module: torch.nn.Module, dtype: torch.dtype, made: AbstractSet[int],
-               inside: AbstractSet[int] = frozenset()) -> None:
-    """``dtype=`` for the real tensors the model holds besides those this call made (``made``,
-    by ``id``, cast as they were made): data loaded or kept as it was, and parts materialized
-    before, by this trace or another (a module handed to the constructor). Cast as
-    ``Module.to(dtype)`` casts them — a parameter in place through ``.data``, each buffer slot
-    given a cast tensor of its own — so the whole model is eager construction followed by
-    ``.to(dtype)``. Modules in ``inside`` cast themselves (``module_to.casting_themselves``)."""
-    for mod in module.modules():
-        if id(mod) in inside:
-            continue
-        for kind in ("_parameters", "_buffers"):
-            slots = getattr(mod, kind)
-            for name, t in list(slots.items()):
-                if t is None or id(t) in made or is_deferred_tensor(t) or hasattr(t, "_local_tensor"):
-                    continue
-                cast = dtype_after_to(t.dtype, dtype)
-                if cast == t.dtype:
-                    continue
-                with torch.no_grad():
-                    if kind == "_parameters":
-                        t.data = t.data.to(cast)
-                    else:
-                        slots[name] = t.to(cast)
 
 
 def _refuse_left_behind(module: torch.nn.Module, walk: list[Slot] | None = None) -> None:

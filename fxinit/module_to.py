@@ -35,10 +35,11 @@ materialize in the dtype they were built in, then ``module.to(d)`` runs
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import AbstractSet, Iterable
 
 import torch
 
+from fxinit.capture.deferred import is_deferred_tensor
 from fxinit.spec import dtype_after_to
 
 Location = tuple[torch.nn.Module, str, str]  # (module, name, a kind of reachable.module_slots)
@@ -135,3 +136,29 @@ def runs_own_to(module: torch.nn.Module, casting: list[torch.nn.Module]) -> bool
     dtype there, and build tensors of it in ``forward``). Run once the tensors are cast, it
     finds them in the dtype asked for and does the rest of what it does."""
     return type(module).to is not torch.nn.Module.to and not any(top is module for top in casting)
+
+
+def cast_real(module: torch.nn.Module, dtype: torch.dtype, made: AbstractSet[int],
+               inside: AbstractSet[int] = frozenset()) -> None:
+    """``dtype=`` for the real tensors the model holds besides those this call made (``made``,
+    by ``id``, cast as they were made): data loaded or kept as it was, and parts materialized
+    before, by this trace or another (a module handed to the constructor). Cast as
+    ``Module.to(dtype)`` casts them — a parameter in place through ``.data``, each buffer slot
+    given a cast tensor of its own — so the whole model is eager construction followed by
+    ``.to(dtype)``. Modules in ``inside`` cast themselves (``casting_themselves``)."""
+    for mod in module.modules():
+        if id(mod) in inside:
+            continue
+        for kind in ("_parameters", "_buffers"):
+            slots = getattr(mod, kind)
+            for name, t in list(slots.items()):
+                if t is None or id(t) in made or is_deferred_tensor(t) or hasattr(t, "_local_tensor"):
+                    continue
+                cast = dtype_after_to(t.dtype, dtype)
+                if cast == t.dtype:
+                    continue
+                with torch.no_grad():
+                    if kind == "_parameters":
+                        t.data = t.data.to(cast)
+                    else:
+                        slots[name] = t.to(cast)

@@ -179,6 +179,9 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
                for node, p in link.leaves.items()):
             lost.append(f"{link.eager}, materialized before the parameters it was computed from")
             continue
+        if is_deferred_tensor(link.tensor):  # its swap failed (weak references): the module holds another object
+            lost.append(f"{link.eager}, which could not be swapped in place")
+            continue
         value = _replayed(link) if link.nodes else None
         if value is not None and value._is_view() and _memory_shared_elsewhere(link.tensor, value, holders):
             value = None  # a view of a replayed temporary would leave the memory eager's tensor shares

@@ -341,16 +341,16 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
         plan.append((rest + direct, values))
     links = plan_links(tensors, value_of_at_read(target, seed, compile) if init else None)
     apart = buffer_slots_apart([t for t in tensors if id(t) not in uncast], where, dtype)
-    holders = _weakref_holders(where, tensors)
+    holders = _weakref_holders(where, [*tensors, *(link.tensor for link in links)])
     for mod in holders:
         mod._flat_weight_refs = []
     try:
         for ts, values in plan:
             _swap_in(ts, values, where)
+        relink(links, tensors)  # (an RNN's flat weights may be tensors computed from parameters: AWD-LSTM's)
     finally:
         for mod in holders:
             mod._init_flat_weights()
-    relink(links, tensors)
     if dtype is not None:
         separate_buffer_slots(apart, dtype)
     return {id(t) for t in tensors}

@@ -60,7 +60,6 @@ class Plan:
     fused_casts: dict[fx.Node, FusedCast] = field(default_factory=dict)  # fill -> fill-then-cast in chunks
     casts: dict[fx.Node, list[fx.Node]] = field(default_factory=dict)  # after node: kept values cast to output_dtype
     frees: dict[fx.Node, list[fx.Node]] = field(default_factory=dict)  # after node: values nothing reads any more
-    groups: list[list[fx.Node]] = field(default_factory=list)  # independent groups, largest first
     streams: dict[fx.Node, str] = field(default_factory=dict)  # portable: random node -> stream key
     kernels: dict[fx.Node, Kernel] = field(default_factory=dict)  # compiled: fill -> the kernel it runs as
     unbacked: frozenset[fx.Node] = frozenset()  # allocations nothing reads or writes: meta stand-ins
@@ -73,6 +72,13 @@ class Plan:
     def labels(self) -> dict[fx.Node, str]:
         """Kept node -> the name it is asked for by (printing)."""
         return dict(self.labels_of()) if self.labels_of is not None else {}
+
+    @functools.cached_property
+    def groups(self) -> list[list[fx.Node]]:
+        """Independent groups of ``nodes`` (``passes.partition``), largest first, a CSE duplicate
+        in the group of the value it reuses: found when asked (a small plan runs on one thread,
+        in program order, and never asks)."""
+        return independent_groups(self.nodes, [(dup, first) for dup, (first, _) in self.reuse.items()])
 
     @functools.cached_property
     def fused_away(self) -> frozenset[fx.Node]:
@@ -193,8 +199,6 @@ def make_plan(nodes: list[fx.Node], keep: AbstractSet[fx.Node], *, rng: str = "e
         in_place=in_place, pieces=pieces, copies=copies, forwards=forwards, constant_parts=constant_parts,
         chunked=chunked, fused_casts=fused,
         casts=casts, frees=last_uses(nodes, reuse, keep),
-        # a CSE duplicate runs in the group of the value it reuses
-        groups=independent_groups(nodes, [(dup, first) for dup, (first, _) in reuse.items()]),
         streams={n: k for n, k in (streams or {}).items() if n in members}, kernels=kernels, exposed=exposed,
         unbacked=unbacked, device_map=device_map, batches=batches,
         labels_of=labels if callable(labels) else (lambda: labels or {}))

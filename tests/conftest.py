@@ -59,8 +59,12 @@ def native_fill_done(done: bool, kind: str, dtype: torch.dtype) -> bool:
 
 
 def raw_bytes(t: torch.Tensor) -> torch.Tensor:
-    """The bytes of ``t``'s elements in logical order (a uint8 CPU tensor)."""
+    """The bytes of ``t``'s elements in logical order (a uint8 CPU tensor); of a sparse COO
+    tensor, its coalesced flag, indices and values as they are."""
     t = t.detach()
+    if t.layout == torch.sparse_coo:
+        return torch.cat([torch.tensor([t.is_coalesced()], dtype=torch.uint8), raw_bytes(t._indices()),
+                          raw_bytes(t._values())])
     if t.device.type != "cpu":
         t = t.cpu()
     flat = t.contiguous().reshape(-1)
@@ -76,6 +80,8 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 def first_diff(a: torch.Tensor, b: torch.Tensor) -> str:
     if a.shape != b.shape or a.dtype != b.dtype:
         return f"{tuple(a.shape)}/{a.dtype} vs {tuple(b.shape)}/{b.dtype}"
+    if a.layout != torch.strided or b.layout != torch.strided:
+        return f"{a.layout} tensors whose indices, values or coalescing differ"
     fa = a.detach().cpu().reshape(-1)
     fb = b.detach().cpu().reshape(-1)
     ne = (raw_bytes(a).view(-1, a.element_size()) != raw_bytes(b).view(-1, b.element_size())).any(1)
@@ -104,6 +110,8 @@ def storage_partition(named: Iterable[tuple[str, str, torch.Tensor]]) -> list[li
     """Names grouped by the storage they live in (tensors with no bytes are left out)."""
     groups: dict[tuple, list[str]] = defaultdict(list)
     for _, name, t in named:
+        if t.layout != torch.strided:  # (no storage of its own to share)
+            continue
         st = t.untyped_storage()
         if st.nbytes() == 0:
             continue

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import fxinit
 from conftest import same_bits
@@ -627,3 +628,29 @@ def test_indexed_assignment_and_parametrized_weights_in_init_steps() -> None:
                 self.register_buffer("scaled", self.lin.weight * 2)
 
     _assert_equal(*_both(Steps, lambda m: m.init_weights()))
+
+
+class _SizedUnderInferenceMode(nn.Module):
+    """braindecode's ``get_output_shape``: a training-mode forward under ``torch.inference_mode``
+    in the constructor updates the running statistics of its norm layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(3)
+        self.inorm = nn.InstanceNorm1d(3, track_running_stats=True, affine=True)
+        self.lin = nn.Linear(3, 3)
+        self.emb = nn.Embedding(5, 3, max_norm=0.5)
+        with torch.inference_mode():
+            y = self.inorm(self.bn(torch.randn(4, 3, 5)))
+            z = F.rrelu(F.dropout(self.lin(y.transpose(1, 2)), 0.3), training=True)
+            self.emb(torch.tensor([0, 2, 2]))
+        self.register_buffer("out", z.sum().reshape(1).clone())
+
+
+def test_composite_ops_under_inference_mode_are_eagers() -> None:
+    """Found by a sweep of braindecode (``EEGNet``): under ``inference_mode`` composite ops reach
+    the capture whole, and ``aten.batch_norm``'s schema does not say it writes the running
+    statistics: they kept their initial values, silently (also for ``InstanceNorm`` with
+    running stats)."""
+    from tests.conftest import assert_same_as_eager
+    assert_same_as_eager(_SizedUnderInferenceMode, seeds=(0,))

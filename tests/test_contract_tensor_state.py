@@ -257,3 +257,28 @@ def test_data_of_a_tensor_with_a_grad_fn_set_to_a_deferred_one_keeps_the_grad_fn
         assert m.b0.grad_fn.next_functions[0][0].variable is p
         values.append(m.b0.detach())
     assert torch.equal(*values)
+
+
+class _WeightDropout(nn.Module):
+    """fastai's AWD-LSTM ``WeightDropout``: the LSTM's weight becomes a clone of a raw parameter,
+    which ``RNNBase.__setattr__`` also puts among its flat weights (held by weak references)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(2, 2)
+        w = self.lstm.weight_hh_l0
+        self.register_parameter("weight_hh_l0_raw", nn.Parameter(w.data))
+        del self.lstm._parameters["weight_hh_l0"]
+        setattr(self.lstm, "weight_hh_l0", self.weight_hh_l0_raw.clone())
+
+
+@pytest.mark.filterwarnings("error::UserWarning")
+def test_an_rnns_flat_weight_computed_from_a_parameter_keeps_its_grad_fn() -> None:
+    """Found by a sweep of fastai: the clone kept eager's value but lost its ``grad_fn`` with a
+    warning (``swap_tensors`` refuses a tensor the RNN holds weak references to)."""
+    eager, deferred = _both(_WeightDropout)
+    got, want = deferred.lstm.weight_hh_l0, eager.lstm.weight_hh_l0
+    assert torch.equal(got, want) and type(got.grad_fn).__name__ == type(want.grad_fn).__name__ == "CloneBackward0"
+    assert deferred.lstm._flat_weights[1] is got and deferred.lstm._flat_weight_refs[1]() is got
+    got.sum().backward()
+    assert torch.equal(deferred.weight_hh_l0_raw.grad, torch.ones(8, 2))

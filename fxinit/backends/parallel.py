@@ -35,16 +35,15 @@ SERIAL_BELOW_BYTES = 16 << 20
 def run_plan(plan: Plan, constants: Mapping[str, torch.Tensor], sampler: Sampler, settings: Settings,
              workers: int | None = None) -> dict[fx.Node, Any]:
     """The kept values of ``plan``, its groups run on up to ``workers`` threads (default:
-    torch's thread count; one below ``SERIAL_BELOW_BYTES`` allocated on the CPU). Slices whose
+    torch's thread count; below ``SERIAL_BELOW_BYTES`` allocated on the CPU, one, in program order:
+    the plan holds little at once whatever the order, and its groups need not be found). Slices whose
     ops were recorded under different settings (default dtype, ``fxinit.numerics``) run on one
     thread (the settings are process-global)."""
     sampler.prepare(plan.random_nodes)
     small = _allocated_on_cpu_below(plan, SERIAL_BELOW_BYTES)
     workers = workers or (1 if small else torch.get_num_threads())
-    if len(plan.groups) < 2:
+    if (small and workers == 1) or len(plan.groups) < 2:  # one run in program order: little to give back
         return Interpreter(plan, constants, sampler, settings).run()
-    if small and workers == 1:  # group after group in one run: nothing to give back to the heap
-        return Interpreter(plan, constants, sampler, settings).run([n for group in plan.groups for n in group])
     distinct = distinct_settings(settings, plan.nodes)
     env: dict[fx.Node, Any] = {}
     heap = HeapWatch()  # freed temporaries do not stay resident

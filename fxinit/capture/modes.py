@@ -1,7 +1,8 @@
 """The two PyTorch modes active while a constructor runs under capture.
 
 * CaptureDispatchMode sees every aten op (factories included: ``torch.empty`` has no
-  tensor argument to dispatch on) and hands it to the recorder.
+  tensor argument to dispatch on) and hands it to the recorder; under ``inference_mode``,
+  composite ops reach it whole, and it runs their decomposition as the backend would.
 * CaptureFunctionMode sees data constants that never reach the dispatcher
   (``torch.from_numpy``, ``torch.as_tensor``) or would be built on their device first
   (``torch.tensor(data, device=...)``) and turns them into graph constants.
@@ -37,6 +38,8 @@ _SET_GRAD_ENABLED = torch._C._set_grad_enabled
 _ONLY_DEFERRED = (DeferredTensor,)
 _SUBCLASS_TORCH_FUNCTION_ON = torch._C._is_torch_function_enabled
 _AUTOCAST_ON = torch._C._is_any_autocast_enabled
+_INFERENCE_MODE = torch.is_inference_mode_enabled
+_COMPOSITE = torch._C._dispatch_has_kernel_for_dispatch_key
 
 
 def _call(func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
@@ -63,6 +66,15 @@ class CaptureDispatchMode(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.recorder.is_suspended:
             return func(*args, **kwargs)
+        if _INFERENCE_MODE() and _COMPOSITE(func.name(), "CompositeImplicitAutograd"):
+            # Under inference_mode autograd's keys, where composite ops decompose, are off, so
+            # one reaches this mode whole (``aten.batch_norm``, whose schema does not say it
+            # writes the running statistics: braindecode sizes its layers by a forward under
+            # inference_mode). The backend's dispatch would run its decomposition: so does this.
+            with self:
+                out = func.decompose(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
         # The recorder reads sizes, strides and storages of deferred tensors: as plain tensors.
         recorder, outside = self.recorder, self.recorder.torch_function_outside
         recorder.torch_function_outside = _SUBCLASS_TORCH_FUNCTION_ON()

@@ -96,6 +96,36 @@ def read_demand(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
     return found
 
 
+def only_whole(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
+               exposed: Mapping[fx.Node, Extent] | None = None) -> bool:
+    """Whether the walk can find nothing to leave out, so that its answer (``Demand()``: every
+    fill, copy and constant whole) is known without it: nothing is exposed, every random fill
+    writes a storage a kept value needs whole, and so does every copy and one-value factory
+    large enough to be split (``PARTIAL_COPY_MIN``, ``PARTIAL_CONSTANT_MIN``). Only a part
+    overwritten later (a row copied over a filled weight) could be left out then, and it is
+    written as eager writes it. A whole unsharded model is asked this first (its walk would be
+    a tenth of its plan's time)."""
+    if exposed:
+        return False
+    kept = {storage_root(k) for k in keep}
+    for n in nodes:
+        if n.op != "call_function":
+            continue
+        if n.meta.get("generators"):
+            written = filled(n)
+            if written is not None and storage_root(written) not in kept:
+                return False
+            continue
+        copy = copied_views(n)
+        if copy is not None:
+            if storage_root(copy.root) not in kept and copy.dst.numel >= PARTIAL_COPY_MIN:
+                return False
+            continue
+        if constant_value(n) is not None and n not in kept and n.meta["spec"].numel >= PARTIAL_CONSTANT_MIN:
+            return False
+    return True
+
+
 def _step(n: fx.Node, need: dict[fx.Node, Set], found: Demand, origins: Origins | None) -> None:
     """Move ``need`` from after ``n`` to before it (see the module doc)."""
     random = n.meta.get("generators")

@@ -22,7 +22,7 @@ import numpy as np
 import torch.fx as fx
 
 from fxinit.passes import intervals
-from fxinit.passes.demand import Demand, read_demand
+from fxinit.passes.demand import Demand, only_whole, read_demand
 from fxinit.passes.origins import Origins, Runs, copied_views, copy_origins
 from fxinit.passes.ranges import Extent
 from fxinit.passes.roots import filled, storage_root
@@ -52,7 +52,9 @@ def forwarded_demand(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node], expos
     copies that draw what they write, and what they draw. ``sources(fill)``: whether a fill
     can draw any piece alone; ``excluded``: copies that must run as they are (CSE values,
     fused or compiled members, in-place chains); ``entangled``: ``roots.shared_roots``."""
-    if not _copies_read_fills(nodes):  # no copy can draw: the demand alone (most unsharded models)
+    if only_whole(nodes, keep, exposed):  # nothing left out, nothing drawn by copies (whole unsharded models)
+        return Demand(), {}
+    if not _copies_read_fills(nodes):  # no copy can draw: the demand alone
         return read_demand(nodes, keep, exposed, None, entangled), {}
     read = read_demand(nodes, keep, exposed, None, entangled).copies  # what copies must write at most
     origins = copy_origins(nodes, sources, entangled, read)

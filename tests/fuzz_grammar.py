@@ -174,6 +174,27 @@ class Gen(GenSteps):
                  "self.apply(_init)"]
         return Step(tuple(lines), frozenset(tags))
 
+    def s_call(self) -> Step | None:
+        """A training-mode forward of a submodule (braindecode and fastai size their layers by
+        one): under ``no_grad``, ``inference_mode`` or with grad on; batch norm updates its
+        running statistics, and the input draws from the global generator."""
+        if self.outside_capture:  # a deferred model's modules refuse calls outside a capture
+            return None
+        widths = {}
+        for name, kind in self.modules.items():
+            w = self.syms.get(f"{name}.weight") if kind == "Linear" else self.syms.get(f"{name}.running_mean")
+            if kind in ("Linear", "BatchNorm1d") and w is not None and w.known and w.dtype in ("float32", "float64"):
+                widths[name] = (w.shape[-1] if kind == "Linear" else w.shape[0], w.dtype)
+        opt = self.pick([("call:no_grad",), ("call:inference_mode",), ("call:grad",)]) if widths else None
+        if opt is None:
+            return None
+        name = self.choose(sorted(widths))
+        n, d = widths[name]
+        call = f"_ = {name}(torch.randn({self.integer(2, 4)}, {n}, dtype=torch.{d}))"
+        lines = {"call:no_grad": ["with torch.no_grad():", "    " + call],
+                 "call:inference_mode": ["with torch.inference_mode():", "    " + call], "call:grad": [call]}[opt[0]]
+        return Step(tuple(lines), frozenset({"step:call", opt[0]}))
+
     def s_post_special(self) -> Step | None:
         if self.phase != "post":
             return None
@@ -249,7 +270,8 @@ class Gen(GenSteps):
                  ("step:view_edit", self.s_view_edit, 3), ("step:module", self.s_module, 3), ("step:tie", self.s_tie, 3),
                  ("step:rng", self.s_rng, 2), ("step:ctl", self.s_ctl, 2), ("step:reassign", self.s_reassign, 1),
                  ("step:edit_unknown", self.s_unknown_edit, 1), ("step:reset", self.s_reset, 1),
-                 ("step:apply", self.s_apply, 1), ("step:post", self.s_post_special, 2 if self.phase == "init" else 6)]
+                 ("step:apply", self.s_apply, 1), ("step:call", self.s_call, 2),
+                 ("step:post", self.s_post_special, 2 if self.phase == "init" else 6)]
         weighted = [(t, f) for t, f, w in table for _ in range(w) if self.ok(t)]
         for _ in range(8):
             tag, fn = self.choose(weighted)

@@ -228,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         f"  warned:    {c['warned']} (grad_fns lost as fxinit's warning said: docs/failure-modes.md)",
         f"  holes:     {holes_total} programs, {len(search.found)} distinct",
         f"  discarded: {c['invalid']} (eager raised or was not deterministic)",
+        "  programs with each kind of step: " + ", ".join(
+            f"{t.removeprefix('step:')} {n}" for t, n in sorted(search.tag_freq.items()) if t.startswith("step:")),
         "",
         "refusals (first lines, counted):",
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import io
 import pickle
+import warnings
 from typing import Any, Callable
 
 import pytest
@@ -187,3 +188,22 @@ def test_a_real_tensor_in_an_init_graph_is_explained() -> None:
     m2 = fxinit.trace_init(build)
     m2.table = torch.tensor([3.0, 4.0])
     assert not compare_modules(fxinit.materialize(m2), ref)
+
+
+def test_from_numpy_of_a_deferred_views_array() -> None:
+    """asteroid's ``TorchSTFTFB``: ``torch.from_numpy(window.numpy())`` of ``torch.hann_window(16)``
+    (a view of 16 of 17 elements): eager's values and layout, and no warning eager does not give;
+    of a view inside its storage, a refusal that says so."""
+    def build(offset: bool) -> nn.Module:
+        m = nn.Module()
+        window = torch.arange(17.0)[1:] if offset else torch.hann_window(16)
+        m.register_buffer("window", torch.from_numpy(window.numpy()).float())
+        return m
+
+    eager = build(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = fxinit.materialize(fxinit.trace_init(build, False))
+    assert torch.equal(m.window, eager.window) and m.window.stride() == eager.window.stride()
+    with pytest.raises(fxinit.DeferredInitError, match="a deferred view that starts inside its storage"):
+        fxinit.trace_init(build, True)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import warnings
 import weakref
 from typing import Any, Callable
 
@@ -212,12 +213,18 @@ class Doors:
             start = array.ctypes.data
             if start <= ptr < start + max(array.nbytes, 1):
                 whole = ptr == start and tuple(real.shape) == array.shape and real.dtype == t.dtype \
-                    and tuple(real.stride()) == tuple(t.stride()) and t.storage_offset() == 0
+                    and tuple(real.stride()) == tuple(t.stride())
                 if not whole:
                     raise self.fail(
                         "fxinit cannot make a tensor of part of the array numpy() gave for a deferred tensor: "
                         "eager's would share that tensor's memory", op="torch.from_numpy",
                         hint="index the tensor itself (views are recorded), or copy the array first (np.array(a))")
+                if t.storage_offset():
+                    raise self.fail(
+                        "fxinit cannot make a tensor of the array numpy() gave for a deferred view that starts inside "
+                        "its storage (x[1:]): eager's shares the view's memory in a storage that starts at its first "
+                        "element, which an alias of the view cannot be", op="torch.from_numpy",
+                        hint="copy the array first (np.array(a)), or use the tensor itself (t.clone() for a copy)")
                 return self.data_alias(t)
         return real
 
@@ -412,7 +419,12 @@ _installed = False
 def _from_numpy(array: Any) -> torch.Tensor:
     """``torch.from_numpy``, answering for the arrays ``numpy()`` gave after a trace as the
     capture mode answers during one (``Doors.numpy_source``)."""
-    out = _FROM_NUMPY(array)
+    if isinstance(array, ReadOnlyValues):  # fxinit's copy of a deferred tensor's value: eager's array is writable
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+            out = _FROM_NUMPY(array)
+    else:
+        out = _FROM_NUMPY(array)
     if _NUMPY_RECORDERS and out.numel():
         for rec in list(_NUMPY_RECORDERS):
             alias = rec.numpy_source(out)

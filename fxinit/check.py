@@ -158,13 +158,18 @@ def check(fn: Callable[..., torch.nn.Module], *args: Any, seed: int = 0, rng_aft
         _set_rng_states(saved)
 
 
-def reachable_tensors(module: torch.nn.Module, _within: set[int] | None = None) -> dict[str, torch.Tensor]:
+def reachable_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every tensor reachable from ``module``, by name, in a fixed order: the entries of
     ``state_dict(keep_vars=True)``, then non-persistent buffers (``rotary.inv_freq``), tensor
     attributes of modules (``attn.mask``), and tensors held in containers and plain objects
     (``cache[0]``, ``tables['sin']``, ``router._counts.x``: ``reachable.module_slots``), and the
     tensors of modules held in containers (``_hparams_initial['loss'].weight``); shared
     modules under each of their names."""
+    return _reachable(module, {id(m) for m in module.modules()})
+
+
+def _reachable(module: torch.nn.Module, within: set[int]) -> dict[str, torch.Tensor]:
+    """``reachable_tensors``; ``within``: the modules (by ``id``) whose tensors are named already."""
     out: dict[str, torch.Tensor] = dict(module.state_dict(keep_vars=True))
     held: list[tuple[str, torch.nn.Module]] = []
     for mod_name, mod in module.named_modules(remove_duplicate=False):
@@ -177,11 +182,10 @@ def reachable_tensors(module: torch.nn.Module, _within: set[int] | None = None) 
                 held.append((prefix + name, value))
             elif kind in ("__dict__", "container"):
                 out.setdefault(prefix + name, value)
-    within = _within if _within is not None else {id(m) for m in module.modules()}
     for name, mod in held:  # modules held in containers (not submodules): their tensors too, once
         if id(mod) not in within:
             within.update(id(m) for m in mod.modules())
-            for sub, t in reachable_tensors(mod, within).items():
+            for sub, t in _reachable(mod, within).items():
                 out.setdefault(f"{name}.{sub}", t)
     return out
 
@@ -327,6 +331,8 @@ def _compare_sparse(name: str, got: torch.Tensor, want: torch.Tensor) -> Diverge
     if got.layout != want.layout or (got.is_sparse and got.is_coalesced() != want.is_coalesced()):
         return Divergence(name, "values", f"{got.layout} (coalesced: {got.is_sparse and got.is_coalesced()}) where "
                                           f"eager's is {want.layout} (coalesced: {want.is_sparse and want.is_coalesced()})")
+    if want.layout not in _SPARSE_PARTS:  # (mkldnn & co.: their values, densely)
+        return _compare_values(name, got.to_dense(), want.to_dense())
     for part, a, b in zip(_SPARSE_PARTS[want.layout], _sparse_parts(got), _sparse_parts(want)):
         if a.shape != b.shape or a.dtype != b.dtype:
             return Divergence(name, "values", f"its {part} are {tuple(a.shape)} {a.dtype} where eager's are "

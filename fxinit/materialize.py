@@ -291,8 +291,9 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
     (by ``id``: ``tensors`` and the others that went with them); ``loaded`` maps
     ``id(tensor)`` to a reader of its checkpoint value (called once, just before the copy,
     so that only one checkpoint tensor is held at a time); ``walked``: ``module_walk`` of
-    modules already walked, by ``id``; ``inside``: modules (by ``id``) whose own ``_apply``
-    casts what only they hold, later (``module_to.casting_themselves``)."""
+    modules already walked, by ``id``; ``inside``: modules (by ``id``) whose tensors ``dtype``
+    leaves as they are: those whose own code casts what only they hold, later
+    (``module_to.casting_themselves``), and those held in containers, which ``.to`` does not reach."""
     tensors = _with_companions(tensors, where, walked, all_places=dtype is not None)  # (where casts them)
     uncast = {id(t) for t in tensors if where.get(id(t)) and all(id(mod) in inside for mod, _, _ in where[id(t)])}
 
@@ -517,6 +518,8 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
                              {k: v for k, v in (loaded or {}).items() if k in sharded})
     casting = casting_themselves(obj) if dtype is not None and isinstance(obj, torch.nn.Module) else []
     inside = {id(m) for top in casting for m in top.modules()}
+    if dtype is not None and isinstance(obj, torch.nn.Module):  # modules held in containers: .to does not reach them
+        inside |= {id(mod) for _, mod, _, _, _ in walked[id(obj)]} - {id(m) for m in obj.modules()}
     made = _materialize_tensors(tensors, where, device, init, loaded, seed_asked, dtype, compile, walked, inside)
     if set_extra_states is not None:
         set_extra_states()

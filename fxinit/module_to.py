@@ -109,9 +109,29 @@ _APPLY_AS_PLAIN = frozenset({
 })
 
 
+#: ``to`` overrides that only note the dtype, reading no tensor (Lightning's modules, which build
+#: tensors of ``self.dtype`` in ``forward``): fxinit casts as usual, then runs them.
+_TO_NOTING_DTYPE = frozenset({
+    ("lightning_fabric.utilities.device_dtype_mixin", "_DeviceDtypeModuleMixin.to"),
+    ("lightning.fabric.utilities.device_dtype_mixin", "_DeviceDtypeModuleMixin.to"),
+})
+
+
+def _own_to(module: torch.nn.Module) -> tuple[str | None, str | None] | None:
+    """``(module, qualname)`` of the ``to`` of ``module``'s class, where it is not ``Module``'s."""
+    fn = type(module).to
+    key = (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))
+    return None if key == ("torch.nn.modules.module", "Module.to") else key
+
+
 def casting_themselves(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The outermost modules of ``module``'s tree (itself included) whose class has an
-    ``_apply`` of its own that ``.to(dtype)`` runs in eager: what it does is that code's."""
+    ``_apply`` of its own that ``.to(dtype)`` runs in eager: what it does is that code's. So is
+    ``module`` itself where its class has a ``to`` of its own that may read its tensors
+    (``.to(dtype)`` calls the model's own ``to``, not its submodules')."""
+    own_to = _own_to(module)
+    if own_to is not None and own_to not in _TO_NOTING_DTYPE:
+        return [module]
     found: dict[int, torch.nn.Module] = {}
     seen: set[int] = set()
 
@@ -131,15 +151,14 @@ def casting_themselves(module: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def runs_own_to(module: torch.nn.Module, casting: list[torch.nn.Module]) -> bool:
-    """Whether ``module``'s class has a ``to`` of its own that ``casting`` (``casting_themselves``)
-    does not run already: eager's ``module.to(dtype)`` runs it (Lightning's modules note their
-    dtype there, and build tensors of it in ``forward``). Run once the tensors are cast, it
-    finds them in the dtype asked for and does the rest of what it does."""
-    return type(module).to is not torch.nn.Module.to and not any(top is module for top in casting)
+    """Whether ``module``'s class has a ``to`` of its own that only notes the dtype, which
+    ``casting`` (``casting_themselves``) does not run already: run once the tensors are cast,
+    as eager's ``module.to(dtype)`` runs it."""
+    return _own_to(module) in _TO_NOTING_DTYPE and not any(top is module for top in casting)
 
 
 def cast_real(module: torch.nn.Module, dtype: torch.dtype, made: AbstractSet[int],
-               inside: AbstractSet[int] = frozenset()) -> None:
+              inside: AbstractSet[int] = frozenset()) -> None:
     """``dtype=`` for the real tensors the model holds besides those this call made (``made``,
     by ``id``, cast as they were made): data loaded or kept as it was, and parts materialized
     before, by this trace or another (a module handed to the constructor). Cast as

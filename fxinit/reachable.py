@@ -253,9 +253,13 @@ def left_behind(module: torch.nn.Module, walk: list[Slot] | None = None) -> list
     code on a deferred tensor's ``device``, or by ``to_empty(device='meta')``) reachable from
     ``module`` (whose ``module_walk`` is ``walk``, if known): materialize cannot give them
     values, and eager construction would have made them real. Tensors materialize made meta
-    (model code built them there) do not count."""
+    (model code built them there), and those of modules held in containers rather than
+    registered (a meta copy kept aside), do not count."""
     found = []
-    for path, _, _, name, t in module_walk(module) if walk is None else walk:
+    registered = {id(m) for m in module.modules()}  # (a module held in a list may be on meta, as in eager)
+    for path, mod, _, name, t in module_walk(module) if walk is None else walk:
+        if id(mod) not in registered:
+            continue
         t = getattr(t, "_local_tensor", t)  # a DTensor's local part
         if isinstance(t, torch.Tensor) and not is_deferred_tensor(t) and t.device.type == "meta" \
                 and MATERIALIZED not in t.__dict__:

@@ -551,12 +551,43 @@ def test_dtype_runs_the_models_own_to_as_to_does() -> None:
     assert traced._dtype == eager._dtype == torch.bfloat16
 
 
+class _ReadsInItsTo(nn.Module):
+    """A ``to`` of its own that reads a weight before casting (into an integer buffer, which
+    ``.to(dtype)`` leaves as it is)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("steps", torch.zeros(4, dtype=torch.int64))
+
+    def to(self, *args: Any, **kwargs: Any) -> nn.Module:
+        with torch.no_grad():
+            self.steps.copy_((self.lin.weight[0] * 1000).to(torch.int64))
+        return super().to(*args, **kwargs)
+
+
+def test_dtype_runs_a_to_that_reads_tensors_on_eagers_values() -> None:
+    """Found by the review: the model's own ``to`` ran after fxinit's cast, reading bfloat16
+    weights where eager's reads float32 ones."""
+    torch.manual_seed(0)
+    eager = _ReadsInItsTo().to(torch.bfloat16)
+    torch.manual_seed(0)
+    _assert_equal(eager, fxinit.materialize(fxinit.trace_init(_ReadsInItsTo), dtype=torch.bfloat16))
+
+
 class _KeepsHyperparameters(nn.Module):
     def __init__(self, loss: nn.Module) -> None:
         super().__init__()
         self.loss = loss
         self.lin = nn.Linear(4, 4)
         self._hparams_initial = {"loss": copy.deepcopy(loss), "more": [nn.Linear(2, 2)]}
+
+
+class _HoldsAside(nn.Module):
+    def __init__(self, aside: nn.Module) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.aside = [aside]
 
 
 def test_modules_held_in_containers_are_materialized_and_checked() -> None:
@@ -579,6 +610,16 @@ def test_modules_held_in_containers_are_materialized_and_checked() -> None:
     pickle.dumps(traced)  # (a deferred tensor refuses to be pickled)
     assert "_hparams_initial['loss'].weight" in reachable_tensors(traced)
     assert fxinit.check(build).ok
+    # .to(dtype) does not reach them (review)
+    torch.manual_seed(0)
+    cast = fxinit.materialize(fxinit.trace_init(build), dtype=torch.bfloat16)
+    assert cast.lin.weight.dtype == torch.bfloat16 and cast._hparams_initial["loss"].weight.dtype == torch.float32
+    assert torch.equal(cast._hparams_initial["loss"].weight, eager._hparams_initial["loss"].weight)
+    # one on meta stays there, as in eager (review)
+    with torch.device("meta"):
+        kept_aside = nn.Linear(2, 2)
+    held = fxinit.materialize(fxinit.trace_init(_HoldsAside, kept_aside))
+    assert held.aside[0].weight.is_meta and not held.lin.weight.is_meta
 
 
 def test_dtype_casts_what_was_materialized_before_too() -> None:
@@ -654,3 +695,22 @@ def test_composite_ops_under_inference_mode_are_eagers() -> None:
     running stats)."""
     from tests.conftest import assert_same_as_eager
     assert_same_as_eager(_SizedUnderInferenceMode, seeds=(0,))
+
+
+
+def test_set_under_inference_mode_is_as_outside_it() -> None:
+    """Found by the review: the decomposition under ``inference_mode`` turned ``set_`` of a tensor
+    into ``set_`` of its storage, which a deferred tensor has not to give."""
+    class Sets(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            with torch.inference_mode():
+                x = torch.zeros(4)
+                x.set_(self.lin.weight, 4, (4,), (1,))
+                x.add_(1)
+
+    torch.manual_seed(0)
+    eager = Sets()
+    torch.manual_seed(0)
+    _assert_equal(eager, fxinit.materialize(fxinit.trace_init(Sets)))

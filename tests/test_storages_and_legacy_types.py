@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import io
 import pickle
+import threading
 import warnings
 from typing import Any, Callable
 
@@ -207,3 +208,80 @@ def test_from_numpy_of_a_deferred_views_array() -> None:
     assert torch.equal(m.window, eager.window) and m.window.stride() == eager.window.stride()
     with pytest.raises(fxinit.DeferredInitError, match="a deferred view that starts inside its storage"):
         fxinit.trace_init(build, True)
+
+
+class _KeepsTheClass(nn.Module):
+    """Old-style code: the class kept to cast inputs in ``forward``, and set as the default."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.set_default_tensor_type(torch.FloatTensor)
+        self.lin = nn.Linear(2, 2)
+        self.Tensor = torch.FloatTensor
+        self.copied = copy.deepcopy({"t": torch.FloatTensor})["t"]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x.type(self.Tensor))
+
+
+def test_legacy_classes_kept_beyond_the_capture_or_used_by_torchs_cxx_work_as_eagers() -> None:
+    """Found by the review: the first stand-ins (classes) broke what C++ takes a class for, also
+    in another thread during a capture and where a model kept one (``x.type(self.Tensor)``)."""
+    m = fxinit.materialize(fxinit.trace_init(_KeepsTheClass))
+    assert m(torch.ones(1, 2, dtype=torch.float64)).dtype == torch.float32
+    assert m.copied == torch.FloatTensor and pickle.loads(pickle.dumps(m.Tensor)) is torch.FloatTensor
+    torch.set_default_tensor_type(m.Tensor)  # (after the capture: by name)
+    assert torch.get_default_dtype() == torch.float32
+
+
+def test_a_legacy_class_taken_before_the_trace_is_refused_by_name() -> None:
+    held = torch.FloatTensor
+
+    def build() -> nn.Module:
+        m = nn.Module()
+        m.register_buffer("b", held(torch.ones(3) * 2))
+        return m
+
+    with pytest.raises(fxinit.DeferredInitError, match="taken before the trace was given a deferred tensor"):
+        fxinit.trace_init(build)
+
+
+def test_another_thread_uses_the_legacy_classes_while_a_capture_is_on() -> None:
+    started, done, seen = threading.Event(), threading.Event(), {}
+
+    class Slow(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            started.set()
+            done.wait(10)
+            self.lin = nn.Linear(2, 2)
+
+    def other() -> None:
+        started.wait(10)
+        try:
+            seen["type"] = torch.ones(2, dtype=torch.float64).type(torch.FloatTensor).dtype
+            seen["call"] = torch.FloatTensor([1.0, 2.0]).tolist()
+            seen["isinstance"] = isinstance(torch.ones(2), torch.FloatTensor)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    fxinit.trace_init(Slow)
+    thread.join()
+    assert seen == {"type": torch.float32, "call": [1.0, 2.0], "isinstance": True}
+
+
+def test_a_storage_write_into_memory_a_deferred_tensor_shares_is_refused() -> None:
+    """Found by the review: ``w.data = t`` makes ``w`` eager's ``t``'s memory; a later write
+    through ``t``'s storage changed only ``t`` (the tensor-op write was refused already)."""
+    class Shares(nn.Module):
+        def __init__(self, t: torch.Tensor) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(3))
+            v = t[:1]  # (a view of t: fxinit gives t a copy of w's value)
+            t.data = self.w
+            t.untyped_storage().fill_(0)
+
+    with pytest.raises(fxinit.DeferredInitError, match="storage's fill_ here: this memory is shared"):
+        fxinit.trace_init(Shares, torch.tensor([1.0, 2.0, 3.0]))

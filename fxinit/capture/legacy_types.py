@@ -9,10 +9,13 @@ deferred tensor's meta storage: the check failed where eager's passes (schnetpac
 While a capture is on, ``torch.<T>Tensor`` and ``torch.cuda.<T>Tensor`` are stand-ins that
 answer that call as eager does, from the deferred tensor's dtype and eager device (the alias,
 recorded; torch's ``TypeError`` where the two differ), and send every other call, ``isinstance``,
-attribute and pickling to torch's class (a deferred tensor is an instance of the class of its
-dtype and eager device, as in eager). A stand-in kept beyond the capture behaves as torch's
-class (pickled by name, it is torch's), except where C++ takes it (``t.type(kept)``,
-``torch.set_default_tensor_type(kept)``).
+attribute, copy and pickle to torch's class (a deferred tensor is an instance of the class of its
+dtype and eager device, as in eager). A stand-in is the class's name as a string, which torch's
+C++ takes wherever it takes the class (``t.type(torch.FloatTensor)``,
+``torch.set_default_tensor_type``), also in other threads while the capture is on, and where code
+keeps it beyond the capture (``self.Tensor = torch.FloatTensor``). What it is not: a ``type``
+(``isinstance(torch.FloatTensor, type)`` is False while a capture is on). A reference taken
+before the capture (``from torch import FloatTensor``) is torch's class, which C++ checks.
 
     >>> import torch, fxinit
     >>> class Widths(torch.nn.Module):
@@ -27,6 +30,8 @@ class (pickled by name, it is torch's), except where C++ takes it (``t.type(kept
 from __future__ import annotations
 
 import contextlib
+import importlib
+import os
 import threading
 import types
 from typing import Any, Iterator
@@ -34,6 +39,7 @@ from typing import Any, Iterator
 import torch
 
 from fxinit.capture.deferred import eager_device, is_deferred_tensor
+from fxinit.errors import DeferredInitError
 
 aten = torch.ops.aten
 
@@ -55,56 +61,93 @@ def _options(dtype: torch.dtype, device: str) -> str:
     return f"TensorOptions(dtype={str(dtype).removeprefix('torch.')}, device={device}, layout=Strided)"
 
 
-class _StandIn(type):
-    """The metaclass of the stand-ins: each stands for ``cls._torch_class``."""
+class _Module:
+    """A module, pickled as its import (``importlib.import_module(name)``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return importlib.import_module, (self.name,)
+
+
+class _StandIn(str):
+    """Stands for one of torch's legacy classes (``_torch_class``) while a capture is on. It is
+    that class's name (``"torch.FloatTensor"``), which torch's C++ takes wherever it takes the
+    class (``t.type(T)``, ``torch.set_default_tensor_type(T)``, in any thread), and it answers
+    calls, ``isinstance``, attributes, equality, copies and pickling as the class does."""
 
     _torch_class: Any
 
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+    def __new__(cls, torch_class: Any) -> _StandIn:
+        self = super().__new__(cls, f"{torch_class.__module__}.{torch_class.__name__}")
+        self._torch_class = torch_class
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if len(args) == 1 and not kwargs and is_deferred_tensor(args[0]):
             t = args[0]
-            want = cls._torch_class
+            want = self._torch_class
             device = eager_device(t)
             if t.dtype != want.dtype or (device.type == "cuda") != want.is_cuda or device.type not in ("cpu", "cuda"):
                 raise TypeError(f"expected {_options(want.dtype, 'cuda' if want.is_cuda else 'cpu')} "
                                 f"(got {_options(t.dtype, device)})")
             return aten.alias.default(t)
-        return cls._torch_class(*args, **kwargs)
+        return self._torch_class(*args, **kwargs)
 
-    def __instancecheck__(cls, obj: Any) -> bool:
-        want = cls._torch_class
+    def __instancecheck__(self, obj: Any) -> bool:
+        want = self._torch_class
         if is_deferred_tensor(obj):
             device = eager_device(obj)
             return obj.dtype == want.dtype and device.type == ("cuda" if want.is_cuda else "cpu") \
                 and not obj.is_sparse
         return isinstance(obj, want)
 
-    def __subclasscheck__(cls, sub: Any) -> bool:
-        return sub is cls or issubclass(sub, cls._torch_class)
+    def __subclasscheck__(self, sub: Any) -> bool:
+        return issubclass(sub, self._torch_class)
 
-    def __getattr__(cls, name: str) -> Any:
-        return getattr(cls._torch_class, name)
+    def __getattr__(self, name: str) -> Any:  # (asked only where str has no such attribute)
+        return getattr(self._torch_class, name)
 
-    def __repr__(cls) -> str:
-        return repr(cls._torch_class)
+    def __repr__(self) -> str:
+        return repr(self._torch_class)
 
-    def __eq__(cls, other: object) -> bool:
-        return other is cls or other is cls._torch_class
+    __str__ = __repr__
 
-    def __hash__(cls) -> int:
-        return hash(cls._torch_class)
+    def __eq__(self, other: object) -> bool:
+        return other is self or other is self._torch_class
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(self._torch_class)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, str]]:
+        return getattr, (_Module(self._torch_class.__module__), self._torch_class.__name__)
+
+    def __copy__(self) -> _StandIn:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> _StandIn:
+        return self
 
 
-_STAND_INS: dict[int, _StandIn] = {}  # id(torch's class) -> its stand-in (made once)
+_STAND_INS = {id(cls): _StandIn(cls) for _, _, cls in _CLASSES}  # id(torch's class) -> its stand-in
 
 
-def _stand_in(torch_class: Any) -> _StandIn:
-    found = _STAND_INS.get(id(torch_class))
-    if found is None:
-        # named as torch's class: pickle finds it there while it stands in, and torch's class after
-        found = _STAND_INS[id(torch_class)] = _StandIn(torch_class.__name__, (), {
-            "_torch_class": torch_class, "__module__": torch_class.__module__, "__qualname__": torch_class.__name__})
-    return found
+_SET_DEFAULT_TENSOR_TYPE = torch.set_default_tensor_type
+
+
+def _set_default_tensor_type(t: Any) -> None:
+    """``torch.set_default_tensor_type``, whose C++ takes only the class itself (its Python
+    turns a name into what ``torch`` holds under it: a stand-in while a capture is on)."""
+    if isinstance(t, str) and not isinstance(t, _StandIn):
+        t = torch._utils._import_dotted_name(t)
+    _SET_DEFAULT_TENSOR_TYPE(t._torch_class if isinstance(t, _StandIn) else t)
+
+
+_set_default_tensor_type.__doc__ = _SET_DEFAULT_TENSOR_TYPE.__doc__
 
 
 @contextlib.contextmanager
@@ -114,7 +157,8 @@ def legacy_types() -> Iterator[None]:
     with _lock:
         if not _entered:
             for module, name, cls in _CLASSES:
-                setattr(module, name, _stand_in(cls))
+                setattr(module, name, _STAND_INS[id(cls)])
+            torch.set_default_tensor_type = _set_default_tensor_type
         _entered += 1
     try:
         yield
@@ -124,3 +168,23 @@ def legacy_types() -> Iterator[None]:
             if not _entered:
                 for module, name, cls in _CLASSES:
                     setattr(module, name, cls)
+                torch.set_default_tensor_type = _SET_DEFAULT_TENSOR_TYPE
+
+
+def legacy_type_refusal(exc: Exception) -> DeferredInitError | None:
+    """The refusal for ``exc`` where it is torch's check of a legacy class given a deferred
+    tensor through a reference taken before the capture (``from torch import FloatTensor``):
+    C++ saw the meta storage underneath. None for any other exception."""
+    text = str(exc)
+    if type(exc) is not TypeError or not text.startswith("expected TensorOptions(") or "device=meta" not in text:
+        return None
+    tb, site = exc.__traceback__, None
+    while tb is not None:  # the caller's last line
+        if f"{os.sep}fxinit{os.sep}" not in tb.tb_frame.f_code.co_filename:
+            site = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return DeferredInitError(
+        "a legacy tensor class (torch.FloatTensor & co.) taken before the trace was given a deferred tensor: torch "
+        "checks it in C++, where a deferred tensor is on meta", op="torch.<T>Tensor(tensor)", source=site,
+        hint="refer to it through torch (torch.FloatTensor(t)), which fxinit answers as eager while it records, "
+             "or use t.float() / t.long()")

@@ -38,6 +38,7 @@ _SET_GRAD_ENABLED = torch._C._set_grad_enabled
 _ONLY_DEFERRED = (DeferredTensor,)
 _SUBCLASS_TORCH_FUNCTION_ON = torch._C._is_torch_function_enabled
 _AUTOCAST_ON = torch._C._is_any_autocast_enabled
+aten = torch.ops.aten
 _INFERENCE_MODE = torch.is_inference_mode_enabled
 _COMPOSITE = torch._C._dispatch_has_kernel_for_dispatch_key
 
@@ -66,7 +67,7 @@ class CaptureDispatchMode(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.recorder.is_suspended:
             return func(*args, **kwargs)
-        if _INFERENCE_MODE() and _COMPOSITE(func.name(), "CompositeImplicitAutograd"):
+        if _INFERENCE_MODE() and _decomposes(func):
             # Under inference_mode autograd's keys, where composite ops decompose, are off, so
             # one reaches this mode whole (``aten.batch_norm``, whose schema does not say it
             # writes the running statistics: braindecode sizes its layers by a forward under
@@ -158,6 +159,19 @@ class CaptureFunctionMode(TorchFunctionMode):
                 recorder.inexact = None
             if outermost:
                 recorder.call_site = recorder.composite_device = None
+
+
+def _decomposes(func: Any) -> bool:
+    """Whether ``func`` has a composite kernel that the dispatch below autograd would run:
+    not ``set_`` (its decomposition takes the tensor's storage, which a deferred tensor has not
+    to give; whole, it is recorded as outside inference mode), nor an op the dispatcher
+    does not know by name (Python-only overloads)."""
+    if getattr(func, "overloadpacket", None) is aten.set_:
+        return False
+    try:
+        return _COMPOSITE(func.name(), "CompositeImplicitAutograd")
+    except RuntimeError:
+        return False
 
 
 def _deferred_device(args: tuple) -> torch.device | None:

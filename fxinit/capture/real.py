@@ -37,7 +37,7 @@ import torch
 from fxinit.capture.devices import default_device, device_available, output_device
 from fxinit.capture.deferred import MATERIALIZED, dressed_as, is_deferred_tensor, state_of
 from fxinit.capture.schema import generator_of, mutated_arg_indices, schema_value
-from fxinit.capture.trees import leaves, tensors_in
+from fxinit.capture.trees import leaves, map_tree, tensors_in
 from fxinit.ops import draws_random
 
 aten = torch.ops.aten
@@ -221,15 +221,23 @@ def with_inferred_size(recorder: Any, func: Any, args: tuple, kwargs: dict) -> t
     at = SIZE_FROM_INDICES[func]
     if len(args) > at or kwargs.get("size") is not None:
         return args, kwargs
-    deferred = [t for t in tensors_in((args, kwargs)) if is_deferred_tensor(t)]
-    if not deferred:
+    indices = [t for t in tensors_in((args[:at - 1], {k: v for k, v in kwargs.items() if k != "values"}))
+               if is_deferred_tensor(t)]
+    if not any(is_deferred_tensor(t) for t in tensors_in((args, kwargs))):
         return args, kwargs
-    if any(recorder.value_of(t) is None for t in deferred):
+    if any(recorder.value_of(t) is None for t in indices):
         raise recorder.fail(
             f"fxinit cannot infer the size of {func.__name__}'s result: it comes from the values of the indices, "
             "which are too costly to compute while recording", op=func.__name__,
             hint="pass size= (the dense shape) to the constructor")
-    real = recorder.compute_real(func, args, kwargs)
+
+    def stand_in(x: Any) -> Any:  # the indices' values; the values' shape is all the size needs of them
+        if not is_deferred_tensor(x) or any(x is i for i in indices):
+            return x
+        with recorder.suspended():
+            return torch.zeros(x.shape, dtype=x.dtype)
+
+    real = recorder.compute_real(func, map_tree(stand_in, args), map_tree(stand_in, kwargs))
     return args, {**kwargs, "size": tuple(real.shape)}
 
 

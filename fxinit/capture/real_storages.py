@@ -62,18 +62,40 @@ def _methods(cls: type) -> dict[str, Any]:
     return found
 
 
+#: Methods that write the storage's memory.
+_WRITES = frozenset({"copy_", "fill_", "__setitem__", "_setitem", "resize_", "_resize_", "byteswap", "_byteswap",
+                     "_set_from_file", "_swap_data_ptr_", "_resize_with_addr_"})
+
+
 def _for_real(method: Callable[..., Any]) -> Callable[..., Any]:
+    writes = method.__name__ in _WRITES
+
     @functools.wraps(method)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         recorders = getattr(_local, "recorders", None)
         if not recorders:
             return method(self, *args, **kwargs)
+        if writes:
+            _refuse_writing_shared(self, method.__name__, recorders)
         with contextlib.ExitStack() as stack:
             for recorder in recorders:
                 stack.enter_context(recorder.suspended())
             return method(self, *args, **kwargs)
 
     return run
+
+
+def _refuse_writing_shared(storage: Any, name: str, recorders: list[Any]) -> None:
+    """A write into memory a deferred tensor shares in eager construction (``w.data = t``, then
+    ``t``'s storage written) would change both there; fxinit keeps the two apart (the deferred
+    one took the value then), so it refuses, as it refuses the tensor ops that would."""
+    for recorder in recorders:
+        shared = recorder.lifted_reals.get(storage.data_ptr()) if recorder.lifted_reals else None
+        if shared:
+            raise recorder.fail(
+                f"fxinit cannot run the storage's {name} here: this memory is shared with a deferred tensor in eager "
+                f"construction ({shared}), so this write would change both there, and fxinit keeps them apart",
+                op=f"UntypedStorage.{name}", hint="write before the `.data =` assignment, or write the tensor itself")
 
 
 def _install() -> None:

@@ -101,10 +101,11 @@ def only_whole(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
     """Whether the walk can find nothing to leave out, so that its answer (``Demand()``: every
     fill, copy and constant whole) is known without it: nothing is exposed, every random fill
     writes a storage a kept value needs whole, and so does every copy and one-value factory
-    large enough to be split (``PARTIAL_COPY_MIN``, ``PARTIAL_CONSTANT_MIN``). Only a part
-    overwritten later (a row copied over a filled weight) could be left out then, and it is
-    written as eager writes it. A whole unsharded model is asked this first (its walk would be
-    a tenth of its plan's time)."""
+    large enough to be split (``PARTIAL_COPY_MIN``, ``PARTIAL_CONSTANT_MIN``). The walk could
+    then leave out only what later writes overwrite (a row copied over a filled weight, a
+    fill overwritten whole), which is written anyway, as eager writes it: the answer is the
+    same values, at most slower. A whole unsharded model is asked this first (the 32-layer
+    Llama of hidden size 64: its plan 16 -> 9 ms with the lazy groups, ``Plan.groups``)."""
     if exposed:
         return False
     kept = {storage_root(k) for k in keep}

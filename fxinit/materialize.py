@@ -261,17 +261,23 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
         except RuntimeError as exc:
             _companions([t], where, {})  # its places in the whole model
             places = where.get(id(t))
+            held = "use_count" in str(exc) or "gradient edge" in str(exc)  # autograd's saved tensors hold it
+            if held:
+                hint = ("a computation kept with autograd (a cache the model filled, a grad_fn's saved tensors) holds "
+                        "this tensor where fxinit cannot reach it: materialize before running the model (or the code "
+                        "that filled the cache), or run that code again after materialize")
+            else:
+                hint = "drop other references (weakrefs) to the deferred tensor, or materialize its module"
             if not places:
                 raise DeferredInitError(
-                    f"fxinit could not swap the materialized value into this tensor object: {exc}",
-                    hint="drop other references (weakrefs) to the deferred tensor, or materialize its module",
-                ) from exc
+                    f"fxinit could not swap the materialized value into this tensor object: {exc}", hint=hint) from exc
             warnings.warn(f"fxinit: could not swap in place ({exc}); replaced the module attribute instead, "
                           "so other references to the old object stay deferred", stacklevel=3)
             if any(kind in ("container", "hook", "inner", "attribute") for _, _, kind in places):
                 raise DeferredInitError(
                     f"fxinit could not swap the materialized value into a tensor kept in a container or a hook "
-                    f"({places[0][1]}): {exc}", hint="drop other references to the deferred tensor") from exc
+                    f"({places[0][1]}): {exc}", hint=hint if held else "drop other references to the deferred tensor"
+                ) from exc
             for mod, name, kind in places:
                 if kind == "__dict__":
                     setattr(mod, name, new)

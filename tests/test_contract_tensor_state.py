@@ -282,3 +282,28 @@ def test_an_rnns_flat_weight_computed_from_a_parameter_keeps_its_grad_fn() -> No
     assert deferred.lstm._flat_weights[1] is got and deferred.lstm._flat_weight_refs[1]() is got
     got.sum().backward()
     assert torch.equal(deferred.weight_hh_l0_raw.grad, torch.ones(8, 2))
+
+
+class _TimesADetachedValue(nn.Module):
+    """botorch's ``PairwiseGP``: a kept tensor computed from a parameter and a detached value
+    computed from it (``covar * outputscale.detach()``), and from a detached parameter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raw = nn.Parameter(torch.rand(3))
+        self.covar = self.raw * self.raw.exp().detach()
+        self.square = self.raw * self.raw.detach()
+
+
+@pytest.mark.filterwarnings("error::UserWarning")
+def test_a_kept_tensor_of_a_detached_value_keeps_its_grad_fn() -> None:
+    """Found by a sweep of botorch: a detach of a tensor that requires grad was the same node as
+    its input, so the rebuilt graph passed gradients where eager's stops, did not match eager's,
+    and the tensor kept its value as a leaf, with a warning."""
+    eager, deferred = _both(_TimesADetachedValue)
+    for name in ("covar", "square"):
+        got, want = getattr(deferred, name), getattr(eager, name)
+        assert torch.equal(got, want) and type(got.grad_fn).__name__ == type(want.grad_fn).__name__ == "MulBackward0"
+    deferred.covar.sum().backward()
+    eager.covar.sum().backward()
+    assert torch.equal(deferred.raw.grad, eager.raw.grad)

@@ -182,8 +182,11 @@ class Recorder(Shadows, Doors):
         return t
 
     def _detached(self, t: torch.Tensor) -> torch.Tensor:
-        """``t.detach()``: a new tensor object for the same value, so the same node (every
-        ``nn.Parameter(...)`` detaches: a node each would be a quarter of a model's graph)."""
+        """``t.detach()`` of a ``t`` that requires no grad: a new tensor object for the same value,
+        so the same node (every ``nn.Parameter(...)`` detaches: a node each would be a quarter of
+        a model's graph). Of one that requires grad it is a node: the ops that rebuild a kept
+        tensor's ``grad_fn`` (``autograd_links``) must see where eager's gradients stop
+        (botorch's ``PairwiseGP``: ``covar * outputscale.detach()``)."""
         with torch._C._DisableTorchDispatch():
             meta = aten.detach.default(t)
         st = state_of(t)
@@ -382,8 +385,8 @@ class Recorder(Shadows, Doors):
                 "other values than eager's", op=str(func),
                 hint="quantize after fxinit.materialize (torch.ao.quantization.convert, quantize=True of a model "
                      "zoo), as on a model built eagerly")
-        if func is DETACH and not kwargs and len(args) == 1 and inputs:
-            return self._detached(args[0])
+        if func is DETACH and not kwargs and len(args) == 1 and inputs and not args[0].requires_grad:
+            return self._detached(args[0])  # (of one that requires grad, a node: where gradients stop)
         if func in DATA_DEPENDENT:
             return self.via_values(func, args, kwargs, inputs, data_dependent=True)
         if self.autocast and getattr(func, "overloadpacket", None) in AUTOCAST_LOWER:

@@ -22,7 +22,7 @@ from torch.nn.modules.module import _IncompatibleKeys
 from fxinit.autograd_links import now_real, plan_links, relink
 from fxinit.grad_graphs import autograd_leaves
 from fxinit.arguments import checked_device, checked_dtype, checked_seed
-from fxinit.capture.api import clear_meta_init_cache, recorder_of_root, unguard
+from fxinit.capture.api import clear_meta_init_cache, recorder_of_root, unguard, unguard_holders
 from fxinit.capture.deferred import (dressed_as, grad_fn_of, is_deferred_tensor, plain_attributes,
                                      state_of)
 from fxinit.capture.recorder import Recorder
@@ -526,9 +526,11 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     inside = {id(m) for top in casting for m in top.modules()}
     if dtype is not None and isinstance(obj, torch.nn.Module):  # modules held in containers: .to does not reach them
         inside |= {id(mod) for _, mod, _, _, _ in walked[id(obj)]} - {id(m) for m in obj.modules()}
+    recorders = list({id(rec): rec for rec in (state_of(t).recorder for t in tensors)}.values())
     made = _materialize_tensors(tensors, where, device, init, loaded, seed_asked, dtype, compile, walked, inside)
     if set_extra_states is not None:
         set_extra_states()
+    unguard_holders(recorders, made)  # (a model materialized part by part keeps no hook either)
     if isinstance(obj, torch.nn.Module):
         unguard(obj)
         if dtype is not None:

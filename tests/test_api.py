@@ -520,3 +520,20 @@ def test_modules_without_tensors_of_a_traced_model_pickle_as_eagers() -> None:
     assert_modules_equal(fxinit.materialize(m), eager)
     with pytest.raises(fxinit.DeferredInitError, match="was called while its tensors are deferred"):
         fxinit.trace_init(Holder).fc(torch.ones(2))  # a module with tensors is still guarded
+
+
+@pytest.mark.parametrize("order", ["tensors", "modules"])
+def test_a_model_materialized_part_by_part_keeps_no_call_guard(order: str) -> None:
+    """Found by a sweep of model-inspection tools: after materializing tensor by tensor (or
+    module by module) the guards stayed on every module they were not asked of (the root),
+    so the model did not pickle, ``torch.save`` or script, where eager's does."""
+    import pickle
+
+    m = fxinit.trace_init(lambda: nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Sequential(nn.Linear(3, 1))))
+    parts = list(m.parameters()) if order == "tensors" else [m[2][0], m[0]]
+    for part in reversed(parts):
+        fxinit.materialize(part)
+    assert not fxinit.is_deferred(m)
+    assert all(not mod._forward_pre_hooks for mod in m.modules())
+    pickle.loads(pickle.dumps(m))
+    torch.jit.script(m)

@@ -9,6 +9,7 @@ import copy
 import io
 import pickle
 import threading
+import typing
 import warnings
 from typing import Any, Callable
 
@@ -230,8 +231,22 @@ def test_legacy_classes_kept_beyond_the_capture_or_used_by_torchs_cxx_work_as_ea
     m = fxinit.materialize(fxinit.trace_init(_KeepsTheClass))
     assert m(torch.ones(1, 2, dtype=torch.float64)).dtype == torch.float32
     assert m.copied == torch.FloatTensor and pickle.loads(pickle.dumps(m.Tensor)) is torch.FloatTensor
-    torch.set_default_tensor_type(m.Tensor)  # (after the capture: by name)
-    assert torch.get_default_dtype() == torch.float32
+    assert m.Tensor.__name__ == "FloatTensor" and m.Tensor.__module__ == "torch" and isinstance(m.Tensor, type)
+
+
+def test_annotations_with_legacy_classes_evaluated_while_recording() -> None:
+    """Found by the review: stand-ins that were strings broke ``torch.FloatTensor | None`` in a
+    function defined during the capture (transformers' modeling files, imported lazily by
+    ``AutoModel.from_config`` inside ``trace_init``, annotate so)."""
+    class Annotated(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.hints = (torch.FloatTensor | None, None | torch.LongTensor, typing.Optional[torch.FloatTensor])
+
+    m = fxinit.trace_init(Annotated)
+    assert [a.dtype for hint in m.hints for a in typing.get_args(hint) if a is not type(None)] == [
+        torch.float32, torch.int64, torch.float32]
 
 
 def test_a_legacy_class_taken_before_the_trace_is_refused_by_name() -> None:

@@ -139,6 +139,12 @@ def guard_calls(module: torch.nn.Module, recorder: Recorder) -> None:
         refuse.fxinit_own = True  # type: ignore[attr-defined]  # holds no tensor of the model (reachable.captured)
         holder.append(mod.register_forward_pre_hook(refuse))
         _GUARDS[mod] = holder[0]
+        own = {id(t) for t in (*mod._parameters.values(), *mod._buffers.values()) if t is not None}
+        # a module without tensors of its own (a model's root) waits for all of those below it
+        waits_for = own or {id(t) for t in itertools.chain(mod.parameters(), mod.buffers())}
+        recorder.guard_pending[id(mod)] = len(waits_for)
+        for i in waits_for:
+            recorder.guarded_by.setdefault(i, []).append(weakref.ref(mod))
 
 
 def unguard(module: torch.nn.Module) -> None:
@@ -150,6 +156,31 @@ def unguard(module: torch.nn.Module) -> None:
         if handle is not None and not any(_is_deferred(t) for t in (*mod._parameters.values(), *mod._buffers.values())):
             handle.remove()
             _GUARDS.pop(mod)
+
+
+def unguard_holders(recorders: Any, made: Any) -> None:
+    """Take ``guard_calls``' hook off the modules that held the tensors just materialized
+    (``made``: their ids), where none of their own tensors is deferred any more: a model
+    materialized part by part, tensor by tensor, holds no hook of fxinit's at the end either
+    (it pickles and scripts as eager's does). Modules are found by the tensors they held at
+    the trace's end (one without tensors of its own, a model's root, once all below it are
+materialized); one given a tensor since keeps its hook until it is called or ``unguard``."""
+    for recorder in recorders:
+        holders, pending = recorder.guarded_by, recorder.guard_pending
+        for i in made:
+            for ref in holders.pop(i, ()):
+                mod = ref()
+                handle = _GUARDS.get(mod) if mod is not None else None
+                if handle is None:
+                    continue
+                pending[id(mod)] -= 1
+                own = [*mod._parameters.values(), *mod._buffers.values()]
+                if not any(_is_deferred(t) for t in own) and (
+                        any(t is not None for t in own)
+                        or pending[id(mod)] <= 0 and not any(map(_is_deferred, itertools.chain(mod.parameters(),
+                                                                                               mod.buffers())))):
+                    handle.remove()
+                    _GUARDS.pop(mod)
 
 
 def _is_deferred(t: Any) -> bool:

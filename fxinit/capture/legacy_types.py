@@ -10,12 +10,14 @@ While a capture is on, ``torch.<T>Tensor`` and ``torch.cuda.<T>Tensor`` are stan
 answer that call as eager does, from the deferred tensor's dtype and eager device (the alias,
 recorded; torch's ``TypeError`` where the two differ), and send every other call, ``isinstance``,
 attribute, copy and pickle to torch's class (a deferred tensor is an instance of the class of its
-dtype and eager device, as in eager). A stand-in is the class's name as a string, which torch's
-C++ takes wherever it takes the class (``t.type(torch.FloatTensor)``,
-``torch.set_default_tensor_type``), also in other threads while the capture is on, and where code
-keeps it beyond the capture (``self.Tensor = torch.FloatTensor``). What it is not: a ``type``
-(``isinstance(torch.FloatTensor, type)`` is False while a capture is on). A reference taken
-before the capture (``from torch import FloatTensor``) is torch's class, which C++ checks.
+dtype and eager device, as in eager). A stand-in is a class whose C-level name is torch's full
+name, which torch's C++ reads where it takes the class (``t.type(torch.FloatTensor)``), also in
+other threads while the capture is on and where code keeps one (``self.Tensor =
+torch.FloatTensor``); annotations (``torch.FloatTensor | None`` in a module imported during the
+capture) work as with torch's. ``torch.set_default_tensor_type`` takes it while the capture is
+on. What differs: ``type(torch.FloatTensor)`` is fxinit's, and a reference taken before the
+capture (``from torch import FloatTensor``) is torch's class, which C++ checks: that call is
+refused by name.
 
     >>> import torch, fxinit
     >>> class Widths(torch.nn.Module):
@@ -30,6 +32,7 @@ before the capture (``from torch import FloatTensor``) is torch's class, which C
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import importlib
 import os
 import threading
@@ -71,69 +74,63 @@ class _Module:
         return importlib.import_module, (self.name,)
 
 
-class _StandIn(str):
-    """Stands for one of torch's legacy classes (``_torch_class``) while a capture is on. It is
-    that class's name (``"torch.FloatTensor"``), which torch's C++ takes wherever it takes the
-    class (``t.type(T)``, ``torch.set_default_tensor_type(T)``, in any thread), and it answers
-    calls, ``isinstance``, attributes, equality, copies and pickling as the class does."""
+class _StandIn(type):
+    """The type of the stand-ins: each is a class standing for torch's ``cls._torch_class``. Its
+    C-level name is torch's full name (``torch.FloatTensor``), which torch's C++ reads where it
+    takes a class (``t.type(T)``, also in other threads while the capture is on, and where code
+    keeps one); ``__name__``, ``__module__``, ``__qualname__``, ``repr``, ``T | None``,
+    ``isinstance``, attributes and pickling answer as torch's class does."""
 
     _torch_class: Any
 
-    def __new__(cls, torch_class: Any) -> _StandIn:
-        self = super().__new__(cls, f"{torch_class.__module__}.{torch_class.__name__}")
-        self._torch_class = torch_class
-        return self
+    @property
+    def __name__(cls) -> str:  # type: ignore[override]
+        return cls._torch_class.__name__
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         if len(args) == 1 and not kwargs and is_deferred_tensor(args[0]):
             t = args[0]
-            want = self._torch_class
+            want = cls._torch_class
             device = eager_device(t)
             if t.dtype != want.dtype or (device.type == "cuda") != want.is_cuda or device.type not in ("cpu", "cuda"):
                 raise TypeError(f"expected {_options(want.dtype, 'cuda' if want.is_cuda else 'cpu')} "
                                 f"(got {_options(t.dtype, device)})")
             return aten.alias.default(t)
-        return self._torch_class(*args, **kwargs)
+        return cls._torch_class(*args, **kwargs)
 
-    def __instancecheck__(self, obj: Any) -> bool:
-        want = self._torch_class
+    def __instancecheck__(cls, obj: Any) -> bool:
+        want = cls._torch_class
         if is_deferred_tensor(obj):
             device = eager_device(obj)
             return obj.dtype == want.dtype and device.type == ("cuda" if want.is_cuda else "cpu") \
                 and not obj.is_sparse
         return isinstance(obj, want)
 
-    def __subclasscheck__(self, sub: Any) -> bool:
-        return issubclass(sub, self._torch_class)
+    def __subclasscheck__(cls, sub: Any) -> bool:
+        return sub is cls or issubclass(sub, cls._torch_class)
 
-    def __getattr__(self, name: str) -> Any:  # (asked only where str has no such attribute)
-        return getattr(self._torch_class, name)
+    def __getattr__(cls, name: str) -> Any:
+        return getattr(cls._torch_class, name)
 
-    def __repr__(self) -> str:
-        return repr(self._torch_class)
+    def __repr__(cls) -> str:
+        return repr(cls._torch_class)
 
-    __str__ = __repr__
+    def __eq__(cls, other: object) -> bool:
+        return other is cls or other is cls._torch_class
 
-    def __eq__(self, other: object) -> bool:
-        return other is self or other is self._torch_class
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
-
-    def __hash__(self) -> int:
-        return hash(self._torch_class)
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, str]]:
-        return getattr, (_Module(self._torch_class.__module__), self._torch_class.__name__)
-
-    def __copy__(self) -> _StandIn:
-        return self
-
-    def __deepcopy__(self, memo: dict) -> _StandIn:
-        return self
+    def __hash__(cls) -> int:
+        return hash(cls._torch_class)
 
 
-_STAND_INS = {id(cls): _StandIn(cls) for _, _, cls in _CLASSES}  # id(torch's class) -> its stand-in
+def _stand_in(torch_class: Any) -> _StandIn:
+    return _StandIn(f"{torch_class.__module__}.{torch_class.__name__}", (), {
+        "_torch_class": torch_class, "__module__": torch_class.__module__, "__qualname__": torch_class.__name__,
+        "__doc__": torch_class.__doc__})
+
+
+# pickled as what torch holds under the name when loaded (torch's class after the capture)
+copyreg.pickle(_StandIn, lambda cls: (getattr, (_Module(cls._torch_class.__module__), cls._torch_class.__name__)))
+_STAND_INS = {id(cls): _stand_in(cls) for _, _, cls in _CLASSES}  # id(torch's class) -> its stand-in
 
 
 _SET_DEFAULT_TENSOR_TYPE = torch.set_default_tensor_type

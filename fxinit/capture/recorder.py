@@ -117,6 +117,9 @@ class Recorder(Shadows, Doors):
         self.adopted: list[torch.Tensor] = []  # real tensors made deferred by `real.data = deferred`
         # data pointers of real storages that share memory with a deferred tensor in eager (`.data =`)
         self.lifted_reals: dict[int, str] = {}
+        # id of a tensor a guarded module held at the trace's end -> those modules (capture.api.unguard_holders)
+        self.guarded_by: dict[int, list[weakref.ReferenceType]] = {}
+        self.guard_pending: dict[int, int] = {}  # id of a guarded module -> how many of those tensors are deferred
 
     # ------------------------------------------------------------------ helpers
     @contextlib.contextmanager
@@ -277,7 +280,9 @@ class Recorder(Shadows, Doors):
 
     # ------------------------------------------------------------------ .data
     def data_alias(self, t: torch.Tensor) -> torch.Tensor:
-        return self.dispatch(aten.detach.default, (t,), {})
+        """``t.data``: on ``t``'s node (``_detached``), whether or not ``t`` requires grad (every
+        ``p.data.normal_()`` takes one: a node each would grow a model's graph by half)."""
+        return self._detached(t)
 
     def set_data(self, t: torch.Tensor, src: torch.Tensor, copy: bool = True) -> None:
         """``t.data = src``: rebind ``t`` to ``src``'s storage and metadata (no write)."""
@@ -290,7 +295,7 @@ class Recorder(Shadows, Doors):
                 self.lifted_reals[src.untyped_storage().data_ptr()] = "a deferred tensor took its value through " \
                                                                       "`.data = ...`"
             src = self.lift(src, copy=copy)
-        alias = self.dispatch(aten.detach.default, (src,), {})
+        alias = self._detached(src)
         with torch._C.DisableTorchFunctionSubclass():
             TensorBase.data.__set__(t, src)
         st = state_of(t)

@@ -23,18 +23,15 @@ would take from compiled optimizer steps.
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import threading
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 
 from fxinit.capture.deferred import is_deferred_tensor, reported_device
+from fxinit.capture.patches import WhileCapturing
 
 _GROUP = torch._C._group_tensors_by_device_and_dtype
-_entered = 0  # captures under way (one patch for all)
-_lock = threading.Lock()
 
 Groups = dict[tuple[torch.device, torch.dtype], tuple[list[list[Optional[torch.Tensor]]], list[int]]]
 
@@ -59,17 +56,13 @@ def grouped_by_device_and_dtype(tensorlistlist: list[list[Optional[torch.Tensor]
     return groups
 
 
-@contextlib.contextmanager
-def deferred_devices() -> Iterator[None]:
-    """While capture is on, torch's foreach grouping sees deferred tensors' devices."""
-    global _entered
-    with _lock:
-        _entered += 1
-        torch._C._group_tensors_by_device_and_dtype = grouped_by_device_and_dtype  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        with _lock:
-            _entered -= 1
-            if not _entered:
-                torch._C._group_tensors_by_device_and_dtype = _GROUP  # type: ignore[attr-defined]
+def _install() -> None:
+    torch._C._group_tensors_by_device_and_dtype = grouped_by_device_and_dtype  # type: ignore[attr-defined]
+
+
+def _uninstall() -> None:
+    torch._C._group_tensors_by_device_and_dtype = _GROUP  # type: ignore[attr-defined]
+
+
+#: While capture is on, torch's foreach grouping sees deferred tensors' devices.
+deferred_devices = WhileCapturing(_install, _uninstall)

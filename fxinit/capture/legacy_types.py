@@ -31,23 +31,20 @@ refused by name.
 
 from __future__ import annotations
 
-import contextlib
 import copyreg
 import importlib
 import os
-import threading
 import types
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from fxinit.capture.deferred import eager_device, is_deferred_tensor
+from fxinit.capture.patches import WhileCapturing
 from fxinit.errors import DeferredInitError
 
 aten = torch.ops.aten
 
-_lock = threading.Lock()
-_entered = 0  # captures under way (one patch for all)
 
 
 def _torch_classes() -> list[tuple[types.ModuleType, str, Any]]:
@@ -147,25 +144,20 @@ def _set_default_tensor_type(t: Any) -> None:
 _set_default_tensor_type.__doc__ = _SET_DEFAULT_TENSOR_TYPE.__doc__
 
 
-@contextlib.contextmanager
-def legacy_types() -> Iterator[None]:
-    """While capture is on, the legacy typed classes are their stand-ins."""
-    global _entered
-    with _lock:
-        if not _entered:
-            for module, name, cls in _CLASSES:
-                setattr(module, name, _STAND_INS[id(cls)])
-            torch.set_default_tensor_type = _set_default_tensor_type
-        _entered += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _entered -= 1
-            if not _entered:
-                for module, name, cls in _CLASSES:
-                    setattr(module, name, cls)
-                torch.set_default_tensor_type = _SET_DEFAULT_TENSOR_TYPE
+def _install() -> None:
+    for module, name, cls in _CLASSES:
+        setattr(module, name, _STAND_INS[id(cls)])
+    torch.set_default_tensor_type = _set_default_tensor_type
+
+
+def _uninstall() -> None:
+    for module, name, cls in _CLASSES:
+        setattr(module, name, cls)
+    torch.set_default_tensor_type = _SET_DEFAULT_TENSOR_TYPE
+
+
+#: While capture is on, the legacy typed classes are their stand-ins.
+legacy_types = WhileCapturing(_install, _uninstall)
 
 
 def legacy_type_refusal(exc: Exception) -> DeferredInitError | None:

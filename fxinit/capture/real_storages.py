@@ -32,6 +32,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from fxinit.capture.patches import WhileCapturing
+
 #: What reads only a storage's metadata, or is how storages are made and identified: no
 #: tensor op inside, and capture's own code asks some of them often (``data_ptr``).
 _METADATA = frozenset({
@@ -43,8 +45,6 @@ _METADATA = frozenset({
 })
 
 _local = threading.local()  # .recorders: the recorders capturing in this thread
-_lock = threading.Lock()
-_entered = 0  # captures under way in any thread (one patch for all)
 _originals: list[tuple[type, str, Any]] = []  # (class, name, its own attribute or None where inherited)
 
 
@@ -114,21 +114,16 @@ def _uninstall() -> None:
             setattr(cls, name, own)
 
 
+_patched = WhileCapturing(_install, _uninstall)
+
+
 @contextlib.contextmanager
 def real_storages(recorder: Any) -> Iterator[None]:
     """While ``recorder`` captures (in this thread), storage methods run with it suspended."""
-    global _entered
     stack = _local.__dict__.setdefault("recorders", [])
-    with _lock:
-        if not _entered:
-            _install()
-        _entered += 1
     stack.append(recorder)
     try:
-        yield
+        with _patched():
+            yield
     finally:
         stack.pop()
-        with _lock:
-            _entered -= 1
-            if not _entered:
-                _uninstall()

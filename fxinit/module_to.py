@@ -35,7 +35,7 @@ materialize in the dtype they were built in, then ``module.to(d)`` runs
 
 from __future__ import annotations
 
-from typing import AbstractSet, Iterable
+from typing import AbstractSet, Any, Iterable
 
 import torch
 
@@ -109,19 +109,29 @@ _APPLY_AS_PLAIN = frozenset({
 })
 
 
-#: ``to`` overrides that only note the dtype, reading no tensor (Lightning's modules, which build
-#: tensors of ``self.dtype`` in ``forward``): fxinit casts as usual, then runs them.
+#: ``to`` overrides that read no tensor (Lightning's modules note the dtype, and build tensors of
+#: ``self.dtype`` in ``forward``): fxinit casts as usual, then runs them.
 _TO_NOTING_DTYPE = frozenset({
     ("lightning_fabric.utilities.device_dtype_mixin", "_DeviceDtypeModuleMixin.to"),
     ("lightning.fabric.utilities.device_dtype_mixin", "_DeviceDtypeModuleMixin.to"),
+    ("transformers.modeling_utils", "PreTrainedModel.to"),  # (refuses quantized models, casts others)
 })
 
 
+def _code_key(fn: Any) -> tuple[str | None, str | None]:
+    """``(module, qualname)`` of the code ``fn`` runs: read off its code object, which
+    ``functools.wraps`` does not rename (transformers' ``PreTrainedModel.to`` is wrapped as
+    ``Module.to``)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    return getattr(fn, "__globals__", {}).get("__name__"), getattr(code, "co_qualname", code.co_name)
+
+
 def _own_to(module: torch.nn.Module) -> tuple[str | None, str | None] | None:
-    """``(module, qualname)`` of the ``to`` of ``module``'s class, where it is not ``Module``'s."""
+    """``_code_key`` of the ``to`` of ``module``'s class, where it is not ``Module``'s."""
     fn = type(module).to
-    key = (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))
-    return None if key == ("torch.nn.modules.module", "Module.to") else key
+    return None if fn is torch.nn.Module.to else _code_key(fn)
 
 
 def casting_themselves(module: torch.nn.Module) -> list[torch.nn.Module]:
@@ -139,8 +149,7 @@ def casting_themselves(module: torch.nn.Module) -> list[torch.nn.Module]:
         if id(mod) in seen:
             return
         seen.add(id(mod))
-        fn = type(mod)._apply
-        if (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)) not in _APPLY_AS_PLAIN:
+        if _code_key(type(mod)._apply) not in _APPLY_AS_PLAIN:
             found[id(mod)] = mod
             return
         for child in mod.children():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import copy
+import functools
 import pickle
 import threading
 from typing import Any, Callable
@@ -714,3 +715,30 @@ def test_set_under_inference_mode_is_as_outside_it() -> None:
     eager = Sets()
     torch.manual_seed(0)
     _assert_equal(eager, fxinit.materialize(fxinit.trace_init(Sets)))
+
+
+class _WrappedTo(nn.Module):
+    """A ``to`` of its own wrapped as ``Module.to`` (``functools.wraps``, as transformers' is),
+    which keeps a parameter in float32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+        self.lin = nn.Linear(3, 3)
+
+    @functools.wraps(nn.Module.to)
+    def to(self, *args: Any, **kwargs: Any) -> nn.Module:
+        out = super().to(*args, **kwargs)
+        self.w.data = self.w.data.float()
+        return out
+
+
+def test_dtype_runs_a_to_wrapped_as_modules_own() -> None:
+    """Found by the review: the model's own ``to`` was told from ``Module.to`` by its name, which
+    ``functools.wraps`` copies, so it never ran (``w`` cast where eager keeps it float32)."""
+    torch.manual_seed(0)
+    eager = _WrappedTo().to(torch.float64)
+    torch.manual_seed(0)
+    traced = fxinit.materialize(fxinit.trace_init(_WrappedTo), dtype=torch.float64)
+    _assert_equal(eager, traced)
+    assert traced.w.dtype == torch.float32 and traced.lin.weight.dtype == torch.float64

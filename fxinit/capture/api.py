@@ -164,7 +164,7 @@ def unguard_holders(recorders: Any, made: Any) -> None:
     materialized part by part, tensor by tensor, holds no hook of fxinit's at the end either
     (it pickles and scripts as eager's does). Modules are found by the tensors they held at
     the trace's end (one without tensors of its own, a model's root, once all below it are
-materialized); one given a tensor since keeps its hook until it is called or ``unguard``."""
+    materialized); one given a tensor since keeps its hook until it is called or ``unguard``."""
     for recorder in recorders:
         holders, pending = recorder.guarded_by, recorder.guard_pending
         for i in made:

@@ -189,6 +189,8 @@ def test_legacy_new_and_distributions() -> None:
             self.lin = nn.Linear(3, 3)
             self.register_buffer("b", self.lin.weight.new(3).fill_(2.0))
             self.register_buffer("c", self.lin.weight.new([1.0, 2.0]))
+            self.register_buffer("empty", self.lin.weight.new())  # (0,), as eager's (was (): review)
+            self.register_buffer("scalar", self.lin.weight.new(torch.Size([])).fill_(3.0))
             self.register_buffer("loc", torch.zeros(3))
             self.register_buffer("x", torch.distributions.Normal(self.loc, torch.ones(3)).sample())
 

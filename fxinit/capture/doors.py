@@ -160,7 +160,9 @@ class Doors:
         """``t.new(*sizes)``, ``t.new(sequence)``, ``t.new()``, ``t.new(size=..., device=...)``."""
         device = kwargs.get("device")
         options = {"device": torch.device(device) if device is not None else state_of(t).device}
-        if len(args) == 1 and isinstance(args[0], torch.Size):
+        if not args and "size" not in kwargs:
+            args = (0,)  # ``t.new()``: an empty tensor of one dimension, as eager's
+        elif len(args) == 1 and isinstance(args[0], torch.Size):
             args = tuple(args[0])
         if all(isinstance(a, int) for a in args) and set(kwargs) <= {"device", "size"}:
             size = tuple(kwargs["size"]) if "size" in kwargs else args

@@ -46,7 +46,6 @@ from fxinit.errors import DeferredInitError
 aten = torch.ops.aten
 
 
-
 def _torch_classes() -> list[tuple[types.ModuleType, str, Any]]:
     """``(module, name, class)`` of every legacy typed tensor class of torch."""
     tensortype = type(torch.FloatTensor)

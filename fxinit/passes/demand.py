@@ -122,7 +122,8 @@ def only_whole(nodes: Sequence[fx.Node], keep: AbstractSet[fx.Node],
             if storage_root(copy.root) not in kept and copy.dst.numel >= PARTIAL_COPY_MIN:
                 return False
             continue
-        if constant_value(n) is not None and n not in kept and n.meta["spec"].numel >= PARTIAL_CONSTANT_MIN:
+        spec = n.meta.get("spec")
+        if constant_value(n) is not None and n not in kept and (spec is None or spec.numel >= PARTIAL_CONSTANT_MIN):
             return False
     return True
 

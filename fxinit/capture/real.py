@@ -221,10 +221,10 @@ def with_inferred_size(recorder: Any, func: Any, args: tuple, kwargs: dict) -> t
     at = SIZE_FROM_INDICES[func]
     if len(args) > at or kwargs.get("size") is not None:
         return args, kwargs
-    indices = [t for t in tensors_in((args[:at - 1], {k: v for k, v in kwargs.items() if k != "values"}))
-               if is_deferred_tensor(t)]
     if not any(is_deferred_tensor(t) for t in tensors_in((args, kwargs))):
         return args, kwargs
+    indices = [t for t in tensors_in((args[:at - 1], {k: v for k, v in kwargs.items() if k != "values"}))
+               if is_deferred_tensor(t)]
     if any(recorder.value_of(t) is None for t in indices):
         raise recorder.fail(
             f"fxinit cannot infer the size of {func.__name__}'s result: it comes from the values of the indices, "

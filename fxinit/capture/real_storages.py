@@ -45,7 +45,6 @@ _METADATA = frozenset({
 })
 
 _local = threading.local()  # .recorders: the recorders capturing in this thread
-_originals: list[tuple[type, str, Any]] = []  # (class, name, its own attribute or None where inherited)
 
 
 def _methods(cls: type) -> dict[str, Any]:
@@ -98,16 +97,18 @@ def _refuse_writing_shared(storage: Any, name: str, recorders: list[Any]) -> Non
                 op=f"UntypedStorage.{name}", hint="write before the `.data =` assignment, or write the tensor itself")
 
 
+#: (class, name, its own attribute or None where inherited, the method run for real), made once
+_PATCHES = [(cls, name, vars(cls).get(name), _for_real(method))
+            for cls in (torch.UntypedStorage, torch.TypedStorage) for name, method in _methods(cls).items()]
+
+
 def _install() -> None:
-    for cls in (torch.UntypedStorage, torch.TypedStorage):
-        for name, method in _methods(cls).items():
-            _originals.append((cls, name, vars(cls).get(name)))
-            setattr(cls, name, _for_real(method))
+    for cls, name, _, for_real in _PATCHES:
+        setattr(cls, name, for_real)
 
 
 def _uninstall() -> None:
-    while _originals:
-        cls, name, own = _originals.pop()
+    for cls, name, own, _ in _PATCHES:
         if own is None:
             delattr(cls, name)
         else:

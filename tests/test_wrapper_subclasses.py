@@ -217,6 +217,44 @@ def test_a_wrapper_built_on_meta_is_refused_by_name() -> None:
         fxinit.materialize(m)
 
 
+class AliasesItsDetach(Scaled):
+    """Runs ops with subclasses' ``__torch_function__`` off and aliases ``detach``'s result to
+    its input (``return_and_correct_aliasing``), as torchao's quantized weights do."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        from torch.utils._python_dispatch import return_and_correct_aliasing
+        if func is torch.ops.aten.detach.default:
+            out = cls(func(args[0].q), func(args[0].scale))
+            return return_and_correct_aliasing(func, args, kwargs or {}, out)
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def test_a_parameter_of_a_wrapper_that_detaches_on_meta_is_refused_by_name() -> None:
+    """torchao's ``quantize_(model, Int8WeightOnlyConfig())`` of a traced model: ``nn.Parameter``
+    of its wrapper detaches on meta, and torch's aliasing fix-up then failed with a device
+    error (found by a sweep of torchao 0.18). Eager's works; fxinit names it."""
+    def quantize(m: nn.Linear) -> None:
+        w = m.weight.detach()
+        scale = w.abs().amax() / 127
+        m.weight = nn.Parameter(AliasesItsDetach(torch.round(w / scale).to(torch.int8), scale), requires_grad=False)
+
+    eager = nn.Linear(8, 4)
+    quantize(eager)
+    assert eager.weight.device.type == "cpu"
+    m = fxinit.trace_init(nn.Linear, 8, 4)
+    with pytest.raises(DeferredInitError, match=r"Parameter\(AliasesItsDetach\) around deferred tensors.*\n.*\n"
+                                                r"  hint:   quantize after fxinit.materialize"):
+        quantize(m)
+    fxinit.materialize(m)  # untouched: materialize first, then quantize, works
+    quantize(m)
+
+
 def test_init_graph_refuses_wrapper_subclasses() -> None:
     m = fxinit.trace_init(Nested)
     with pytest.raises(DeferredInitError, match=r"inside wrapper tensor subclasses \(a\.weight\.q, a\.weight\.scale"):

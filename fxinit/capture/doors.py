@@ -51,6 +51,7 @@ from fxinit.capture.real import adopt_real, contains_deferred, shares_memory
 from fxinit.capture.schema import updates_running_stats
 from fxinit.capture.storages import storage_key
 from fxinit.capture.trees import map_tree
+from fxinit.errors import DeferredInitError
 
 aten = torch.ops.aten
 
@@ -371,12 +372,38 @@ _patch_lock = threading.Lock()
 
 
 def _parameter_new(cls: type, data: Any = None, requires_grad: bool = True) -> Any:
-    t = _PARAMETER_NEW(cls, data, requires_grad)
+    try:
+        t = _PARAMETER_NEW(cls, data, requires_grad)
+    except RuntimeError as exc:
+        if 'on device "meta"' in str(exc) and _wraps_deferred(data):
+            raise _wrapper_on_meta(cls, data) from exc
+        raise
     if cls is not torch.nn.Parameter and is_deferred_tensor(t):
         made_as(t, cls)
     elif is_deferred_tensor(data) and PARAMETER_CLASS in data.__dict__:  # a parameter of a tensor subclass's
         made_as(t, data.__dict__[PARAMETER_CLASS])  # object: eager's is of that class
     return t
+
+
+def _wraps_deferred(data: Any) -> bool:
+    """``data`` is a wrapper tensor subclass (``__tensor_flatten__``) with a deferred tensor inside."""
+    flatten = getattr(type(data), "__tensor_flatten__", None)
+    return flatten is not None and not is_deferred_tensor(data) and any(
+        is_deferred_tensor(getattr(data, name, None)) for name in flatten(data)[0])
+
+
+def _wrapper_on_meta(cls: type, data: Any) -> DeferredInitError:
+    """``nn.Parameter(w)`` of a wrapper around deferred tensors whose ``detach`` built its result
+    on the device a deferred tensor reported with subclasses' ``__torch_function__`` off (meta,
+    underneath), then failed to alias it to ``w`` (torch's ``return_and_correct_aliasing``):
+    torchao's ``quantize_`` of a traced model. Named, rather than torch's device error."""
+    return DeferredInitError(
+        f"{cls.__name__}({type(data).__name__}) around deferred tensors: the wrapper's own code built its detached "
+        "copy on the device a deferred tensor reported where subclasses' __torch_function__ was off ('meta', "
+        "underneath), so eager's device is unknown (torchao's quantize_ before fxinit.materialize does this)",
+        op=f"{cls.__name__}.__new__",
+        hint="quantize after fxinit.materialize, or build the wrapper with the device of the tensor it wraps as seen "
+             "outside __torch_function__ (torchao's NF4Tensor does)")
 
 
 _MAKE_SUBCLASS = torch.Tensor._make_subclass

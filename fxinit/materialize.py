@@ -155,16 +155,21 @@ def _companions(tensors: list[torch.Tensor], where: dict[int, list[Location]],
         else:
             slots = walked[id(root)] = module_walk(root)
         with plain_attributes():
-            for _, mod, kind, name, t in slots:
-                if not is_deferred_tensor(t):
-                    continue
-                # Tensors computed with autograd (weight_norm's ``weight``) hold the parameters
-                # they came from: they go with them, or those could not be swapped.
-                if id(t) not in out and (grad_fn_of(t) is not None or rec.storage_id(t) in wanted):
-                    out[id(t)] = t
-                places = where.setdefault(id(t), []) if id(t) in out else None
-                if places is not None and not any(p[0] is mod and p[1] == name for p in places):
-                    places.append((mod, name, kind))
+            while True:  # until no tensor taken adds a storage (``nn.Parameter(b)`` of a taken ``b = w.clone()``)
+                for _, mod, kind, name, t in slots:
+                    if not is_deferred_tensor(t):
+                        continue
+                    # Tensors computed with autograd (weight_norm's ``weight``) hold the parameters
+                    # they came from: they go with them, or those could not be swapped.
+                    if id(t) not in out and (grad_fn_of(t) is not None or rec.storage_id(t) in wanted):
+                        out[id(t)] = t
+                    places = where.setdefault(id(t), []) if id(t) in out else None
+                    if places is not None and not any(p[0] is mod and p[1] == name for p in places):
+                        places.append((mod, name, kind))
+                taken = {rec.storage_id(t) for t in out.values() if state_of(t).recorder is rec}
+                if taken <= wanted:
+                    break
+                wanted |= taken
         for t in rec.adopted:  # `real.data = deferred`: the caller's tensor shares that storage
             if is_deferred_tensor(t) and rec.storage_id(t) in wanted:
                 out.setdefault(id(t), t)

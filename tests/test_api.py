@@ -171,6 +171,30 @@ def test_a_part_of_the_model_brings_along_what_shares_with_it_and_nothing_else(
     assert_bits(m.c.weight.grad, eager.c.weight.grad)
 
 
+class _ParameterOfAComputedTensor(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.b = nn.Module()
+        self.b.copy = self.a.weight.clone()  # computed with autograd from a.weight: goes with it
+        self.b.p = nn.Parameter(self.b.copy)  # over b.copy's memory: goes with b.copy
+
+
+@pytest.mark.parametrize("first", ["a", "a.weight", "b", "b.p"])
+def test_what_shares_memory_with_a_tensor_brought_along_comes_along_too(first: str) -> None:
+    """``nn.Parameter(b)`` of a ``b = w.clone()``: materializing ``w`` (or its module) brings ``b``
+    (its ``grad_fn`` holds ``w``) and must bring what shares ``b``'s memory as well; it left the
+    parameter for a later call, over memory of its own, silently (found by the fuzzer)."""
+    torch.manual_seed(0)
+    eager = _ParameterOfAComputedTensor()
+    torch.manual_seed(0)
+    m = fxinit.trace_init(_ParameterOfAComputedTensor)
+    fxinit.materialize(m.get_submodule(first) if first in ("a", "b") else m.get_parameter(first))
+    fxinit.materialize(m)
+    assert_modules_equal(m, eager)
+    assert m.b.p.untyped_storage().data_ptr() == m.b.copy.untyped_storage().data_ptr()
+
+
 def test_materialize_explicit_device_cpu() -> None:
     ref = _eager()
     m = _traced()

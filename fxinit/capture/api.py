@@ -165,6 +165,16 @@ def unguard_holders(recorders: Any, made: Any) -> None:
     (it pickles and scripts as eager's does). Modules are found by the tensors they held at
     the trace's end (one without tensors of its own, a model's root, once all below it are
     materialized); one given a tensor since keeps its hook until it is called or ``unguard``."""
+    clean: dict[int, bool] = {}  # module id -> nothing deferred in it or below (asked once per module)
+
+    def nothing_deferred(mod: torch.nn.Module) -> bool:
+        known = clean.get(id(mod))
+        if known is None:
+            clean[id(mod)] = True  # (a module below itself: asked no further)
+            known = clean[id(mod)] = not any(map(_is_deferred, (*mod._parameters.values(), *mod._buffers.values()))) \
+                and all(map(nothing_deferred, filter(None, mod._modules.values())))
+        return known
+
     for recorder in recorders:
         holders, pending = recorder.guarded_by, recorder.guard_pending
         for i in made:
@@ -174,11 +184,11 @@ def unguard_holders(recorders: Any, made: Any) -> None:
                 if handle is None:
                     continue
                 pending[id(mod)] -= 1
-                own = [*mod._parameters.values(), *mod._buffers.values()]
-                if not any(_is_deferred(t) for t in own) and (
-                        any(t is not None for t in own)
-                        or pending[id(mod)] <= 0 and not any(map(_is_deferred, itertools.chain(mod.parameters(),
-                                                                                               mod.buffers())))):
+                if any(t is not None for t in (*mod._parameters.values(), *mod._buffers.values())):
+                    done = not any(map(_is_deferred, (*mod._parameters.values(), *mod._buffers.values())))
+                else:
+                    done = pending[id(mod)] <= 0 and nothing_deferred(mod)
+                if done:
                     handle.remove()
                     _GUARDS.pop(mod)
 

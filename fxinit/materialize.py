@@ -22,7 +22,8 @@ from torch.nn.modules.module import _IncompatibleKeys
 from fxinit.autograd_links import now_real, plan_links, relink
 from fxinit.grad_graphs import autograd_leaves
 from fxinit.arguments import checked_device, checked_dtype, checked_seed
-from fxinit.capture.api import clear_meta_init_cache, recorder_of_root, unguard, unguard_holders
+from fxinit.capture.api import clear_meta_init_cache, recorder_of_root
+from fxinit.capture.call_guards import unguard, unguard_holders
 from fxinit.capture.deferred import (dressed_as, grad_fn_of, is_deferred_tensor, plain_attributes,
                                      state_of)
 from fxinit.capture.recorder import Recorder

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import io
 import sys
 
 import pytest
@@ -560,4 +561,90 @@ def test_a_model_materialized_part_by_part_keeps_no_call_guard(order: str) -> No
     assert not fxinit.is_deferred(m)
     assert all(not mod._forward_pre_hooks for mod in m.modules())
     pickle.loads(pickle.dumps(m))
+    torch.jit.script(m)
+
+
+def _no_call_guards(m: nn.Module) -> bool:
+    return all(not mod._forward_pre_hooks for mod in m.modules())
+
+
+@pytest.mark.parametrize("order", ["whole", "tensors", "modules"])
+def test_a_deep_copy_of_a_deferred_model_is_guarded_and_unguarded_on_its_own(order: str) -> None:
+    """Found by a sweep of Ultralytics (``ModelEMA`` deep-copies the model; its checkpoint is
+    ``torch.save``d): the copy kept the guards of the modules it was copied from, never taken
+    off, so the materialized copy did not pickle, save or script; and calling it took the
+    original's guards off."""
+    import pickle
+
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Linear(2, 3), nn.Sequential(nn.Linear(3, 2), nn.LayerNorm(2)))
+
+    torch.manual_seed(0)
+    eager = build()
+    torch.manual_seed(0)
+    m = fxinit.trace_init(build)
+    c = copy.deepcopy(m)
+    with pytest.raises(fxinit.DeferredInitError, match="was called while its tensors are deferred"):
+        c(torch.ones(1, 2))
+    parts = {"whole": [c], "tensors": list(reversed(list(c.parameters()))), "modules": [c[1][1], c[1][0], c[0]]}
+    for part in parts[order]:
+        fxinit.materialize(part)
+    assert_modules_equal(c, eager)
+    assert _no_call_guards(c)
+    pickle.loads(pickle.dumps(c))
+    torch.jit.script(c)
+    c(torch.ones(1, 2))
+    with pytest.raises(fxinit.DeferredInitError, match="was called while its tensors are deferred"):
+        m(torch.ones(1, 2))  # the original is guarded still
+    fxinit.materialize(m[1])
+    fxinit.materialize(m[0].weight)
+    fxinit.materialize(m[0].bias)
+    assert _no_call_guards(m)
+
+
+def test_a_tensor_given_to_a_module_after_the_trace_takes_its_guard_off() -> None:
+    """Conv + batch-norm fusion after the trace (Ultralytics' ``fuse()``) gives the conv new
+    parameters; materialized tensor by tensor, the guards stayed on (found by the same sweep)."""
+    def fuse(m: nn.Sequential) -> None:
+        conv, bn = m[0], m[1]
+        conv.weight, conv.bias = torch.nn.utils.fusion.fuse_conv_bn_weights(
+            conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps, bn.weight, bn.bias)
+        m[1] = nn.Identity()
+
+    m = fxinit.trace_init(lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)))
+    fuse(m)
+    fxinit.materialize(m[0].bias)
+    fxinit.materialize(m[0].weight)
+    assert _no_call_guards(m)
+    torch.save(m, io.BytesIO())
+
+
+_TABLE = torch.arange(4.0)
+
+
+class _FromATable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("c", _TABLE.to(dtype=torch.float64, copy=True))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[..., :2]
+
+
+def test_a_module_whose_tensors_are_real_has_no_guard_and_pickling_a_deferred_one_is_refused_by_name() -> None:
+    """A module of a traced model whose tensors the trace made real (computed from a tensor that
+    existed before it: e3nn's cached coefficients) pickles before ``materialize``, as eager's
+    (found by a sweep of e3nn and MACE: ``copy.deepcopy`` of their modules pickles a part of them).
+    A module with deferred tensors refuses to pickle by name, and to be scripted."""
+    import pickle
+
+    m = fxinit.trace_init(lambda: nn.Sequential(_FromATable(), nn.Linear(2, 2)))
+    assert not fxinit.is_deferred(m[0]) and _no_call_guards(m[0])
+    pickle.loads(pickle.dumps(m[0]))
+    with pytest.raises(fxinit.DeferredInitError, match="holds deferred tensors, which cannot be pickled"):
+        pickle.dumps(m)
+    with pytest.raises(fxinit.DeferredInitError, match="TorchScript cannot compile it"):
+        torch.jit.script(m)
+    fxinit.materialize(m)
+    assert _no_call_guards(m)
     torch.jit.script(m)

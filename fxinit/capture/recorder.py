@@ -32,6 +32,7 @@ import torch.fx as fx
 from torch._C import TensorBase
 
 from fxinit import execute
+from fxinit.capture.call_guards import GuardIndex
 from fxinit.capture.deferred import (STATE_ATTR, TRACE_SERIALS, DeferredState, DeferredTensor, is_deferred_tensor,
                                      state_of)
 from fxinit.capture.devices import CPU, META, default_device, device_available, output_device
@@ -117,9 +118,7 @@ class Recorder(Shadows, Doors):
         self.adopted: list[torch.Tensor] = []  # real tensors made deferred by `real.data = deferred`
         # data pointers of real storages that share memory with a deferred tensor in eager (`.data =`)
         self.lifted_reals: dict[int, str] = {}
-        # id of a tensor a guarded module held at the trace's end -> those modules (capture.api.unguard_holders)
-        self.guarded_by: dict[int, list[weakref.ReferenceType]] = {}
-        self.guard_pending: dict[int, int] = {}  # id of a guarded module -> how many of those tensors are deferred
+        self.guards = GuardIndex()  # the modules of the model with a call guard, indexed
 
     # ------------------------------------------------------------------ helpers
     @contextlib.contextmanager
@@ -137,6 +136,11 @@ class Recorder(Shadows, Doors):
 
     def _owns(self, t: torch.Tensor) -> bool:
         return is_deferred_tensor(t) and state_of(t).recorder is self
+
+    @property
+    def recorded_nodes(self) -> int:
+        """How many nodes were recorded so far (each new node's ``meta["pos"]``)."""
+        return self._pos
 
     @property
     def root(self) -> torch.nn.Module | None:

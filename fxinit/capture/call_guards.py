@@ -1,0 +1,242 @@
+"""Call guards: calling a module of a deferred model is a clear error until its tensors are real.
+
+``trace_init`` puts a ``CallGuard`` (a forward pre-hook) on each module that holds tensors, and
+takes it off again as those tensors are materialized, whole or part by part, so that a
+materialized model holds no hook of fxinit's: it pickles, ``torch.save``s and scripts as
+eager's does. A guard follows its module through ``copy.deepcopy`` (the copy is guarded, and
+unguarded, on its own: Ultralytics' ``ModelEMA`` copies the model it is given), and a tensor
+given to a module after the trace (conv + batch-norm fusion replaces ``conv.weight``) is
+found when it is materialized.
+
+Where the guards are is indexed by the ids of the tensors the guarded modules hold
+(``GuardIndex``, one per trace: ``Recorder.guards``), so that materializing a model tensor by tensor does not walk it
+once per tensor. The index is rebuilt from the modules when a tensor not in it is
+materialized and something was recorded since it was built, or a guarded module was copied.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from dataclasses import dataclass, field
+from typing import AbstractSet, Any, Iterable
+
+import torch
+
+from fxinit.capture.deferred import is_deferred_tensor
+from fxinit.errors import DeferredInitError
+
+_PARAMETRIZE = "torch.nn.utils.parametriz"  # parametrize, parametrizations
+
+
+class _ByModule:
+    """Values by module, as long as the module lives. Keyed by identity: a
+    ``WeakKeyDictionary`` compares its keys with ``==``, which a module may define otherwise
+    (tensordict's ``TensorDictParams``, in every torchrl loss, compares element by element, and
+    its truth value raises)."""
+
+    def __init__(self) -> None:
+        self._items: dict[int, tuple[weakref.ref, Any]] = {}
+
+    def get(self, module: torch.nn.Module) -> Any:
+        item = self._items.get(id(module))
+        return item[1] if item is not None and item[0]() is module else None
+
+    def __setitem__(self, module: torch.nn.Module, value: Any) -> None:
+        key, items = id(module), self._items
+        items[key] = (weakref.ref(module, lambda _: items.pop(key, None)), value)
+
+    def pop(self, module: torch.nn.Module) -> Any:
+        value = self.get(module)
+        if value is not None:
+            del self._items[id(module)]
+        return value
+
+
+@dataclass
+class GuardIndex:
+    """The guarded modules of one trace's model (``modules``: theirs and their copies'), indexed:
+    ``by_tensor``: id of a deferred tensor a guarded module holds -> those modules; ``pending``:
+    id of such a module -> how many of those are deferred still; ``stale``: a guarded module
+    was copied since; ``at``: how many nodes the recorder had recorded when it was built."""
+
+    modules: list[weakref.ReferenceType] = field(default_factory=list)
+    by_tensor: dict[int, list[weakref.ReferenceType]] = field(default_factory=dict)
+    pending: dict[int, int] = field(default_factory=dict)
+    stale: bool = False
+    at: int = 0
+
+
+class _NotScriptable(DeferredInitError, AttributeError):
+    """A guard has no name: asked by TorchScript's compiler, it says why (an ``AttributeError``
+    as well, for code that asks any hook ``getattr(hook, "__name__", None)``)."""
+
+
+_GUARDS = _ByModule()  # module -> its CallGuard, until that module's tensors are materialized
+
+
+class CallGuard:
+    """The forward pre-hook of one module of a deferred model: calling the module raises a
+    clear error while its tensors are deferred, and takes the hook off once none is; inside
+    ``recording`` (``dry_run``) the call runs, recorded.
+
+    >>> import torch, fxinit
+    >>> m = fxinit.trace_init(torch.nn.Linear, 2, 2)
+    >>> type(next(iter(m._forward_pre_hooks.values()))).__name__
+    'CallGuard'
+    >>> _ = fxinit.materialize(m)
+    >>> len(m._forward_pre_hooks)
+    0
+    """
+
+    fxinit_own = True  # holds no tensor of the model (``reachable.captured``)
+
+    def __init__(self, module: torch.nn.Module, path: str, recorder: Any) -> None:
+        self.module = weakref.ref(module)
+        self.path = path
+        self.recorder = recorder
+        self.key: int | None = None  # its key in the module's ``_forward_pre_hooks``
+
+    def __call__(self, mod: torch.nn.Module, args: Any) -> None:
+        if self.recorder.capturing:
+            return
+        deferred = next((name for name, t in (*mod.named_parameters(), *mod.named_buffers()) if _is_deferred(t)), None)
+        if deferred is None:
+            self.remove()
+            return
+        raise DeferredInitError(
+            f"{self.path or type(mod).__name__} was called while its tensors are deferred (built by fxinit.trace_init, "
+            f"e.g. {deferred!r}): they have no values yet",
+            hint="call fxinit.materialize(model) (or materialize the part you run) first; to record the dry run "
+                 "that lazy modules need, use fxinit.dry_run(model, ...); where a framework calls the model in a "
+                 "step of its own (Lightning's ModelSummary), run that step inside `with fxinit.recording(model):`")
+
+    def remove(self) -> None:
+        mod = self.module()
+        if mod is not None:
+            mod._forward_pre_hooks.pop(self.key, None)
+            if _GUARDS.get(mod) is self:
+                _GUARDS.pop(mod)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CallGuard:
+        """The guard of the module's copy (``copy.deepcopy`` makes the module first: ``memo``
+        has it), guarded and unguarded on its own, as the module it was copied from."""
+        mod = self.module()
+        copied = memo.get(id(mod)) if mod is not None else None
+        if not isinstance(copied, torch.nn.Module):
+            return self
+        guard = CallGuard(copied, self.path, self.recorder)
+        guard.key = self.key
+        _GUARDS[copied] = guard
+        self.recorder.guards.modules.append(weakref.ref(copied))
+        self.recorder.guards.stale = True  # (its tensors are not copied yet)
+        return guard
+
+    @property
+    def __name__(self) -> str:  # noqa: A003  (TorchScript's compiler asks a hook for its name first)
+        raise _NotScriptable(
+            f"{self.path or 'the model'} holds deferred tensors: TorchScript cannot compile it (nor fxinit's call "
+            "guard on it)", op="torch.jit.script", hint="script the model after fxinit.materialize")
+
+    def __reduce__(self) -> Any:
+        mod = self.module()
+        raise DeferredInitError(
+            f"{self.path or type(mod).__name__} holds deferred tensors, which cannot be pickled or saved",
+            op="pickle", hint="call fxinit.materialize(model) first, or save its init graph (fxinit.save)")
+
+
+def guard_calls(module: torch.nn.Module, recorder: Any) -> None:
+    """Put a ``CallGuard`` on each module of ``module`` that holds tensors (the traced model)."""
+    for path, mod in module.named_modules():
+        if isinstance(mod, torch.jit.ScriptModule):
+            raise DeferredInitError(
+                f"{path or type(mod).__name__} is a TorchScript module (torch.jit.script/trace in the constructor): "
+                "it keeps its tensors in TorchScript, where fxinit's deferred tensors lose what they are and "
+                "materialize cannot reach them", op="torch.jit.script",
+                hint="script the module after fxinit.materialize, or build this model eagerly")
+        if type(mod).__module__.startswith(_PARAMETRIZE):
+            continue  # computes a weight from parameters (recorded), never from data
+        if next(itertools.chain(mod.parameters(), mod.buffers()), None) is None:
+            continue  # nothing to wait for (an activation, e3nn's generated code: pickled as eager's)
+        guard = CallGuard(mod, path, recorder)
+        guard.key = mod.register_forward_pre_hook(guard).id
+        _GUARDS[mod] = guard
+        recorder.guards.modules.append(weakref.ref(mod))
+    _index(recorder)
+
+
+def _index(recorder: Any) -> None:
+    """Index the guarded modules of ``recorder``'s model by the deferred tensors they hold now
+    (their own; a module without tensors of its own, a model's root, waits for all those below
+    it); take the guard off those that hold none."""
+    index = GuardIndex(at=recorder.recorded_nodes)
+    for ref in recorder.guards.modules:
+        mod = ref()
+        guard = _GUARDS.get(mod) if mod is not None else None
+        if guard is None:
+            continue
+        own = [t for t in (*mod._parameters.values(), *mod._buffers.values()) if t is not None]
+        waits_for = {id(t) for t in (own or itertools.chain(mod.parameters(), mod.buffers())) if _is_deferred(t)}
+        if not waits_for:
+            guard.remove()
+            continue
+        index.modules.append(ref)
+        index.pending[id(mod)] = len(waits_for)
+        for i in waits_for:
+            index.by_tensor.setdefault(i, []).append(ref)
+    recorder.guards = index
+
+
+def unguard(module: torch.nn.Module) -> None:
+    """Take the guard off each module of ``module`` whose own tensors are all materialized."""
+    for mod in module.modules():
+        guard = _GUARDS.get(mod)
+        if guard is not None and not any(_is_deferred(t) for t in (*mod._parameters.values(), *mod._buffers.values())):
+            guard.remove()
+
+
+def unguard_holders(recorders: Iterable[Any], made: AbstractSet[int]) -> None:
+    """Take the guard off the modules that held the tensors just materialized (``made``: their
+    ids; ``recorders``: theirs), where none of their own tensors is deferred any more (one
+    without tensors of its own, a model's root, once nothing below it is): a model
+    materialized part by part, tensor by tensor, holds no hook of fxinit's at the end either."""
+    for recorder in recorders:
+        index = recorder.guards
+        if not index.modules:
+            continue
+        if index.stale or (recorder.recorded_nodes != index.at and any(i not in index.by_tensor for i in made)):
+            _index(recorder)  # (what was just made is real now: its holders are unguarded there)
+        else:
+            _unguard_indexed(index, made)
+
+
+def _unguard_indexed(index: GuardIndex, made: AbstractSet[int]) -> None:
+    clean: dict[int, bool] = {}  # module id -> nothing deferred in it or below (asked once per module)
+
+    def nothing_deferred(mod: torch.nn.Module) -> bool:
+        known = clean.get(id(mod))
+        if known is None:
+            clean[id(mod)] = True  # (a module below itself: asked no further)
+            known = clean[id(mod)] = not any(map(_is_deferred, (*mod._parameters.values(), *mod._buffers.values()))) \
+                and all(map(nothing_deferred, filter(None, mod._modules.values())))
+        return known
+
+    holders, pending = index.by_tensor, index.pending
+    for i in made:
+        for ref in holders.pop(i, ()):
+            mod = ref()
+            guard = _GUARDS.get(mod) if mod is not None else None
+            if guard is None:
+                continue
+            pending[id(mod)] -= 1
+            own = (*mod._parameters.values(), *mod._buffers.values())
+            if any(t is not None for t in own):
+                done = not any(map(_is_deferred, own))
+            else:
+                done = pending[id(mod)] <= 0 and nothing_deferred(mod)
+            if done:
+                guard.remove()
+
+
+def _is_deferred(t: Any) -> bool:
+    return t is not None and (is_deferred_tensor(t) or is_deferred_tensor(getattr(t, "_local_tensor", None)))

@@ -221,21 +221,27 @@ def _unguard_indexed(index: GuardIndex, made: AbstractSet[int]) -> None:
                 and all(map(nothing_deferred, filter(None, mod._modules.values())))
         return known
 
-    holders, pending = index.by_tensor, index.pending
+    reached: dict[int, list] = {}  # id of a module's reference (one per module) -> [it, how many made]
     for i in made:
-        for ref in holders.pop(i, ()):
-            mod = ref()
-            guard = _GUARDS.get(mod) if mod is not None else None
-            if guard is None:
-                continue
-            pending[id(mod)] -= 1
-            own = (*mod._parameters.values(), *mod._buffers.values())
-            if any(t is not None for t in own):
-                done = not any(map(_is_deferred, own))
+        for ref in index.by_tensor.pop(i, ()):
+            entry = reached.get(id(ref))
+            if entry is None:
+                reached[id(ref)] = [ref, 1]
             else:
-                done = pending[id(mod)] <= 0 and nothing_deferred(mod)
-            if done:
-                guard.remove()
+                entry[1] += 1
+    for ref, n in reached.values():
+        mod = ref()
+        guard = _GUARDS.get(mod) if mod is not None else None
+        if guard is None:
+            continue
+        left = index.pending[id(mod)] = index.pending[id(mod)] - n
+        own = (*mod._parameters.values(), *mod._buffers.values())
+        if any(t is not None for t in own):
+            done = not any(map(_is_deferred, own))
+        else:
+            done = left <= 0 and nothing_deferred(mod)
+        if done:
+            guard.remove()
 
 
 def _is_deferred(t: Any) -> bool:

@@ -95,6 +95,37 @@ def test_recurrent_layers_run_in_a_constructor(kind, kwargs) -> None:
         assert torch.equal(eager_rng, traced_rng)
 
 
+class RunUnder(nn.Module):
+    """A recurrent layer run in ``__init__`` under a grad mode, its output kept, and a draw after."""
+
+    def __init__(self, kind: str, mode: str, **kwargs: Any) -> None:
+        super().__init__()
+        self.rnn = getattr(nn, kind)(3, 4, **kwargs)
+        with {"inference_mode": torch.inference_mode, "no_grad": torch.no_grad, "grad": torch.enable_grad}[mode]():
+            out = self.rnn(torch.randn(4, 2, 3, dtype=self.rnn.weight_hh_l0.dtype))[0]
+        self.register_buffer("out", out.detach().clone())
+        self.after = nn.Parameter(torch.randn(3))
+
+
+@pytest.mark.parametrize("mode", ["inference_mode", "no_grad", "grad"])
+@pytest.mark.parametrize("kind, kwargs", [
+    ("RNN", {}),
+    ("RNN", dict(num_layers=2, dropout=0.3, nonlinearity="relu")),
+    ("GRU", dict(num_layers=2, dropout=0.3)),
+    ("LSTM", dict(num_layers=2, dropout=0.3)),
+    ("LSTM", dict(num_layers=2, dropout=0.3, dtype=torch.float64)),  # not oneDNN's: the native CPU path
+])
+def test_recurrent_layers_run_under_any_grad_mode_are_eagers(kind, kwargs, mode) -> None:
+    """On the CPU, torch's C++ RNNs project every step's input in one matrix product (on other
+    devices, one per step: the meta path recorded that, 1 unit in the last place off). Under
+    inference_mode the op reached the capture whole, and torch's Python decomposition ran
+    there, which drops the dropout between layers (and so every draw after it)."""
+    ref, m, eager_rng, traced_rng = eager_and_traced(RunUnder, kind, mode, **kwargs)
+    fxinit.materialize(m)
+    assert_modules_equal(m, ref)
+    assert torch.equal(eager_rng, traced_rng)
+
+
 class KeptWithAutograd(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -18,8 +18,10 @@ Python instead, for the ops that branch. Found by reading torch's sources (2.11-
   materialize flattens the real weights (``RNNBase._init_flat_weights``), as eager did
   (:data:`RAW_ACCESS_ANSWERS` in ``capture.deferred``).
 - ``aten::scaled_dot_product_attention`` (``attention.cpp``): a backend chosen per device
-  (``_fused_sdp_choice_stub``; meta has none, so math), and ``aten::lstm`` (``RNN.cpp``:
-  oneDNN's ``mkldnn_rnn_layer`` where ``use_mkldnn``, a CPU float input). For a CPU target
+  (``_fused_sdp_choice_stub``; meta has none, so math), ``aten::lstm`` (``RNN.cpp``:
+  oneDNN's ``mkldnn_rnn_layer`` where ``use_mkldnn``, a CPU float input), and ``lstm``,
+  ``gru``, ``rnn_tanh`` and ``rnn_relu`` of whole sequences (``FullLayer``: on the CPU every
+  step's input projection in one matrix product, elsewhere one per step). For a CPU target
   fxinit traces the call with torch's ``make_fx`` on fake CPU tensors, which tell C++ the
   device as torch's ``FakeTensor`` does, and records the ops of that trace
   (:func:`cpu_branch_call`): the flash attention kernel, oneDNN's LSTM, and whatever each
@@ -32,8 +34,8 @@ fused CUDA cell), the ops are recorded on the meta path and marked *inexact*
 one that needs only their shapes (a forward run to size a layer) is unaffected:
 
 - On CUDA, ``lstm``, ``gru``, ``rnn_*`` take cuDNN, and ``lstm_cell`` / ``gru_cell`` a
-  fused kernel (``_thnn_fused_*_cell``). (``lstm`` on the CPU, where make_fx could not trace
-  it, likewise.)
+  fused kernel (``_thnn_fused_*_cell``). (The RNNs on the CPU, where make_fx could not trace
+  them, likewise.)
 - ``aten::batch_norm`` / ``instance_norm`` (``_batch_norm_impl_index``), ``grid_sampler``
   and ``ctc_loss`` take cuDNN's kernels on CUDA where it accepts the input.
 - ``aten::softmax`` / ``log_softmax`` of a float16 CUDA input with ``dtype=float32`` run
@@ -44,6 +46,7 @@ one that needs only their shapes (a forward run to size a layer) is unaffected:
 
 from __future__ import annotations
 
+import contextlib
 import types
 from typing import Any, Callable, ContextManager
 
@@ -88,7 +91,7 @@ RAW_ACCESS_ANSWERS.update({code: 0 for code in _flatten_codes()})
 
 _SDPA = torch._C._nn.scaled_dot_product_attention
 #: composites whose CPU branch is not the meta one: traced as the CPU runs them (:func:`cpu_branch_call`)
-_CPU_BRANCHING = {_SDPA, torch.lstm}
+_CPU_BRANCHING = {_SDPA, torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu}
 
 
 def _target(tensors: list[Any]) -> torch.device | None:
@@ -120,7 +123,13 @@ def cpu_branch_call(func: Any, args: tuple, kwargs: dict,
         a, k = tree_unflatten(leaves, spec)
         return func(*a, **k)
 
-    with suspended():
+    # Under inference_mode a composite op reaches make_fx's tracer whole, and the tracer runs
+    # torch's Python decomposition of it where there is one (its ``lstm`` never applies dropout
+    # between layers), not the C++ kernel eager runs: traced under no_grad, C++ decomposes it.
+    outside = (torch.inference_mode(False), torch.no_grad()) if torch.is_inference_mode_enabled() else ()
+    with suspended(), contextlib.ExitStack() as stack:
+        for mode in outside:
+            stack.enter_context(mode)
         try:
             probes = [_probe(flat[i]) for i in positions]
             traced = make_fx(call, tracing_mode="fake")(*probes)
@@ -144,7 +153,6 @@ _CUDNN_OPS = {torch.batch_norm: "batch_norm", torch.instance_norm: "instance_nor
 _SOFTMAXES = {torch.softmax: ("softmax", 2), torch.log_softmax: ("log_softmax", 2), torch.Tensor.softmax: ("softmax", 2),
               torch.Tensor.log_softmax: ("log_softmax", 2), torch.special.softmax: ("softmax", 2),
               torch.special.log_softmax: ("log_softmax", 2), F.softmax: ("softmax", 3), F.log_softmax: ("log_softmax", 3)}
-_ONEDNN_LSTM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def inexact_branch(func: Any, args: tuple, kwargs: dict) -> str | None:
@@ -158,9 +166,8 @@ def inexact_branch(func: Any, args: tuple, kwargs: dict) -> str | None:
     if target is None or target.type == "meta":
         return None
     if target.type == "cpu":
-        if func is torch.lstm and not isinstance(args[1], torch.Tensor) and torch.backends.mkldnn.is_available() \
-                and torch.backends.mkldnn.enabled and args[0].dtype in _ONEDNN_LSTM_DTYPES:
-            return "aten::lstm runs oneDNN's LSTM (mkldnn_rnn_layer) on the CPU"
+        if func in _CUDNN_RNNS and not isinstance(args[1], torch.Tensor):  # (packed sequences do not branch)
+            return f"aten::{name} computes every step's input projection at once on the CPU (or runs oneDNN's LSTM)"
         return None
     if func in _SOFTMAXES:
         at = _SOFTMAXES[func][1]

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 import torch
+from torch._C import DispatchKey
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -71,11 +72,11 @@ class CaptureDispatchMode(TorchDispatchMode):
             # Under inference_mode autograd's keys, where composite ops decompose, are off, so
             # one reaches this mode whole (``aten.batch_norm``, whose schema does not say it
             # writes the running statistics: braindecode sizes its layers by a forward under
-            # inference_mode). The backend's dispatch would run its decomposition: so does this.
+            # inference_mode). The backend's dispatch would run its decomposition: so does this,
+            # the C++ kernel, not ``func.decompose``'s Python one where torch registers one (its
+            # ``lstm`` never applies dropout between layers; its ``upsample_*`` round otherwise).
             with self:
-                out = func.decompose(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
+                return func._op_dk(DispatchKey.CompositeImplicitAutograd, *args, **kwargs)
         # The recorder reads sizes, strides and storages of deferred tensors: as plain tensors.
         recorder, outside = self.recorder, self.recorder.torch_function_outside
         recorder.torch_function_outside = _SUBCLASS_TORCH_FUNCTION_ON()

@@ -11,6 +11,8 @@ values need them refuses by name."""
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any, Callable
 
 import pytest
@@ -124,6 +126,66 @@ def test_recurrent_layers_run_under_any_grad_mode_are_eagers(kind, kwargs, mode)
     fxinit.materialize(m)
     assert_modules_equal(m, ref)
     assert torch.equal(eager_rng, traced_rng)
+
+
+class GroupNormed(nn.Module):
+    def __init__(self, mode: str, how: str) -> None:
+        super().__init__()
+        self.gn = nn.GroupNorm(2, 64)
+        x = torch.randn(2, 64, 7, 7).contiguous(memory_format=torch.channels_last)
+        with {"inference_mode": torch.inference_mode, "no_grad": torch.no_grad, "grad": torch.enable_grad}[mode]():
+            y = self.gn(x) if how == "module" else torch.group_norm(x, 2, self.gn.weight, self.gn.bias)
+        self.register_buffer("out", y.detach().clone(memory_format=torch.preserve_format))
+
+
+@pytest.mark.parametrize("how", ["module", "torch"])
+@pytest.mark.parametrize("mode", ["inference_mode", "no_grad", "grad"])
+def test_group_norm_of_a_channels_last_input_is_eagers(mode: str, how: str) -> None:
+    """Found by an audit of torch's composites: on the CPU ``group_norm`` keeps a channels-last
+    input so (its kernel sums in another order, its output is channels-last); on meta it made
+    the input contiguous: other bits and strides, silently."""
+    ref, m, _, _ = eager_and_traced(GroupNormed, mode, how)
+    fxinit.materialize(m)
+    assert_modules_equal(m, ref)
+
+
+class Attending(nn.Module):
+    def __init__(self, kind: str, evaluating: bool, keep: bool) -> None:
+        super().__init__()
+        x = torch.randn(2, 3, 8)
+        if kind == "encoder layer":
+            self.layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+            run = lambda: self.layer(x)  # noqa: E731
+        else:
+            self.layer = nn.MultiheadAttention(8, 2, batch_first=True)
+            run = lambda: self.layer(x, x, x, need_weights=kind == "weights")[0]  # noqa: E731
+        self.layer.train(not evaluating)
+        with torch.no_grad() if evaluating else contextlib.nullcontext():
+            out = run()
+        if keep:
+            self.register_buffer("out", out.detach())
+        self.head = nn.Linear(out.shape[-1], 2)  # a forward run to size the next layer
+
+
+@pytest.mark.parametrize("kind, evaluating, inexact", [
+    ("encoder layer", False, True), ("encoder layer", True, True), ("no weights", False, True),
+    ("weights", False, False), ("weights", True, True)])
+def test_attention_inside_multi_head_attention_is_marked(kind: str, evaluating: bool, inexact: bool) -> None:
+    """Found by the same audit: ``nn.MultiheadAttention`` without weights (every
+    ``TransformerEncoderLayer``) calls the CPU's flash attention from Python, below the capture's
+    function mode, and evaluating without autograd it takes its fast path in eager: the meta path
+    was recorded, 1e-7 off, silently. Now marked: a kept value is refused by name, a forward run
+    for a shape is not."""
+    ref, m, _, _ = eager_and_traced(Attending, kind, evaluating, True)
+    if inexact:
+        with pytest.raises(fxinit.DeferredInitError, match="fxinit cannot give eager's values here"):
+            fxinit.materialize(m)
+    else:
+        fxinit.materialize(m)
+        assert_modules_equal(m, ref)
+    ref, m, _, _ = eager_and_traced(Attending, kind, evaluating, False)
+    fxinit.materialize(m)
+    assert_modules_equal(m, ref)
 
 
 class KeptWithAutograd(nn.Module):

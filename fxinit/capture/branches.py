@@ -18,11 +18,13 @@ Python instead, for the ops that branch. Found by reading torch's sources (2.11-
   materialize flattens the real weights (``RNNBase._init_flat_weights``), as eager did
   (:data:`RAW_ACCESS_ANSWERS` in ``capture.deferred``).
 - ``aten::scaled_dot_product_attention`` (``attention.cpp``): a backend chosen per device
-  (``_fused_sdp_choice_stub``; meta has none, so math), ``aten::lstm`` (``RNN.cpp``:
-  oneDNN's ``mkldnn_rnn_layer`` where ``use_mkldnn``, a CPU float input), and ``lstm``,
-  ``gru``, ``rnn_tanh`` and ``rnn_relu`` of whole sequences (``FullLayer``: on the CPU every
-  step's input projection in one matrix product, elsewhere one per step). For a CPU target
-  fxinit traces the call with torch's ``make_fx`` on fake CPU tensors, which tell C++ the
+  (``_fused_sdp_choice_stub``; meta has none, so math); ``aten::lstm`` (``RNN.cpp``:
+  oneDNN's ``mkldnn_rnn_layer`` where ``use_mkldnn``, a CPU float input); ``lstm``, ``gru``,
+  ``rnn_tanh`` and ``rnn_relu`` of whole sequences (``FullLayer``: on the CPU every step's
+  input projection in one matrix product, elsewhere one per step); ``aten::group_norm``
+  (``group_norm.cpp``: on the CPU a channels-last input stays channels-last, and its kernel
+  sums in another order; elsewhere it is made contiguous first). For a CPU target fxinit
+  traces the call with torch's ``make_fx`` on fake CPU tensors, which tell C++ the
   device as torch's ``FakeTensor`` does, and records the ops of that trace
   (:func:`cpu_branch_call`): the flash attention kernel, oneDNN's LSTM, and whatever each
   torch version does around them.
@@ -47,6 +49,7 @@ one that needs only their shapes (a forward run to size a layer) is unaffected:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import types
 from typing import Any, Callable, ContextManager
 
@@ -91,7 +94,7 @@ RAW_ACCESS_ANSWERS.update({code: 0 for code in _flatten_codes()})
 
 _SDPA = torch._C._nn.scaled_dot_product_attention
 #: composites whose CPU branch is not the meta one: traced as the CPU runs them (:func:`cpu_branch_call`)
-_CPU_BRANCHING = {_SDPA, torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu}
+_CPU_BRANCHING = {_SDPA, torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu, torch.group_norm, F.group_norm}
 
 
 def _target(tensors: list[Any]) -> torch.device | None:
@@ -155,11 +158,33 @@ _SOFTMAXES = {torch.softmax: ("softmax", 2), torch.log_softmax: ("log_softmax", 
               torch.special.log_softmax: ("log_softmax", 2), F.softmax: ("softmax", 3), F.log_softmax: ("log_softmax", 3)}
 
 
+_MHA_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
+
+
+def _attention_inside(args: tuple, kwargs: dict) -> str | None:
+    """Why ``F.multi_head_attention_forward`` on the CPU runs a kernel the capture does not see,
+    or None. Its attention is ``scaled_dot_product_attention`` where ``need_weights=False``
+    (``nn.TransformerEncoderLayer``'s), the CPU's flash kernel, called from Python below the
+    capture's function mode; and an evaluating self-attention without autograd is
+    ``nn.MultiheadAttention``'s fast path in eager (``_native_multi_head_attention``), which a
+    deferred tensor, a ``__torch_function__`` subclass, turns away from."""
+    bound = _MHA_SIGNATURE.bind(*args, **kwargs).arguments
+    if not bound.get("need_weights", True):
+        return "F.multi_head_attention_forward(need_weights=False) runs the CPU's flash attention kernel"
+    query, key, value = bound["query"], bound["key"], bound["value"]
+    fast = not bound.get("training", True) and query is key is value and query.dim() == 3 \
+        and bound["num_heads"] % 2 == 0 and bound["bias_k"] is None and not bound["add_zero_attn"] \
+        and not bound.get("use_separate_proj_weight", False) and not torch.is_autocast_enabled() \
+        and not (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                 for t in (*args, *kwargs.values())))
+    return "nn.MultiheadAttention evaluating without autograd runs its fast path on the CPU" if fast else None
+
+
 def inexact_branch(func: Any, args: tuple, kwargs: dict) -> str | None:
     """Why eager, on the target device of ``func``'s deferred inputs, runs a kernel other than
     the one fxinit records (the meta path), or None: see the module doc."""
     name = _CUDNN_RNNS.get(func) or _FUSED_CELLS.get(func) or _CUDNN_OPS.get(func) or _SOFTMAXES.get(func, (None,))[0]
-    if name is None and func is not _SDPA:
+    if name is None and func is not _SDPA and func is not F.multi_head_attention_forward:
         return None
     tensors = [x for a in (*args, *kwargs.values()) for x in (a if isinstance(a, (list, tuple)) else (a,))]
     target = _target(tensors)
@@ -168,6 +193,8 @@ def inexact_branch(func: Any, args: tuple, kwargs: dict) -> str | None:
     if target.type == "cpu":
         if func in _CUDNN_RNNS and not isinstance(args[1], torch.Tensor):  # (packed sequences do not branch)
             return f"aten::{name} computes every step's input projection at once on the CPU (or runs oneDNN's LSTM)"
+        if func is F.multi_head_attention_forward:
+            return _attention_inside(args, kwargs)
         return None
     if func in _SOFTMAXES:
         at = _SOFTMAXES[func][1]

@@ -9,11 +9,14 @@ fxinit does what torchdistX's path does: it materializes the unit (exact values,
 intended device; FSDP then moves them to ``device_id``) and answers ``False``, also where a
 ``param_init_fn`` is given (a framework's: composer's, or torch's documented ``to_empty`` +
 ``reset_parameters``), which eager's FSDP never calls on a built model: it failed in FSDP's
-device check (``fxinit.materialize_module`` there materializes the unit too). For a model
+device check (``fxinit.materialize_module`` there materializes the unit too), and, with
+``fxinit.torchdistx.install()``, FSDP's torchdistX branch ran it on the deferred unit. For a model
 traced on the meta device, what eager's FSDP runs on a meta module is recorded on the unit
 first: the ``param_init_fn``, or without one its own ``to_empty`` + ``reset_parameters()`` per
 module (Lightning's ``FSDPStrategy`` with ``init_module(empty_init=True)``); it failed in
-FSDP's device check, or was refused.
+FSDP's device check, or was refused. FSDP's list of the unit's parameters still holds the
+objects ``to_empty`` replaced there, deferred: they are taken off it, or its torchdistX branch
+(``fake.is_fake``) ran the ``param_init_fn`` a second time, drawing other values, silently.
 
 FSDP1's manual wrapping (``enable_wrap`` + ``wrap`` inside ``__init__``) would flatten
 parameters while the constructor is being recorded: refused, pointing to auto-wrapping.
@@ -51,16 +54,21 @@ def _unit_to_materialize(frame: types.FrameType, t: torch.Tensor, need: Any, ini
     if not any(is_deferred_tensor(x) for x in (*unit.parameters(), *unit.buffers())):
         return False  # done by an earlier answer (FSDP's list still holds the objects to_empty replaced)
     on_meta = any(state_of(t).device.type == "meta" for t in (*managed, t))
-    if torchdistx_branch(caller.f_globals) and managed and not on_meta:
-        return False  # not meta: FSDP asks fake.is_fake and calls deferred_init.materialize_module (fxinit's)
+    init_fn = caller.f_locals.get("param_init_fn")
+    if torchdistx_branch(caller.f_globals) and managed and not on_meta and not callable(init_fn):
+        return False  # not meta: FSDP asks fake.is_fake and calls deferred_init.materialize_module (fxinit's),
+        # or refuses a param_init_fn that is not callable
     if on_meta:  # what eager's FSDP runs on a meta module, recorded; then the unit is exact
-        state, init_fn, fsdp = caller.f_locals["state"], caller.f_locals.get("param_init_fn"), caller.f_globals
+        state, fsdp = caller.f_locals["state"], caller.f_globals
         if init_fn is not None:
             fsdp["_materialize_with_param_init_fn"](unit, init_fn, state._ignored_modules)
         else:  # to_empty + reset_parameters() per module
             fsdp["_materialize_meta_module"](unit, caller.f_locals["device_id"], state._ignored_modules,
                                              state._device_handle)
     materialize(unit)
+    listed = f.f_locals.get("managed_params")
+    if isinstance(listed, list):  # FSDP asks torchdistX's fake.is_fake of it next: the objects to_empty
+        listed[:] = [p for p in listed if not is_deferred_tensor(p)]  # replaced are done, not to initialize again
     return False
 
 

@@ -95,7 +95,7 @@ def _compare(cls: type, init_fn: Any, auto_wrap: bool) -> list[str]:
     errors = [] if all(fake.is_fake(p) for p in deferred.parameters()) else [f"{what}: parameters are not fake"]
     calls = _count_calls()
     ours = FSDP(deferred, param_init_fn=init_fn, **wrap)
-    if not calls:
+    if not calls and init_fn is None:  # (a param_init_fn eager's FSDP never calls on a built model: fxinit's own)
         errors.append(f"{what}: FSDP did not materialize through deferred_init.materialize_module")
     torch.manual_seed(0)
     eager = FSDP(cls("cpu"), **wrap)
@@ -110,6 +110,39 @@ def _compare(cls: type, init_fn: Any, auto_wrap: bool) -> list[str]:
     return errors
 
 
+def _compare_reinit(cls: type, device: str) -> list[str]:
+    """A ``param_init_fn`` that initializes afresh (composer's ``to_empty(recurse=False)`` and
+    ``reset_parameters``): eager's FSDP calls it on a meta module, never on a built one. Found by
+    a sweep of llm-foundry: with the stand-in installed, FSDP's torchdistX branch called it once
+    more on a meta-traced unit (other values, silently), and on a CPU-traced one (a crash)."""
+    calls: list[str] = []
+
+    def reinit(module: nn.Module) -> None:
+        for sub in module.modules():
+            if any(t.is_meta for t in (*sub.parameters(recurse=False), *sub.buffers(recurse=False))):
+                calls.append(type(sub).__name__)
+                sub.to_empty(device="cpu", recurse=False)
+                if hasattr(sub, "reset_parameters"):
+                    sub.reset_parameters()
+                else:
+                    torch.nn.init.uniform_(sub.buf)  # (Buffered's: to_empty leaves it unwritten)
+
+    what = f"{cls.__name__} on {device} with a re-initializing param_init_fn"
+    wrap = {"auto_wrap_policy": always_wrap_policy, "device_id": torch.device("cpu"), "param_init_fn": reinit}
+    torch.manual_seed(0)
+    want, eager_calls = _full(FSDP(cls(device), **wrap)), list(calls)
+    eager_rng = torch.get_rng_state()
+    calls.clear()
+    torch.manual_seed(0)
+    got = _full(FSDP(deferred_init.deferred_init(cls, device), **wrap))
+    errors = [f"{what}: {k} differs" for k in want if not torch.equal(want[k], got[k])]
+    if calls != eager_calls:
+        errors.append(f"{what}: param_init_fn ran on {calls}, eager's on {eager_calls}")
+    if not torch.equal(torch.get_rng_state(), eager_rng):
+        errors.append(f"{what}: the generator is not where eager's is")
+    return errors
+
+
 def _scenarios() -> dict[str, Any]:
     errors: list[str] = []
     if not (_init_utils._TORCHDISTX_AVAIL and _init_utils.deferred_init is fxinit.torchdistx.deferred_init):
@@ -118,6 +151,8 @@ def _scenarios() -> dict[str, Any]:
         for init_fn in (None, _init_with_torchdistx):
             for auto_wrap in (True, False):
                 errors += _compare(cls, init_fn, auto_wrap)
+        for device in ("meta", "cpu"):
+            errors += _compare_reinit(cls, device)
     try:  # PyTorch's test_bad_arg_torchdistx
         FSDP(deferred_init.deferred_init(Nested, "cpu"), param_init_fn=42, device_id=torch.device("cpu"))
         errors.append("param_init_fn=42 was accepted")

@@ -842,3 +842,55 @@ def test_named_tensor_order_and_ties_visible_before_materialize() -> None:
     m = fxinit.trace_init(TiedLM)
     assert [n for _, n, _ in named_tensors(m)] == [n for _, n, _ in named_tensors(ref)]
     assert tie_partition(named_tensors(m)) == tie_partition(named_tensors(ref))
+
+
+_FACTORY_NAMES = ("empty", "empty_strided", "zeros", "ones", "full", "tensor", "arange", "as_tensor")
+
+
+class _PatchesFactories(nn.Module):
+    """Replaces torch's factories while it builds (llm-foundry's and older accelerate's
+    ``init_empty_weights(include_buffers=True)`` force ``device="meta"`` so; profilers count)."""
+
+    def __init__(self, force_meta: bool) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        originals = {name: getattr(torch, name) for name in _FACTORY_NAMES}
+
+        def patched(name: str):  # noqa: ANN202
+            def factory(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+                self.calls.append(name)
+                if force_meta and name in ("empty", "zeros", "ones", "full"):
+                    kwargs["device"] = "meta"
+                return originals[name](*args, **kwargs)
+            return factory
+
+        for name in _FACTORY_NAMES:
+            setattr(torch, name, patched(name))
+        try:
+            self.lin = nn.Linear(3, 3)
+            self.register_buffer("scale", torch.ones(3))
+            if not force_meta:  # (values to read: fxinit computes them with factories of its own)
+                self.width = int(self.lin.weight.abs().sum() > 1) + 2
+                self.register_buffer("picked", torch.tensor([self.lin.bias[0], self.lin.bias[2]]))
+                self.extra = nn.Parameter(torch.randn(self.width))
+        finally:
+            for name, original in originals.items():
+                setattr(torch, name, original)
+
+
+@pytest.mark.parametrize("force_meta", [False, True])
+def test_factories_a_constructor_patches_are_its_own(force_meta: bool) -> None:
+    """Found by a sweep of llm-foundry: fxinit's own ``torch.empty`` calls while recording went
+    to the constructor's replacement, which put them on meta (a crash where eager builds). (The
+    constructor's own calls are eager's; torch's Python meta kernels, which the capture runs
+    where eager's CPU runs C++, call some more.)"""
+    torch.manual_seed(0)
+    eager = _PatchesFactories(force_meta)
+    torch.manual_seed(0)
+    m = fxinit.trace_init(_PatchesFactories, force_meta)
+    fxinit.materialize(m)
+    if force_meta:  # no values, in eager either
+        layout = lambda mod: [(n, t.device, t.shape, t.dtype) for n, t in mod.state_dict().items()]  # noqa: E731
+        assert layout(m) == layout(eager) and all(t.is_meta for t in m.state_dict().values())
+    else:
+        assert_modules_equal(m, eager)

@@ -57,6 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a caller patched
 
 from fxinit.capture.deferred import RAW_ACCESS_ANSWERS, is_deferred_tensor, state_of
 
@@ -143,7 +144,7 @@ def cpu_branch_call(func: Any, args: tuple, kwargs: dict,
 
 def _probe(t: torch.Tensor) -> torch.Tensor:
     """An uninitialized CPU tensor with ``t``'s layout (pages untouched: free at any size)."""
-    probe = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
+    probe = FACTORIES.empty_strided(t.size(), t.stride(), dtype=t.dtype)
     return probe.requires_grad_() if t.requires_grad else probe
 
 

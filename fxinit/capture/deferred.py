@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch._C import TensorBase
+from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a caller patched
 
 from fxinit.capture.compiled_calls import IS_COMPILING, refuse_compiled_call
 from fxinit.capture.grad_branches import run_as_eager
@@ -392,7 +393,7 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
         # After the trace no mode sees torch wrap the number: it would wrap it on meta, valueless.
         rec = state_of(args[0]).recorder
         with rec.suspended():
-            number = torch.tensor(args[2], dtype=args[0].dtype)
+            number = FACTORIES.tensor(args[2], dtype=args[0].dtype)
         args = (args[0], args[1], rec.lift(number))
     elif func is TensorBase.get_device and is_deferred_tensor(args[0]):  # torch would read meta's: -1
         device = reported_device(args[0])

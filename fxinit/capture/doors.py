@@ -41,6 +41,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from torch._C import TensorBase
+from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a caller patched
 
 from fxinit.capture.deferred import (DATA_PROPERTY, OWN_ATTRIBUTES, PARAMETER_CLASS, dressed_as, eager_device,
                                      is_deferred_tensor, made_as, state_of)
@@ -322,15 +323,15 @@ class Doors:
         tensors: the elements stacked, as recorded ops. Dtype and shape are what torch gives
         for real tensors of the same dtypes and shapes (it raises where eager would)."""
         with self.suspended():
-            probe = func(map_tree(lambda x: torch.zeros(x.shape, dtype=x.dtype) if is_deferred_tensor(x) else x,
+            probe = func(map_tree(lambda x: FACTORIES.zeros(x.shape, dtype=x.dtype) if is_deferred_tensor(x) else x,
                                   data), dtype=dtype)
 
         def build(x: Any) -> torch.Tensor:
             if isinstance(x, (list, tuple)):
-                return torch.stack([build(y) for y in x]) if len(x) else torch.empty(0, dtype=probe.dtype)
+                return torch.stack([build(y) for y in x]) if len(x) else FACTORIES.empty(0, dtype=probe.dtype)
             if is_deferred_tensor(x):
                 return x.detach().reshape(()).to(probe.dtype)
-            return torch.tensor(x, dtype=probe.dtype)
+            return FACTORIES.tensor(x, dtype=probe.dtype)
 
         out = build(list(data) if isinstance(data, tuple) else data).reshape(probe.shape)
         if device is not None:

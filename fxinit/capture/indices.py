@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a caller patched
 
 #: what torch's ``PySequence_Check`` finds among indices (strings aside: torch refuses them)
 _SEQUENCES = (list, tuple, range, np.ndarray)
@@ -57,7 +58,7 @@ def _lists_as_tuples() -> bool:
     (deprecated since 2.4: "will be interpreted as tensor index"): asked of torch itself."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return torch.zeros(2, 2)[[[0, 1], [1, 0]]].dim() == 1
+        return FACTORIES.zeros(2, 2)[[[0, 1], [1, 0]]].dim() == 1
 
 
 _LISTS_AS_TUPLES = _lists_as_tuples()
@@ -75,7 +76,7 @@ def _index_tensor(seq: Any) -> Any:
             return seq  # larger tensors: torch's conversion speaks
         seq = [x.item() for x in seq]  # their numbers, as torch reads them (a deferred one's exactly)
     try:
-        t = torch.as_tensor(seq, device="cpu") if isinstance(seq, np.ndarray) else torch.tensor(seq, device="cpu")
+        t = FACTORIES.as_tensor(seq, device="cpu") if isinstance(seq, np.ndarray) else FACTORIES.tensor(seq, device="cpu")
     except (TypeError, ValueError, RuntimeError):
         return seq
     if t.dtype.is_complex:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
+from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a caller patched
 
 from fxinit.errors import DeferredInitError
 
@@ -29,7 +30,7 @@ def local_runs(shape: Sequence[int], placements: Sequence[Any], mesh_sizes: Sequ
                coordinate: Sequence[int]) -> list[Runs]:
     """Per tensor dimension, the runs of global positions the rank at ``coordinate`` holds,
     in the order its local tensor holds them."""
-    positions = [torch.arange(n) for n in shape]
+    positions = [FACTORIES.arange(n) for n in shape]
     for mesh_dim, placement in enumerate(placements):
         if placement.is_replicate():
             continue

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a caller patched
 
 from fxinit.capture.deferred import plain_attributes
 
@@ -30,7 +31,7 @@ aten = torch.ops.aten
 
 def _column_major(t: torch.Tensor) -> torch.Tensor:
     """``t`` (meta) restrided batched column-major, as torch lays out LAPACK's results."""
-    layout = torch.empty((*t.shape[:-2], t.shape[-1], t.shape[-2]), device="meta").mT
+    layout = FACTORIES.empty((*t.shape[:-2], t.shape[-1], t.shape[-2]), device="meta").mT
     return t.as_strided(t.shape, layout.stride())
 
 
@@ -105,7 +106,7 @@ def _exec_fft(shape: tuple[int, ...], strides: tuple[int, ...], out_shape: tuple
 
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return torch.empty(shape, device="meta").stride()
+    return FACTORIES.empty(shape, device="meta").stride()
 
 
 _FFTS = (aten._fft_r2c.default, aten._fft_c2c.default, aten._fft_c2r.default)

@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 import torch
 from torch.nn.parameter import UninitializedBuffer, UninitializedParameter, UninitializedTensorMixin
+from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a caller patched
 
 
 @contextlib.contextmanager
@@ -37,7 +38,7 @@ def lazy_module_support(recorder: Any) -> Iterator[None]:
             device = self.device if device is None else device
             dtype = self.dtype if dtype is None else dtype
             requires_grad = self.requires_grad
-        value = torch.empty(shape, device=device, dtype=dtype)
+        value = FACTORIES.empty(shape, device=device, dtype=dtype)
         if isinstance(self, UninitializedParameter):
             new = torch.nn.Parameter(value, requires_grad=requires_grad)
         else:

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 from torch._C import TensorBase
 from torch._prims_common import suggest_memory_format
+from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a caller patched
 
 PARSE_TO = torch._C._nn._parse_to
 MOVES = (TensorBase.to, TensorBase.cuda, TensorBase.cpu, TensorBase.type, TensorBase.type_as)
@@ -173,5 +174,5 @@ def legacy_type_name(device: torch.device, dtype: torch.dtype) -> str:
     name = _LEGACY_NAMES.get(dtype)
     if name is None:  # torch's own name, from a CPU tensor no mode sees
         with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
-            name = _LEGACY_NAMES[dtype] = torch.empty(0, dtype=dtype).type()[len("torch."):]
+            name = _LEGACY_NAMES[dtype] = FACTORIES.empty(0, dtype=dtype).type()[len("torch."):]
     return "torch." + ("" if device.type == "cpu" else f"{device.type}.") + name

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a caller patched
 
 from fxinit.capture.deferred import is_deferred_tensor, state_of
 from fxinit.capture.devices import META
@@ -46,12 +47,12 @@ def draw_for_real(recorder: Any, func: Any, args: tuple, kwargs: dict, device: t
         if not is_deferred_tensor(x):
             return x
         if id(x) in mutated and not exact:
-            return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=state_of(x).device)
+            return FACTORIES.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=state_of(x).device)
         value = recorder.value_of(x, bounded=not exact)
         if value is not None:
             return value.to(state_of(x).device)
         assert not exact, "an unbounded value_of gives a value"
-        return torch.ones(x.size(), dtype=x.dtype, device=state_of(x).device)
+        return FACTORIES.ones(x.size(), dtype=x.dtype, device=state_of(x).device)
 
     with recorder.suspended(), torch.no_grad():
         rargs = map_tree(real, args)
@@ -63,11 +64,11 @@ def draw_for_real(recorder: Any, func: Any, args: tuple, kwargs: dict, device: t
 
 def _binomial(count: torch.Tensor, prob: torch.Tensor, generator: Any = None) -> torch.Tensor:
     # a tensor of count's dtype, resized to the broadcast shape (Distributions.cpp, TensorIterator)
-    return torch.empty(torch.broadcast_shapes(count.shape, prob.shape), dtype=count.dtype, device=META)
+    return FACTORIES.empty(torch.broadcast_shapes(count.shape, prob.shape), dtype=count.dtype, device=META)
 
 
 def _dirichlet(alpha: torch.Tensor, generator: Any = None) -> torch.Tensor:
-    return torch.empty(alpha.shape, dtype=alpha.dtype, device=META)
+    return FACTORIES.empty(alpha.shape, dtype=alpha.dtype, device=META)
 
 
 #: Meta results of random ops that have no meta kernel in torch: contiguous, as their CPU and

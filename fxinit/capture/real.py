@@ -33,6 +33,7 @@ import weakref
 from typing import Any, Iterator
 
 import torch
+from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a caller patched
 
 from fxinit.capture.devices import default_device, device_available, output_device
 from fxinit.capture.deferred import MATERIALIZED, dressed_as, is_deferred_tensor, state_of
@@ -235,7 +236,7 @@ def with_inferred_size(recorder: Any, func: Any, args: tuple, kwargs: dict) -> t
         if not is_deferred_tensor(x) or any(x is i for i in indices):
             return x
         with recorder.suspended():
-            return torch.zeros(x.shape, dtype=x.dtype)
+            return FACTORIES.zeros(x.shape, dtype=x.dtype)
 
     real = recorder.compute_real(func, map_tree(stand_in, args), map_tree(stand_in, kwargs))
     return args, {**kwargs, "size": tuple(real.shape)}
@@ -277,6 +278,6 @@ def set_from_storage(recorder: Any, func: Any, args: tuple, kwargs: dict) -> tor
         raise recorder.fail("fxinit cannot rebuild a deferred tensor from a meta storage", op=str(func),
                             hint="load the data for real (map_location='cpu')")
     with recorder.suspended(), torch.no_grad():
-        real = torch.empty(0, dtype=t.dtype, device=storage.device).set_(storage, *args[2:], **kwargs)
+        real = FACTORIES.empty(0, dtype=t.dtype, device=storage.device).set_(storage, *args[2:], **kwargs)
     recorder.set_data(t, real, copy=False)
     return t

@@ -30,6 +30,7 @@ from typing import Any, Iterator
 import torch
 import torch.fx as fx
 from torch._C import TensorBase
+from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a caller patched
 
 from fxinit import execute
 from fxinit.capture.call_guards import GuardIndex
@@ -266,7 +267,7 @@ class Recorder(Shadows, Doors):
             self.lifted_with_grad[name] = real
         node = self._node(name, (), {}, op="get_attr")
         with torch._C._DisableTorchDispatch():
-            meta = torch.empty_strided(real.size(), real.stride(), dtype=real.dtype, device=META)
+            meta = FACTORIES.empty_strided(real.size(), real.stride(), dtype=real.dtype, device=META)
         t = self._wrap(meta, node, real.device)
         if value.numel() <= SHADOW_LIMIT:
             with self.suspended():
@@ -334,7 +335,7 @@ class Recorder(Shadows, Doors):
                 keys["gen"] = self.generators.snapshot(gen)
             self.lazy_cpu.flush()  # the function draws for real
             with self.suspended():
-                scratch = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=st.device)
+                scratch = FACTORIES.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=st.device)
                 resolve_init_function(call.qualname)(scratch, **kwargs)
         sid = self.storage_id(t)
         node = self._node(call_init_function, (call.qualname, st.node), node_kwargs)

@@ -7,6 +7,7 @@ import functools
 from typing import Any
 
 import torch
+from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a caller patched
 
 from fxinit.ops import positional_generator
 from fxinit.rng.draws import call_key
@@ -102,7 +103,7 @@ def fill_result(func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
     key = call_key(func, args, kwargs, args[0])
     if key is not None and key in _ACCEPTED:
         return args[0]
-    probe = torch.empty(1, dtype=args[0].dtype)
+    probe = FACTORIES.empty(1, dtype=args[0].dtype)
     func(probe, *args[1:], **{**kwargs, "generator": _PROBE_GENERATOR})
     if key is not None:
         _ACCEPTED.add(key)

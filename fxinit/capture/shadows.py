@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch._C import TensorBase
+from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a caller patched
 
 from fxinit import execute
 from fxinit.capture.deferred import is_deferred_tensor, state_of
@@ -96,7 +97,7 @@ class Shadows:
         if real.device.type != "cpu":
             return
         with self.suspended():  # also reached outside the dispatch mode's handler (lift from a function mode)
-            flat = torch.empty(0, dtype=real.dtype, device=CPU).set_(real.detach().untyped_storage())
+            flat = FACTORIES.empty(0, dtype=real.dtype, device=CPU).set_(real.detach().untyped_storage())
         self.storages.info(t).shadow = flat
 
     def set_real_data(self, t: torch.Tensor, src: torch.Tensor) -> None:
@@ -181,7 +182,7 @@ class Shadows:
             device = output_device(func, inputs, kwargs, self._intended)
             with torch._C._DisableTorchDispatch():
                 mout = map_tree(
-                    lambda r: torch.empty_strided(r.size(), r.stride(), dtype=r.dtype, device=META)
+                    lambda r: FACTORIES.empty_strided(r.size(), r.stride(), dtype=r.dtype, device=META)
                     if isinstance(r, torch.Tensor) else r, real_out)
             return self._record(func, args, kwargs, inputs, mout, device, real_out=real_out)
         if data_dependent:

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import torch
 from torch._C import TensorBase
+from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a caller patched
 
 
 def _untyped_storage_key(t: torch.Tensor) -> int:
@@ -26,7 +27,7 @@ def _references_counted() -> bool:
     count = getattr(torch._C, "_storage_Use_Count", None)
     if count is None or not hasattr(torch.Tensor, "_use_count"):
         return False
-    t = torch.empty(2, device="meta")
+    t = FACTORIES.empty(2, device="meta")
     held = TensorBase.untyped_storage(t)  # as a trace's record of a storage holds it
     alone = count(storage_key(t))
     alias = t.detach()

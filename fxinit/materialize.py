@@ -298,9 +298,9 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
                          loaded: Mapping[int, Callable[[], torch.Tensor]] | None = None,
                          seed: int | None = None, dtype: torch.dtype | None = None, compile: bool | str | None = None,
                          walked: dict[int, list[Slot]] | None = None, inside: AbstractSet[int] = frozenset()
-                         ) -> set[int]:
+                         ) -> list[torch.Tensor]:
     """Compute (or, with ``loaded``, read from a checkpoint) and swap in, and say which tensors
-    (by ``id``: ``tensors`` and the others that went with them); ``loaded`` maps
+    (``tensors`` and the others that went with them, real now); ``loaded`` maps
     ``id(tensor)`` to a reader of its checkpoint value (called once, just before the copy,
     so that only one checkpoint tensor is held at a time); ``walked``: ``module_walk`` of
     modules already walked, by ``id``; ``inside``: modules (by ``id``) whose tensors ``dtype``
@@ -366,7 +366,7 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
             mod._init_flat_weights()
     if dtype is not None:
         separate_buffer_slots(apart, dtype)
-    return {id(t) for t in tensors}
+    return tensors
 
 
 def _refuse_meta_values(tensors: list[torch.Tensor], loaded: Mapping[int, Any], target: torch.device | None) -> None:
@@ -540,7 +540,7 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     if isinstance(obj, torch.nn.Module):
         unguard(obj)
         if dtype is not None:
-            cast_real(obj, dtype, made, inside)
+            cast_real(obj, dtype, {id(t) for t in made}, inside)
             for top in casting + ([obj] if runs_own_to(obj, casting) else []):
                 top.to(dtype)  # their own code, as eager's .to(dtype) runs it
     if from_meta_init and not keep_cache:
@@ -583,7 +583,8 @@ def materialize_module(module: torch.nn.Module, buffers_only: bool = False,
 
     visit(module)
     _refuse_meta_wrappers((f"{path}.{name}" if path else name, t) for path, _, _, name, t in module_walk(module))
-    _materialize_tensors(list(tensors.values()), where, None, True)
+    recorders = list({id(rec): rec for rec in (state_of(t).recorder for t in tensors.values())}.values())
+    unguard_holders(recorders, _materialize_tensors(list(tensors.values()), where, None, True))
     return module
 
 

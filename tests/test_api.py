@@ -648,3 +648,47 @@ def test_a_module_whose_tensors_are_real_has_no_guard_and_pickling_a_deferred_on
     fxinit.materialize(m)
     assert _no_call_guards(m)
     torch.jit.script(m)
+
+
+def test_guards_follow_lazy_modules_ties_and_unregistered_copies() -> None:
+    """Found by the review of the guards: a lazy module's uninitialized parameters were not
+    waited for (after ``dry_run`` the deferred model could be called); a tie made after the trace
+    (no node recorded) left the root's guard on, materialized tensor by tensor, and pickling then
+    said falsely that tensors were deferred; a copy made by a ``__deepcopy__`` that does not tell
+    ``copy.deepcopy`` of itself shared the original's guard, and calling it took the original's off."""
+    import pickle
+
+    lazy = fxinit.trace_init(lambda: nn.Sequential(nn.LazyLinear(3), nn.ReLU(), nn.Linear(3, 2)))
+    fxinit.dry_run(lazy, torch.ones(1, 4))
+    with pytest.raises(fxinit.DeferredInitError, match="was called while its tensors are deferred"):
+        lazy(torch.ones(1, 4))
+    for t in reversed(list(lazy.parameters())):
+        fxinit.materialize(t)
+    assert _no_call_guards(lazy)
+
+    tied = fxinit.trace_init(lambda: nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3)))
+    tied[0].weight = tied[1].weight
+    for t in (tied[0].bias, tied[1].weight, tied[1].bias):
+        fxinit.materialize(t)
+    assert _no_call_guards(tied)
+    pickle.dumps(tied)
+
+    class OwnCopy(nn.Linear):
+        def __deepcopy__(self, memo: dict) -> "OwnCopy":
+            new = OwnCopy.__new__(OwnCopy)
+            new.__dict__ = copy.deepcopy(self.__dict__, memo)
+            return new
+
+    m = fxinit.trace_init(lambda: nn.Sequential(OwnCopy(2, 2)))
+    c = copy.deepcopy(m)
+    fxinit.materialize(c)
+    c(torch.ones(1, 2))
+    assert _no_call_guards(c)
+    with pytest.raises(fxinit.DeferredInitError, match="was called while its tensors are deferred"):
+        m[0](torch.ones(1, 2))
+
+
+def test_torchdistx_materialize_module_takes_the_guards_off() -> None:
+    m = fxinit.trace_init(lambda: nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2))))
+    fxinit.materialize_module(m)
+    assert _no_call_guards(m)

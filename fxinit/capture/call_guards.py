@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Iterable
 
 import torch
+from torch.nn.parameter import UninitializedTensorMixin
 
 from fxinit.capture.deferred import is_deferred_tensor
 from fxinit.errors import DeferredInitError
@@ -55,16 +56,30 @@ class _ByModule:
 
 @dataclass
 class GuardIndex:
-    """The guarded modules of one trace's model (``modules``: theirs and their copies'), indexed:
-    ``by_tensor``: id of a deferred tensor a guarded module holds -> those modules; ``pending``:
-    id of such a module -> how many of those are deferred still; ``stale``: a guarded module
-    was copied since; ``at``: how many nodes the recorder had recorded when it was built."""
+    """The guarded modules of one trace's model (``modules``: theirs and their copies'), indexed.
+    A module with tensors of its own waits for those: ``by_tensor``, id of a deferred tensor ->
+    the modules holding it; one without (a model's root, a ``ModuleList``) waits for the guarded
+    modules right below it: ``parents``, id of a module -> the modules it is right below.
+    ``pending``: id of a module -> how many of those it waits for still; ``stale``: a guarded
+    module was copied since; ``at``: how many nodes the recorder had recorded when it was built."""
 
     modules: list[weakref.ReferenceType] = field(default_factory=list)
     by_tensor: dict[int, list[weakref.ReferenceType]] = field(default_factory=dict)
+    parents: dict[int, list[weakref.ReferenceType]] = field(default_factory=dict)
     pending: dict[int, int] = field(default_factory=dict)
     stale: bool = False
     at: int = 0
+
+    def unguarded(self, mod: torch.nn.Module) -> None:
+        """``mod``'s guard came off: so does that of a module it was the last one waited for below."""
+        for ref in self.parents.pop(id(mod), ()):
+            parent = ref()
+            if parent is None:
+                continue
+            self.pending[id(parent)] = self.pending.get(id(parent), 1) - 1
+            guard = _GUARDS.get(parent)
+            if self.pending[id(parent)] <= 0 and guard is not None:
+                guard.remove(parent)
 
 
 class _NotScriptable(DeferredInitError, AttributeError):
@@ -102,7 +117,7 @@ class CallGuard:
             return
         deferred = next((name for name, t in (*mod.named_parameters(), *mod.named_buffers()) if _is_deferred(t)), None)
         if deferred is None:
-            self.remove()
+            self.remove(mod)
             return
         raise DeferredInitError(
             f"{self.path or type(mod).__name__} was called while its tensors are deferred (built by fxinit.trace_init, "
@@ -111,12 +126,15 @@ class CallGuard:
                  "that lazy modules need, use fxinit.dry_run(model, ...); where a framework calls the model in a "
                  "step of its own (Lightning's ModelSummary), run that step inside `with fxinit.recording(model):`")
 
-    def remove(self) -> None:
-        mod = self.module()
+    def remove(self, mod: torch.nn.Module | None = None) -> None:
+        """Take this guard off ``mod`` (default: its own module; a copy that ``copy.deepcopy``
+        did not tell it of holds it too)."""
+        mod = self.module() if mod is None else mod
         if mod is not None:
             mod._forward_pre_hooks.pop(self.key, None)
             if _GUARDS.get(mod) is self:
                 _GUARDS.pop(mod)
+                self.recorder.guards.unguarded(mod)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CallGuard:
         """The guard of the module's copy (``copy.deepcopy`` makes the module first: ``memo``
@@ -166,25 +184,31 @@ def guard_calls(module: torch.nn.Module, recorder: Any) -> None:
 
 
 def _index(recorder: Any) -> None:
-    """Index the guarded modules of ``recorder``'s model by the deferred tensors they hold now
-    (their own; a module without tensors of its own, a model's root, waits for all those below
-    it); take the guard off those that hold none."""
+    """Index the guarded modules of ``recorder``'s model by what they wait for now (see
+    ``GuardIndex``); take the guard off those that wait for nothing."""
     index = GuardIndex(at=recorder.recorded_nodes)
+    guarded = []
     for ref in recorder.guards.modules:
         mod = ref()
         guard = _GUARDS.get(mod) if mod is not None else None
         if guard is None:
             continue
-        own = [t for t in (*mod._parameters.values(), *mod._buffers.values()) if t is not None]
-        waits_for = {id(t) for t in (own or itertools.chain(mod.parameters(), mod.buffers())) if _is_deferred(t)}
-        if not waits_for:
-            guard.remove()
-            continue
         index.modules.append(ref)
+        guarded.append((mod, guard))
+        own = _own(mod)
+        if own:
+            waits_for = {id(t) for t in own if _waits(t)}
+            for i in waits_for:
+                index.by_tensor.setdefault(i, []).append(ref)
+        else:
+            waits_for = {id(c) for c in mod.children() if _GUARDS.get(c) is not None}
+            for i in waits_for:
+                index.parents.setdefault(i, []).append(ref)
         index.pending[id(mod)] = len(waits_for)
-        for i in waits_for:
-            index.by_tensor.setdefault(i, []).append(ref)
     recorder.guards = index
+    for mod, guard in guarded:
+        if index.pending[id(mod)] <= 0 and _GUARDS.get(mod) is guard:
+            guard.remove(mod)
 
 
 def unguard(module: torch.nn.Module) -> None:
@@ -195,32 +219,24 @@ def unguard(module: torch.nn.Module) -> None:
             guard.remove()
 
 
-def unguard_holders(recorders: Iterable[Any], made: AbstractSet[int]) -> None:
-    """Take the guard off the modules that held the tensors just materialized (``made``: their
-    ids; ``recorders``: theirs), where none of their own tensors is deferred any more (one
-    without tensors of its own, a model's root, once nothing below it is): a model
-    materialized part by part, tensor by tensor, holds no hook of fxinit's at the end either."""
+def unguard_holders(recorders: Iterable[Any], made: list[torch.Tensor]) -> None:
+    """Take the guard off the modules that held the tensors just materialized (``made``;
+    ``recorders``: theirs), where none of their own tensors is deferred any more (one without
+    tensors of its own, a model's root, once nothing below it is): a model materialized part
+    by part, tensor by tensor, holds no hook of fxinit's at the end either."""
+    ids = {id(t) for t in made}
     for recorder in recorders:
         index = recorder.guards
         if not index.modules:
             continue
-        if index.stale or (recorder.recorded_nodes != index.at and any(i not in index.by_tensor for i in made)):
-            _index(recorder)  # (what was just made is real now: its holders are unguarded there)
-        else:
-            _unguard_indexed(index, made)
+        if index.stale or (recorder.recorded_nodes != index.at and any(
+                id(t) not in index.by_tensor and isinstance(t, torch.nn.Parameter) for t in made)):
+            _index(recorder)  # a parameter given since (conv + batch-norm fusion); what was just made is real
+        else:             # now: its holders are unguarded there
+            _unguard_indexed(index, ids)
 
 
 def _unguard_indexed(index: GuardIndex, made: AbstractSet[int]) -> None:
-    clean: dict[int, bool] = {}  # module id -> nothing deferred in it or below (asked once per module)
-
-    def nothing_deferred(mod: torch.nn.Module) -> bool:
-        known = clean.get(id(mod))
-        if known is None:
-            clean[id(mod)] = True  # (a module below itself: asked no further)
-            known = clean[id(mod)] = not any(map(_is_deferred, (*mod._parameters.values(), *mod._buffers.values()))) \
-                and all(map(nothing_deferred, filter(None, mod._modules.values())))
-        return known
-
     reached: dict[int, list] = {}  # id of a module's reference (one per module) -> [it, how many made]
     for i in made:
         for ref in index.by_tensor.pop(i, ()):
@@ -234,14 +250,31 @@ def _unguard_indexed(index: GuardIndex, made: AbstractSet[int]) -> None:
         guard = _GUARDS.get(mod) if mod is not None else None
         if guard is None:
             continue
-        left = index.pending[id(mod)] = index.pending[id(mod)] - n
-        own = (*mod._parameters.values(), *mod._buffers.values())
-        if any(t is not None for t in own):
-            done = not any(map(_is_deferred, own))
-        else:
-            done = left <= 0 and nothing_deferred(mod)
-        if done:
-            guard.remove()
+        index.pending[id(mod)] -= n
+        waiting = [t for t in _own(mod) if _waits(t)]
+        for t in waiting:  # one given to it since the index (``m[0].weight = m[1].weight``): waited for too
+            holders = index.by_tensor.setdefault(id(t), [])
+            if not any(r is ref for r in holders):
+                holders.append(ref)
+                index.pending[id(mod)] += 1
+        if not waiting:
+            guard.remove(mod)
+
+
+def _own(mod: torch.nn.Module) -> list[torch.Tensor]:
+    """``mod``'s own tensors, with those of its parametrizations (``parametrize`` moves a weight
+    into a submodule of no guard of its own: ``mod.parametrizations.weight.original``)."""
+    own = [t for t in (*mod._parameters.values(), *mod._buffers.values()) if t is not None]
+    held = mod._modules.get("parametrizations")
+    if held is not None and type(held).__module__.startswith(_PARAMETRIZE):
+        own += [*held.parameters(), *held.buffers()]
+    return own
+
+
+def _waits(t: torch.Tensor) -> bool:
+    """A tensor a module's guard waits for: deferred, or a lazy module's uninitialized one
+    (``dry_run`` makes it deferred)."""
+    return _is_deferred(t) or isinstance(t, UninitializedTensorMixin)
 
 
 def _is_deferred(t: Any) -> bool:

@@ -1,6 +1,7 @@
 """Call guards: calling a module of a deferred model is a clear error until its tensors are real.
 
-``trace_init`` puts a ``CallGuard`` (a forward pre-hook) on each module that holds tensors, and
+``trace_init`` puts a ``CallGuard`` (a forward pre-hook) on each module that holds deferred
+tensors, and
 takes it off again as those tensors are materialized, whole or part by part, so that a
 materialized model holds no hook of fxinit's: it pickles, ``torch.save``s and scripts as
 eager's does. A guard follows its module through ``copy.deepcopy`` (the copy is guarded, and
@@ -8,10 +9,15 @@ unguarded, on its own: Ultralytics' ``ModelEMA`` copies the model it is given), 
 given to a module after the trace (conv + batch-norm fusion replaces ``conv.weight``) is
 found when it is materialized.
 
-Where the guards are is indexed by the ids of the tensors the guarded modules hold
-(``GuardIndex``, one per trace: ``Recorder.guards``), so that materializing a model tensor by tensor does not walk it
-once per tensor. The index is rebuilt from the modules when a tensor not in it is
-materialized and something was recorded since it was built, or a guarded module was copied.
+Where the guards are is indexed (``GuardIndex``, one per trace: ``Recorder.guards``) by the ids
+of the tensors the guarded modules hold, and, for a module without tensors of its own, by the
+guarded modules right below it, so that materializing a model tensor by tensor does not walk it
+once per tensor. The index is rebuilt from the modules where a guarded module was copied, or a
+parameter not in it is materialized and something was recorded since it was built.
+
+Not guarded: a module whose tensors were all real at the trace's end (one given a deferred
+tensor later, or added after the trace), and parameters that are wrapper subclasses around
+deferred tensors. Calling those before ``materialize`` returns deferred tensors, not values.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Call guards: calling a module of a deferred model is a clear error until its tensors are real.
 
 ``trace_init`` puts a ``CallGuard`` (a forward pre-hook) on each module that holds deferred
-tensors, and
-takes it off again as those tensors are materialized, whole or part by part, so that a
-materialized model holds no hook of fxinit's: it pickles, ``torch.save``s and scripts as
-eager's does. A guard follows its module through ``copy.deepcopy`` (the copy is guarded, and
+tensors, and takes it off again as those tensors are materialized, whole or part by part, so
+that a materialized model holds no hook of fxinit's: it pickles, ``torch.save``s and scripts
+as eager's does. A guard follows its module through ``copy.deepcopy`` (the copy is guarded, and
 unguarded, on its own: Ultralytics' ``ModelEMA`` copies the model it is given), and a tensor
 given to a module after the trace (conv + batch-norm fusion replaces ``conv.weight``) is
 found when it is materialized.

@@ -688,6 +688,20 @@ def test_guards_follow_lazy_modules_ties_and_unregistered_copies() -> None:
         m[0](torch.ones(1, 2))
 
 
+def test_a_parametrized_module_is_guarded_and_unguarded() -> None:
+    """Found by the second review: a model whose only tensors sat in a parametrized module had
+    no guard at all (parametrizations compute weights, unguarded; their owner now is guarded)."""
+    from torch.nn.utils.parametrizations import weight_norm
+
+    m = fxinit.trace_init(lambda: nn.Sequential(weight_norm(nn.Linear(4, 4))))
+    with pytest.raises(fxinit.DeferredInitError, match="was called while its tensors are deferred"):
+        m(torch.ones(1, 4))
+    for t in reversed(list(m.parameters())):
+        fxinit.materialize(t)
+    assert _no_call_guards(m)
+    m(torch.ones(1, 4))
+
+
 def test_torchdistx_materialize_module_takes_the_guards_off() -> None:
     m = fxinit.trace_init(lambda: nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2))))
     fxinit.materialize_module(m)

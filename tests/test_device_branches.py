@@ -97,16 +97,34 @@ def test_recurrent_layers_run_in_a_constructor(kind, kwargs) -> None:
         assert torch.equal(eager_rng, traced_rng)
 
 
-class RunUnder(nn.Module):
-    """A recurrent layer run in ``__init__`` under a grad mode, its output kept, and a draw after."""
+_GRAD_MODES = {"inference_mode": torch.inference_mode, "no_grad": torch.no_grad, "grad": torch.enable_grad}
 
-    def __init__(self, kind: str, mode: str, **kwargs: Any) -> None:
+
+class RunUnder(nn.Module):
+    """A recurrent layer run in ``__init__`` under a grad mode, its output kept, and a draw after;
+    ``whole``: the whole constructor runs under it (parameters made under ``inference_mode``
+    are inference tensors, whose views C++ says need no gradient: ``matmul`` folds otherwise)."""
+
+    def __init__(self, kind: str, mode: str, batch_first: bool = False, **kwargs: Any) -> None:
         super().__init__()
-        self.rnn = getattr(nn, kind)(3, 4, **kwargs)
-        with {"inference_mode": torch.inference_mode, "no_grad": torch.no_grad, "grad": torch.enable_grad}[mode]():
+        self.rnn = getattr(nn, kind)(3, 4, batch_first=batch_first, **kwargs)
+        with _GRAD_MODES[mode]():
             out = self.rnn(torch.randn(4, 2, 3, dtype=self.rnn.weight_hh_l0.dtype))[0]
         self.register_buffer("out", out.detach().clone())
         self.after = nn.Parameter(torch.randn(3))
+
+
+@pytest.mark.parametrize("whole", ["inference_mode", "no_grad", None])
+@pytest.mark.parametrize("kind", ["RNN", "GRU", "LSTM"])
+def test_batch_first_recurrent_layers_under_inference_mode_are_eagers(kind: str, whole: str | None) -> None:
+    """Found by the review: traced outside inference_mode, the calls of a constructor built whole
+    under it took ``matmul``'s other branch (1 unit in the last place off, silently)."""
+    with _GRAD_MODES[whole]() if whole else contextlib.nullcontext():
+        ref, m, eager_rng, traced_rng = eager_and_traced(RunUnder, kind, "inference_mode", True, num_layers=2,
+                                                         dropout=0.3)
+    fxinit.materialize(m)
+    assert_modules_equal(m, ref)
+    assert torch.equal(eager_rng, traced_rng)
 
 
 @pytest.mark.parametrize("mode", ["inference_mode", "no_grad", "grad"])
@@ -156,9 +174,9 @@ class Attending(nn.Module):
         if kind == "encoder layer":
             self.layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
             run = lambda: self.layer(x)  # noqa: E731
-        else:
-            self.layer = nn.MultiheadAttention(8, 2, batch_first=True)
-            run = lambda: self.layer(x, x, x, need_weights=kind == "weights")[0]  # noqa: E731
+        else:  # (eager's fast path needs batch_first)
+            self.layer = nn.MultiheadAttention(8, 2, batch_first=kind != "weights, sequence first")
+            run = lambda: self.layer(x, x, x, need_weights=kind.startswith("weights"))[0]  # noqa: E731
         self.layer.train(not evaluating)
         with torch.no_grad() if evaluating else contextlib.nullcontext():
             out = run()
@@ -169,7 +187,7 @@ class Attending(nn.Module):
 
 @pytest.mark.parametrize("kind, evaluating, inexact", [
     ("encoder layer", False, True), ("encoder layer", True, True), ("no weights", False, True),
-    ("weights", False, False), ("weights", True, True)])
+    ("weights", False, False), ("weights", True, True), ("weights, sequence first", True, False)])
 def test_attention_inside_multi_head_attention_is_marked(kind: str, evaluating: bool, inexact: bool) -> None:
     """Found by the same audit: ``nn.MultiheadAttention`` without weights (every
     ``TransformerEncoderLayer``) calls the CPU's flash attention from Python, below the capture's

@@ -49,7 +49,9 @@ one that needs only their shapes (a forward run to size a layer) is unaffected:
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+import sys
 import types
 from typing import Any, Callable, ContextManager
 
@@ -95,7 +97,8 @@ RAW_ACCESS_ANSWERS.update({code: 0 for code in _flatten_codes()})
 
 _SDPA = torch._C._nn.scaled_dot_product_attention
 #: composites whose CPU branch is not the meta one: traced as the CPU runs them (:func:`cpu_branch_call`)
-_CPU_BRANCHING = {_SDPA, torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu, torch.group_norm, F.group_norm}
+_GROUP_NORMS = {torch.group_norm, F.group_norm}
+_CPU_BRANCHING = {_SDPA, torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu, *_GROUP_NORMS}
 
 
 def _target(tensors: list[Any]) -> torch.device | None:
@@ -113,8 +116,8 @@ def cpu_branch_call(func: Any, args: tuple, kwargs: dict,
     is recorded): C++ picks the branch it picks for real CPU tensors (``_fused_sdp_choice``'s
     flash attention, with its handling of 3-d inputs where torch has one; oneDNN's LSTM) and
     the trace holds its ops. A composite that make_fx cannot trace runs as it is."""
-    if func not in _CPU_BRANCHING:
-        return None
+    if func not in _CPU_BRANCHING or func in _GROUP_NORMS and args and args[0].is_contiguous():
+        return None  # (a contiguous input takes one path everywhere)
     flat, spec = tree_flatten((args, kwargs))
     if _target(flat) != torch.device("cpu"):
         return None
@@ -127,25 +130,47 @@ def cpu_branch_call(func: Any, args: tuple, kwargs: dict,
         a, k = tree_unflatten(leaves, spec)
         return func(*a, **k)
 
-    # Under inference_mode a composite op reaches make_fx's tracer whole, and the tracer runs
-    # torch's Python decomposition of it where there is one (its ``lstm`` never applies dropout
-    # between layers), not the C++ kernel eager runs: traced under no_grad, C++ decomposes it.
-    outside = (torch.inference_mode(False), torch.no_grad()) if torch.is_inference_mode_enabled() else ()
-    with suspended(), contextlib.ExitStack() as stack:
-        for mode in outside:
-            stack.enter_context(mode)
+    # Under inference_mode make_fx makes its fake tensors there, as inference tensors, whose views
+    # C++ says need no gradient: a parameter made outside it has views that do, and C++ branches
+    # on that (``matmul`` folds). Such a call is traced outside it, under no_grad (same branches).
+    leave = torch.is_inference_mode_enabled() and any(
+        flat[i].requires_grad and not flat[i].is_inference() for i in positions)
+    with suspended(), torch.inference_mode(False) if leave else contextlib.nullcontext(), \
+            torch.no_grad() if leave else contextlib.nullcontext():
         try:
             probes = [_probe(flat[i]) for i in positions]
-            traced = make_fx(call, tracing_mode="fake")(*probes)
+            traced = make_fx(call, decomposition_table=cpp_composites(), tracing_mode="fake")(*probes)
         except Exception:  # noqa: BLE001  (invalid arguments: the call as it is raises eager's error)
             return None
     return lambda: traced(*(flat[i] for i in positions))
 
 
 def _probe(t: torch.Tensor) -> torch.Tensor:
-    """An uninitialized CPU tensor with ``t``'s layout (pages untouched: free at any size)."""
-    probe = FACTORIES.empty_strided(t.size(), t.stride(), dtype=t.dtype)
-    return probe.requires_grad_() if t.requires_grad else probe
+    """An uninitialized CPU tensor with ``t``'s layout (pages untouched: free at any size), an
+    inference tensor where ``t`` is one (C++ takes other branches for those: ``matmul``'s)."""
+    with torch.inference_mode(t.is_inference()):
+        probe = FACTORIES.empty_strided(t.size(), t.stride(), dtype=t.dtype)
+        return probe.requires_grad_() if t.requires_grad else probe
+
+
+@functools.cache
+def cpp_composites() -> dict[Any, Callable[..., Any]]:
+    """For make_fx: each composite op (a ``CompositeImplicitAutograd`` kernel) that torch also
+    decomposes in Python, run by its C++ kernel, as eager's dispatch runs it. Under
+    ``inference_mode`` such ops reach make_fx's tracer whole, and it would run the Python one,
+    which is not eager's (torch's ``lstm`` there never applies dropout between layers; its
+    ``upsample_bicubic2d`` rounds otherwise)."""
+    import torch._decomp  # noqa: F401  (registers torch's Python decompositions, as make_fx does)
+
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    table = {}
+    for packet in list(vars(torch.ops.aten).values()):  # (an op with a Python kernel was looked up: it is here)
+        if isinstance(packet, torch._ops.OpOverloadPacket):
+            for op in list(vars(packet).values()):
+                if isinstance(op, torch._ops.OpOverload) and key in op.py_kernels \
+                        and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key):
+                    table[op] = functools.partial(op._op_dk, key)
+    return table
 
 
 _CUDNN_RNNS = {torch.lstm: "lstm", torch.gru: "gru", torch.rnn_tanh: "rnn_tanh", torch.rnn_relu: "rnn_relu"}
@@ -160,25 +185,30 @@ _SOFTMAXES = {torch.softmax: ("softmax", 2), torch.log_softmax: ("log_softmax", 
 
 
 _MHA_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
+_MHA_FORWARD = torch.nn.MultiheadAttention.forward.__code__
 
 
 def _attention_inside(args: tuple, kwargs: dict) -> str | None:
     """Why ``F.multi_head_attention_forward`` on the CPU runs a kernel the capture does not see,
     or None. Its attention is ``scaled_dot_product_attention`` where ``need_weights=False``
     (``nn.TransformerEncoderLayer``'s), the CPU's flash kernel, called from Python below the
-    capture's function mode; and an evaluating self-attention without autograd is
-    ``nn.MultiheadAttention``'s fast path in eager (``_native_multi_head_attention``), which a
-    deferred tensor, a ``__torch_function__`` subclass, turns away from."""
-    bound = _MHA_SIGNATURE.bind(*args, **kwargs).arguments
-    if not bound.get("need_weights", True):
+    capture's function mode; and where ``nn.MultiheadAttention.forward`` called it only because
+    a deferred tensor has ``__torch_function__`` (its ``why_not_fast_path`` says so) eager's took
+    its fast path (``_native_multi_head_attention``), unless autograd needs the result."""
+    if not _MHA_SIGNATURE.bind(*args, **kwargs).arguments.get("need_weights", True):
         return "F.multi_head_attention_forward(need_weights=False) runs the CPU's flash attention kernel"
-    query, key, value = bound["query"], bound["key"], bound["value"]
-    fast = not bound.get("training", True) and query is key is value and query.dim() == 3 \
-        and bound["num_heads"] % 2 == 0 and bound["bias_k"] is None and not bound["add_zero_attn"] \
-        and not bound.get("use_separate_proj_weight", False) and not torch.is_autocast_enabled() \
-        and not (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                                 for t in (*args, *kwargs.values())))
-    return "nn.MultiheadAttention evaluating without autograd runs its fast path on the CPU" if fast else None
+    frame = sys._getframe(1)
+    for _ in range(8):
+        if frame is None or frame.f_code is _MHA_FORWARD:
+            break
+        frame = frame.f_back
+    if frame is None or frame.f_code is not _MHA_FORWARD:
+        return None  # not nn.MultiheadAttention's: no fast path
+    reason, tensors = frame.f_locals.get("why_not_fast_path", ""), frame.f_locals.get("tensor_args", ())
+    if "has_torch_function" in reason and not (
+            torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)):
+        return "nn.MultiheadAttention evaluating without autograd runs its fast path on the CPU"
+    return None
 
 
 def inexact_branch(func: Any, args: tuple, kwargs: dict) -> str | None:

@@ -28,6 +28,7 @@ from typing import AbstractSet, Any, Iterable
 
 import torch
 from torch.nn.parameter import UninitializedTensorMixin
+from torch.nn.utils import parametrize
 
 from fxinit.capture.deferred import is_deferred_tensor
 from fxinit.errors import DeferredInitError
@@ -177,8 +178,8 @@ def guard_calls(module: torch.nn.Module, recorder: Any) -> None:
                 "it keeps its tensors in TorchScript, where fxinit's deferred tensors lose what they are and "
                 "materialize cannot reach them", op="torch.jit.script",
                 hint="script the module after fxinit.materialize, or build this model eagerly")
-        if type(mod).__module__.startswith(_PARAMETRIZE):
-            continue  # computes a weight from parameters (recorded), never from data
+        if type(mod).__module__.startswith(_PARAMETRIZE) and not parametrize.is_parametrized(mod):
+            continue  # computes a weight from parameters (recorded), never from data (its owner is guarded)
         if next(itertools.chain(mod.parameters(), mod.buffers()), None) is None:
             continue  # nothing to wait for (an activation, e3nn's generated code: pickled as eager's)
         guard = CallGuard(mod, path, recorder)

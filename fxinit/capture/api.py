@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import torch
 
 from fxinit.capture import init_shims
-from fxinit.capture.call_guards import _ByModule, guard_calls
+from fxinit.capture.call_guards import ByModule, guard_calls
 from fxinit.capture.compiled_calls import compiled_call_refusal
 from fxinit.capture.deferred import is_deferred_tensor, state_of
 from fxinit.capture.foreach_groups import deferred_devices
@@ -27,7 +27,7 @@ _local = threading.local()
 _META_INIT_RECORDERS: list[Recorder] = []
 
 
-_ROOT_RECORDERS = _ByModule()  # module -> the recorder of the trace that built it
+_ROOT_RECORDERS = ByModule()  # module -> the recorder of the trace that built it
 
 
 def _depth() -> int:

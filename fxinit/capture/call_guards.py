@@ -36,7 +36,7 @@ from fxinit.errors import DeferredInitError
 _PARAMETRIZE = "torch.nn.utils.parametriz"  # parametrize, parametrizations
 
 
-class _ByModule:
+class ByModule:
     """Values by module, as long as the module lives. Keyed by identity: a
     ``WeakKeyDictionary`` compares its keys with ``==``, which a module may define otherwise
     (tensordict's ``TensorDictParams``, in every torchrl loss, compares element by element, and
@@ -93,7 +93,7 @@ class _NotScriptable(DeferredInitError, AttributeError):
     as well, for code that asks any hook ``getattr(hook, "__name__", None)``)."""
 
 
-_GUARDS = _ByModule()  # module -> its CallGuard, until that module's tensors are materialized
+_GUARDS = ByModule()  # module -> its CallGuard, until that module's tensors are materialized
 
 
 class CallGuard:
@@ -221,8 +221,8 @@ def unguard(module: torch.nn.Module) -> None:
     """Take the guard off each module of ``module`` whose own tensors are all materialized."""
     for mod in module.modules():
         guard = _GUARDS.get(mod)
-        if guard is not None and not any(_is_deferred(t) for t in (*mod._parameters.values(), *mod._buffers.values())):
-            guard.remove()
+        if guard is not None and not any(map(_is_deferred, _own(mod))):
+            guard.remove(mod)
 
 
 def unguard_holders(recorders: Iterable[Any], made: list[torch.Tensor]) -> None:

@@ -389,8 +389,13 @@ def _parameter_new(cls: type, data: Any = None, requires_grad: bool = True) -> A
 def _wraps_deferred(data: Any) -> bool:
     """``data`` is a wrapper tensor subclass (``__tensor_flatten__``) with a deferred tensor inside."""
     flatten = getattr(type(data), "__tensor_flatten__", None)
-    return flatten is not None and not is_deferred_tensor(data) and any(
-        is_deferred_tensor(getattr(data, name, None)) for name in flatten(data)[0])
+    if flatten is None or is_deferred_tensor(data):
+        return False
+    try:
+        names = flatten(data)[0]
+    except Exception:  # noqa: BLE001  (the subclass's own error is not this one's: torch's stands)
+        return False
+    return any(is_deferred_tensor(getattr(data, name, None)) for name in names)
 
 
 def _wrapper_on_meta(cls: type, data: Any) -> DeferredInitError:

@@ -302,3 +302,27 @@ def test_a_marked_value_is_refused_where_needed_and_nowhere_else(monkeypatch, tm
     with pytest.raises(fxinit.DeferredInitError, match=r"oneDNN's LSTM[\s\S]*source: .*test_device_branches.py"):
         fxinit.materialize(m)
     fxinit.materialize(m.head)  # a part that does not need it
+
+
+class _NormedForAShape(nn.Module):
+    def __init__(self, keep: bool) -> None:
+        super().__init__()
+        self.gn = nn.GroupNorm(2, 8)
+        y = self.gn(torch.randn(2, 8, 3, 3).contiguous(memory_format=torch.channels_last))
+        if keep:
+            self.register_buffer("out", y.detach().clone())
+        self.head = nn.Linear(y.shape[1], 2)
+
+
+def test_a_channels_last_group_norm_make_fx_cannot_trace_is_marked(monkeypatch) -> None:
+    """Where make_fx cannot trace it (the second review: that fallback was silent for group
+    norm, which had no mark), a kept value is refused by name; a forward for a shape is not."""
+    import fxinit.capture.branches as branches
+
+    def untraceable(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("no make_fx here")
+
+    monkeypatch.setattr(branches, "make_fx", untraceable)
+    fxinit.materialize(fxinit.trace_init(_NormedForAShape, False))
+    with pytest.raises(fxinit.DeferredInitError, match="aten::group_norm keeps a channels-last input"):
+        fxinit.materialize(fxinit.trace_init(_NormedForAShape, True))

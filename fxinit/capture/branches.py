@@ -215,7 +215,7 @@ def inexact_branch(func: Any, args: tuple, kwargs: dict) -> str | None:
     """Why eager, on the target device of ``func``'s deferred inputs, runs a kernel other than
     the one fxinit records (the meta path), or None: see the module doc."""
     name = _CUDNN_RNNS.get(func) or _FUSED_CELLS.get(func) or _CUDNN_OPS.get(func) or _SOFTMAXES.get(func, (None,))[0]
-    if name is None and func is not _SDPA and func is not F.multi_head_attention_forward:
+    if name is None and func is not _SDPA and func is not F.multi_head_attention_forward and func not in _GROUP_NORMS:
         return None
     tensors = [x for a in (*args, *kwargs.values()) for x in (a if isinstance(a, (list, tuple)) else (a,))]
     target = _target(tensors)
@@ -226,6 +226,8 @@ def inexact_branch(func: Any, args: tuple, kwargs: dict) -> str | None:
             return f"aten::{name} computes every step's input projection at once on the CPU (or runs oneDNN's LSTM)"
         if func is F.multi_head_attention_forward:
             return _attention_inside(args, kwargs)
+        if func in _GROUP_NORMS and args and not args[0].is_contiguous():  # (where make_fx could not trace it)
+            return "aten::group_norm keeps a channels-last input so on the CPU, and sums in another order"
         return None
     if func in _SOFTMAXES:
         at = _SOFTMAXES[func][1]

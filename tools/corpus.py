@@ -8,6 +8,7 @@
     python tools/corpus.py --from-pretrained     # AutoModel.from_pretrained of a partial checkpoint
     python tools/corpus.py --rng portable --compile  # compiled portable fills against the C kernel
     FXINIT_NVRTC_ON_CPU=1 python tools/corpus.py --rng portable --compile nvrtc  # fxinit's CUDA kernel, as C
+    python tools/corpus.py --grad-mode inference_mode  # eager and trace under `with torch.inference_mode()`
 
 For each architecture (``AutoModel.from_config`` on a tiny config), seed and default
 dtype it builds the eager reference, then with fxinit: trace + materialize whole, and
@@ -16,7 +17,9 @@ buffer (persistent or not) must match bitwise, with the same dtype, shape, devic
 requires_grad, Parameter type, tying and storage sharing; trace_init must leave the
 global RNG where eager construction leaves it, and materialize must not change it.
 With ``--device D`` both eager construction and the trace run under ``with torch.device(D)``
-(a GPU when D is cuda: values stay on it, and D's generator is checked as well).
+(a GPU when D is cuda: values stay on it, and D's generator is checked as well). With
+``--grad-mode M`` both run under ``torch.inference_mode()`` or ``torch.no_grad()`` (parameters
+made under inference mode are inference tensors, on which torch's C++ takes other branches).
 Tensors that no op writes (``InitGraph.uninitialized``: allocated and left as they are, as
 ``from_pretrained`` leaves missing tensors that ``_init_weights`` does not cover) hold
 whatever memory held, in eager too: their values are not compared.
@@ -176,12 +179,13 @@ def _partial_checkpoint(cfg: Any, seed: int, directory: str) -> None:
 @_in_default_dtype
 def check_model(model_type: str, seed: int = 0, dtype: str = "float32", variant: str = "tiny",
                 orders: tuple[str, ...] = ("whole", "reverse"), cast: str | None = None,
-                device: str | None = None, pretrained: bool = False) -> dict[str, Any]:
+                device: str | None = None, pretrained: bool = False, grad_mode: str | None = None) -> dict[str, Any]:
     """Check one architecture; returns {order: "ok" | "mismatch: ..." | "cannot defer: ..." | "crash: ..."}.
 
     ``cast``: materialize with ``dtype=cast`` and compare with eager construction followed
     by ``Module.to(cast)``. ``device``: eager construction and trace both run under
-    ``with torch.device(device)``. ``pretrained``: build with ``AutoModel.from_pretrained``
+    ``with torch.device(device)``, and ``grad_mode`` (``torch.inference_mode`` or
+    ``torch.no_grad``) too. ``pretrained``: build with ``AutoModel.from_pretrained``
     of a checkpoint that lacks every third tensor (``_partial_checkpoint``) instead of
     ``from_config``."""
     import contextlib
@@ -194,7 +198,14 @@ def check_model(model_type: str, seed: int = 0, dtype: str = "float32", variant:
 
     cfg = build_config(model_type, variant)
     result: dict[str, Any] = {"model": model_type, "seed": seed, "dtype": dtype}
-    on_device = (lambda: torch.device(device)) if device is not None else contextlib.nullcontext
+    def on_device() -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        if device is not None:
+            stack.enter_context(torch.device(device))
+        if grad_mode is not None:
+            stack.enter_context(getattr(torch, grad_mode)())
+        return stack
+
     checkpoint = tempfile.TemporaryDirectory() if pretrained else contextlib.nullcontext()
     try:
         if pretrained:
@@ -296,11 +307,11 @@ def check_model_portable(model_type: str, seed: int = 0, dtype: str = "float32",
 def check_model_settings(model_type: str, settings: list[tuple[int, str]], variant: str,
                          orders: tuple[str, ...], rng: str = "exact", cast: str | None = None,
                          device: str | None = None, pretrained: bool = False,
-                         compile: bool | str = False) -> list[dict[str, Any]]:
+                         compile: bool | str = False, grad_mode: str | None = None) -> list[dict[str, Any]]:
     """``check_model`` (or ``check_model_portable``) for several (seed, dtype) settings in
     one process (one import of the model)."""
     if rng == "exact":
-        return [check_model(model_type, seed, dtype, variant, orders, cast, device, pretrained)
+        return [check_model(model_type, seed, dtype, variant, orders, cast, device, pretrained, grad_mode)
                 for seed, dtype in settings]
     return [check_model_portable(model_type, seed, dtype, variant, orders, compile) for seed, dtype in settings]
 
@@ -474,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cast", choices=["bfloat16", "float16", "float32", "float64"],
                     help="materialize with dtype=CAST and compare with eager followed by Module.to(CAST)")
     ap.add_argument("--device", help="build eager and trace under `with torch.device(DEVICE)` (cuda: on the GPU)")
+    ap.add_argument("--grad-mode", choices=["inference_mode", "no_grad"],
+                    help="build eager and trace under `with torch.inference_mode()` or `torch.no_grad()`")
     ap.add_argument("--from-pretrained", action="store_true",
                     help="build with AutoModel.from_pretrained of a saved checkpoint lacking every third tensor: "
                          "what it initializes is deferred, and must equal eager from_pretrained")
@@ -510,12 +523,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--cast checks exact mode against eager + Module.to")
     if args.device and args.rng != "exact":
         raise SystemExit("--device checks exact mode; tools/gpu_check.py compares portable values across devices")
+    if args.grad_mode and args.rng != "exact":
+        raise SystemExit("--grad-mode checks exact mode")
     if args.from_pretrained and args.rng != "exact":
         raise SystemExit("--from-pretrained checks exact mode against eager from_pretrained")
     if args.compile and args.rng != "portable":
         raise SystemExit("--compile checks portable mode: compiled kernels against fxinit's C kernel")
     jobs = [(n, settings, buildable[n]["variant"], orders, args.rng, args.cast, args.device, args.from_pretrained,
-             args.compile) for n in names]
+             args.compile, args.grad_mode) for n in names]
     print(f"{len(names)} architectures x {len(settings)} (seed, dtype) x {len(orders)} orders; "
           f"{len(listing) - len(buildable)} of {len(listing)} model types do not build tiny")
     results: list[dict[str, Any]] = []
@@ -548,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
                 what += f" to eager + .to({args.cast})"
             if args.from_pretrained:
                 what += " (from_pretrained, a third of the checkpoint missing)"
+            if args.grad_mode:
+                what += f" under torch.{args.grad_mode}()"
             print(f"seed={s} dtype={d:8s} order={o:7s}: {ok}/{len(rs)} {what}"
                   + (f", {refused} refused with DeferredInitError" if refused else ""))
     kinds: dict[str, list[str]] = defaultdict(list)

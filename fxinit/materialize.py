@@ -532,7 +532,7 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     inside = {id(m) for top in casting for m in top.modules()}
     if dtype is not None and isinstance(obj, torch.nn.Module):  # modules held in containers: .to does not reach them
         inside |= {id(mod) for _, mod, _, _, _ in walked[id(obj)]} - {id(m) for m in obj.modules()}
-    recorders = list({id(rec): rec for rec in (state_of(t).recorder for t in tensors)}.values())
+    recorders = _recorders_of(tensors)
     made = _materialize_tensors(tensors, where, device, init, loaded, seed_asked, dtype, compile, walked, inside)
     if set_extra_states is not None:
         set_extra_states()
@@ -548,6 +548,11 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     if state_dict is not None and not strict:
         return _IncompatibleKeys(*incompatible)  # type: ignore[return-value]
     return obj
+
+
+def _recorders_of(tensors: Iterable[torch.Tensor]) -> list[Recorder]:
+    """The recorders of deferred ``tensors``, each once."""
+    return list({id(rec): rec for rec in (state_of(t).recorder for t in tensors)}.values())
 
 
 def _refuse_left_behind(module: torch.nn.Module, walk: list[Slot] | None = None) -> None:
@@ -583,7 +588,7 @@ def materialize_module(module: torch.nn.Module, buffers_only: bool = False,
 
     visit(module)
     _refuse_meta_wrappers((f"{path}.{name}" if path else name, t) for path, _, _, name, t in module_walk(module))
-    recorders = list({id(rec): rec for rec in (state_of(t).recorder for t in tensors.values())}.values())
+    recorders = _recorders_of(tensors.values())  # (before they are real)
     unguard_holders(recorders, _materialize_tensors(list(tensors.values()), where, None, True))
     return module
 

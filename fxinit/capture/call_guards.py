@@ -65,8 +65,8 @@ class GuardIndex:
     """The guarded modules of one trace's model (``modules``: theirs and their copies'), indexed.
     A module with tensors of its own waits for those: ``by_tensor``, id of a deferred tensor ->
     the modules holding it; one without (a model's root, a ``ModuleList``) waits for the guarded
-    modules right below it: ``parents``, id of a module -> the modules it is right below.
-    ``pending``: id of a module -> how many of those it waits for still; ``stale``: a guarded
+    modules right below it: ``parents``, id of a module -> the modules it is right below, and
+    ``pending``, id of such a module -> how many of those are guarded still. ``stale``: a guarded
     module was copied since; ``at``: how many nodes the recorder had recorded when it was built."""
 
     modules: list[weakref.ReferenceType] = field(default_factory=list)
@@ -193,14 +193,13 @@ def _index(recorder: Any) -> None:
     """Index the guarded modules of ``recorder``'s model by what they wait for now (see
     ``GuardIndex``); take the guard off those that wait for nothing."""
     index = GuardIndex(at=recorder.recorded_nodes)
-    guarded = []
+    done = []
     for ref in recorder.guards.modules:
         mod = ref()
         guard = _GUARDS.get(mod) if mod is not None else None
         if guard is None:
             continue
         index.modules.append(ref)
-        guarded.append((mod, guard))
         own = _own(mod)
         if own:
             waits_for = {id(t) for t in own if _waits(t)}
@@ -210,10 +209,12 @@ def _index(recorder: Any) -> None:
             waits_for = {id(c) for c in mod.children() if _GUARDS.get(c) is not None}
             for i in waits_for:
                 index.parents.setdefault(i, []).append(ref)
-        index.pending[id(mod)] = len(waits_for)
+            index.pending[id(mod)] = len(waits_for)
+        if not waits_for:
+            done.append((mod, guard))
     recorder.guards = index
-    for mod, guard in guarded:
-        if index.pending[id(mod)] <= 0 and _GUARDS.get(mod) is guard:
+    for mod, guard in done:
+        if _GUARDS.get(mod) is guard:
             guard.remove(mod)
 
 
@@ -243,26 +244,17 @@ def unguard_holders(recorders: Iterable[Any], made: list[torch.Tensor]) -> None:
 
 
 def _unguard_indexed(index: GuardIndex, made: AbstractSet[int]) -> None:
-    reached: dict[int, list] = {}  # id of a module's reference (one per module) -> [it, how many made]
-    for i in made:
-        for ref in index.by_tensor.pop(i, ()):
-            entry = reached.get(id(ref))
-            if entry is None:
-                reached[id(ref)] = [ref, 1]
-            else:
-                entry[1] += 1
-    for ref, n in reached.values():
+    reached = {id(ref): ref for i in made for ref in index.by_tensor.pop(i, ())}  # (one reference per module)
+    for ref in reached.values():
         mod = ref()
         guard = _GUARDS.get(mod) if mod is not None else None
         if guard is None:
             continue
-        index.pending[id(mod)] -= n
         waiting = [t for t in _own(mod) if _waits(t)]
         for t in waiting:  # one given to it since the index (``m[0].weight = m[1].weight``): waited for too
             holders = index.by_tensor.setdefault(id(t), [])
             if not any(r is ref for r in holders):
                 holders.append(ref)
-                index.pending[id(mod)] += 1
         if not waiting:
             guard.remove(mod)
 

@@ -1,0 +1,196 @@
+"""``materialize(m, dtype=)`` is eager construction followed by ``m.to(dtype)``: the module's own
+``to`` and ``_apply``, real tensors, parts materialized before, each against eager bit for bit."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+import fxinit
+from test_contract import _assert_equal
+
+
+def test_dtype_casts_the_real_tensors_too(tmp_path: Any) -> None:
+    """``materialize(dtype=)`` is eager + ``Module.to(dtype)`` for real tensors kept as they
+    were (legacy ``torch.Tensor([...])`` data, ``torch.load``), as for deferred ones."""
+    torch.save(torch.randn(3), tmp_path / "w.pt")
+
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.inited = nn.Buffer(torch.Tensor([True]))
+            self.loaded = nn.Parameter(torch.load(tmp_path / "w.pt"))
+            self.register_buffer("steps", torch.tensor(3))
+
+    torch.manual_seed(0)
+    eager = Mixed().to(torch.bfloat16)
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(Mixed)
+    fxinit.materialize(traced, dtype=torch.bfloat16)
+    _assert_equal(eager, traced)
+
+
+class _BandsInFloat32(nn.Module):
+    """timm's rotary embeddings: ``_apply`` rebuilds ``bands`` in float32 after a downcast."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("bands", 1.0 / 10000 ** (torch.arange(8).float() / 8), persistent=False)
+        self.proj = nn.Linear(4, 4)
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> nn.Module:
+        module = super()._apply(fn, *args, **kwargs)
+        if self.bands.dtype != torch.float32:
+            self.register_buffer("bands", 1.0 / 10000 ** (torch.arange(8).float() / 8), persistent=False)
+        return module
+
+
+class _DtypeInStep(nn.Module):
+    """timm's tasks: ``_apply`` keeps a ``dtype`` attribute in step with the module's tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dtype = torch.float32
+        self.lin = nn.Linear(3, 3)
+        self.rope = _BandsInFloat32()
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> nn.Module:
+        self.dtype = fn(torch.empty(0, dtype=self.dtype)).dtype
+        return super()._apply(fn, *args, **kwargs)
+
+
+def test_dtype_runs_a_modules_own_apply_as_to_does() -> None:
+    """Found by a sweep of open_clip (EVA02's and PE-Core's timm rotary embeddings): eager's
+    ``.to(dtype)`` runs a module's own ``_apply``, and fxinit's cast bypassed it (``bands``
+    bfloat16 where eager keeps float32; a ``dtype`` attribute left behind). Such a module is
+    cast by its own code; torch's RNNs, FSDP2's and torchtitan's modules, whose overrides
+    change no value, keep fxinit's cast (never the float32 model whole)."""
+    from fxinit.module_to import casting_themselves
+
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = nn.Linear(3, 3)
+            self.rnn = nn.LSTM(3, 3)
+            self.inner = _DtypeInStep()
+
+    torch.manual_seed(0)
+    eager = Outer().to(torch.bfloat16)
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(Outer)
+    assert casting_themselves(traced) == [traced.inner]
+    fxinit.materialize(traced, dtype=torch.bfloat16)
+    _assert_equal(eager, traced)
+    assert traced.inner.rope.bands.dtype == torch.float32 and traced.inner.dtype == torch.bfloat16
+    assert eager.inner.dtype == torch.bfloat16
+
+
+class _DtypeTracking(nn.Module):
+    """Lightning's ``DeviceDtypeModuleMixin``: a ``to`` of its own notes the dtype, and
+    ``forward`` builds tensors of it (pytorch-forecasting's TFT)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._dtype = torch.get_default_dtype()
+        self.lin = nn.Linear(4, 4)
+
+    def to(self, *args: Any, **kwargs: Any) -> nn.Module:
+        _, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        if dtype is not None:
+            self._dtype = dtype
+        return super().to(*args, **kwargs)
+
+
+def test_dtype_runs_the_models_own_to_as_to_does() -> None:
+    """Found by a sweep of neuralforecast and pytorch-forecasting: ``materialize(m, dtype=)`` cast
+    the tensors, but ``m``'s own ``to`` (Lightning's) never ran, so ``m._dtype`` stayed float32."""
+    torch.manual_seed(0)
+    eager = _DtypeTracking().to(torch.bfloat16)
+    torch.manual_seed(0)
+    traced = fxinit.materialize(fxinit.trace_init(_DtypeTracking), dtype=torch.bfloat16)
+    _assert_equal(eager, traced)
+    assert traced._dtype == eager._dtype == torch.bfloat16
+
+
+class _ReadsInItsTo(nn.Module):
+    """A ``to`` of its own that reads a weight before casting (into an integer buffer, which
+    ``.to(dtype)`` leaves as it is)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("steps", torch.zeros(4, dtype=torch.int64))
+
+    def to(self, *args: Any, **kwargs: Any) -> nn.Module:
+        with torch.no_grad():
+            self.steps.copy_((self.lin.weight[0] * 1000).to(torch.int64))
+        return super().to(*args, **kwargs)
+
+
+def test_dtype_runs_a_to_that_reads_tensors_on_eagers_values() -> None:
+    """Found by the review: the model's own ``to`` ran after fxinit's cast, reading bfloat16
+    weights where eager's reads float32 ones."""
+    torch.manual_seed(0)
+    eager = _ReadsInItsTo().to(torch.bfloat16)
+    torch.manual_seed(0)
+    _assert_equal(eager, fxinit.materialize(fxinit.trace_init(_ReadsInItsTo), dtype=torch.bfloat16))
+
+
+def test_dtype_casts_what_was_materialized_before_too() -> None:
+    """``materialize(m, dtype=)`` is eager construction + ``m.to(dtype)`` also for the parts
+    of ``m`` that are real already: a part materialized before, or a module materialized from
+    another trace and handed to the constructor (they kept their float32: fxinit's mark of
+    what it had materialized outlived the call that made them). A real buffer under two names
+    gets a cast tensor in each slot, as ``Module.to`` gives."""
+    class Wrapper(nn.Module):
+        def __init__(self, backbone: nn.Module) -> None:
+            super().__init__()
+            self.backbone = backbone
+            self.head = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
+            self.register_buffer("scale", torch.ones(2))
+            self.register_buffer("scale_again", self.scale)
+
+    torch.manual_seed(0)
+    eager = Wrapper(nn.Linear(3, 3)).to(torch.bfloat16)
+    torch.manual_seed(0)
+    backbone = fxinit.materialize(fxinit.trace_init(nn.Linear, 3, 3))
+    traced = fxinit.trace_init(Wrapper, backbone)
+    fxinit.materialize(traced.head[0])
+    fxinit.materialize(traced.scale)
+    fxinit.materialize(traced, dtype=torch.bfloat16)
+    _assert_equal(eager, traced)
+    assert traced.backbone.weight.dtype == traced.head[0].weight.dtype == torch.bfloat16
+    assert traced.scale is not traced.scale_again and traced.scale.dtype == torch.bfloat16 == eager.scale_again.dtype
+    fxinit.materialize(traced, dtype=torch.float64)  # all real: as .to(float64) again
+    _assert_equal(eager.to(torch.float64), traced)
+
+
+class _WrappedTo(nn.Module):
+    """A ``to`` of its own wrapped as ``Module.to`` (``functools.wraps``, as transformers' is),
+    which keeps a parameter in float32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+        self.lin = nn.Linear(3, 3)
+
+    @functools.wraps(nn.Module.to)
+    def to(self, *args: Any, **kwargs: Any) -> nn.Module:
+        out = super().to(*args, **kwargs)
+        self.w.data = self.w.data.float()
+        return out
+
+
+def test_dtype_runs_a_to_wrapped_as_modules_own() -> None:
+    """Found by the review: the model's own ``to`` was told from ``Module.to`` by its name, which
+    ``functools.wraps`` copies, so it never ran (``w`` cast where eager keeps it float32)."""
+    torch.manual_seed(0)
+    eager = _WrappedTo().to(torch.float64)
+    torch.manual_seed(0)
+    traced = fxinit.materialize(fxinit.trace_init(_WrappedTo), dtype=torch.float64)
+    _assert_equal(eager, traced)
+    assert traced.w.dtype == torch.float32 and traced.lin.weight.dtype == torch.float64

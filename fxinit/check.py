@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 import torch.fx as fx
+from torch.nn.parameter import is_lazy
 
 from fxinit.capture import trace_init
 from fxinit.capture.deferred import is_deferred_tensor, state_of
@@ -239,6 +240,12 @@ def compare_tensors(name: str, got: torch.Tensor, want: torch.Tensor) -> Diverge
     place; ``-0.0`` is not ``0.0``); else how it differs."""
     if is_deferred_tensor(got):
         return Divergence(name, "deferred", "still deferred after fxinit.materialize")
+    if is_lazy(got) or is_lazy(want):  # (an ``UninitializedParameter``: no shape, no data, on either side)
+        for what, a, b in (("type", _class(got), _class(want)), ("dtype", got.dtype, want.dtype),
+                           ("device", got.device, want.device), ("requires_grad", got.requires_grad, want.requires_grad)):
+            if a != b:
+                return Divergence(name, what, f"{a} here, {b} in eager construction")
+        return None
     if got.is_meta and not want.is_meta:
         return Divergence(name, "meta", "a meta tensor (no data) where eager construction has values")
     for what, a, b in (("type", _class(got), _class(want)), ("shape", tuple(got.shape), tuple(want.shape)),

@@ -1,4 +1,5 @@
-"""Reading autograd graphs: the leaves a ``grad_fn`` leads to, and the graph's shape as data.
+"""Reading autograd graphs: the leaves a ``grad_fn`` leads to, the tensors it holds, and the
+graph's shape as data.
 
 ``fxinit.autograd_links`` rebuilds tensors that eager computed from parameters with autograd
 on; these say which parameters such a tensor reaches and whether a rebuilt ``grad_fn`` graph
@@ -7,6 +8,7 @@ is eager's (``graph_signature`` of each, compared by ``signatures_match``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from typing import Any
@@ -31,6 +33,51 @@ def autograd_leaves(t: torch.Tensor) -> list[torch.Tensor]:
             out.setdefault(id(variable), variable)
         todo.extend(next_fn for next_fn, _ in fn.next_functions)
     return list(out.values())
+
+
+def held_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors ``t``'s ``grad_fn`` graph holds: its leaves, and the tensors its functions
+    saved for the backward (a pruned weight's mask, ``w * mask``'s ``other``) or keep as
+    attributes (a custom ``autograd.Function``'s ``ctx.x = x``). Each of them has a reference
+    more while the graph lives, which ``torch.utils.swap_tensors`` refuses."""
+    out: dict[int, torch.Tensor] = {}
+    seen: dict[int, Any] = {}
+    todo = [t.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen[id(fn)] = fn
+        for x in _held_by(fn):
+            out.setdefault(id(x), x)
+        todo.extend(next_fn for next_fn, _ in fn.next_functions)
+    return list(out.values())
+
+
+def _held_by(fn: Any) -> list[torch.Tensor]:
+    """The tensors one autograd function holds (see ``held_tensors``)."""
+    values: list[Any] = [getattr(fn, "variable", None)]  # AccumulateGrad
+    for name in _saved_names(type(fn)):
+        try:
+            values.append(getattr(fn, name))
+        except RuntimeError:  # freed by a backward already
+            continue
+    if isinstance(fn, torch.autograd.function.BackwardCFunction):
+        with contextlib.suppress(RuntimeError):
+            values.extend(fn.saved_tensors)
+        values.extend(vars(fn).values())
+    found = []
+    for v in values:
+        for x in v if isinstance(v, (list, tuple)) else (v,):
+            if isinstance(x, torch.Tensor):
+                found.append(x)
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def _saved_names(kind: type) -> tuple[str, ...]:
+    """The properties of an autograd function's type that unpack a saved value."""
+    return tuple(n for n in dir(kind) if n.startswith("_saved_"))
 
 
 def graph_signature(t: torch.Tensor) -> list:

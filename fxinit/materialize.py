@@ -20,7 +20,7 @@ import torch
 from torch.nn.modules.module import _IncompatibleKeys
 
 from fxinit.autograd_links import now_real, plan_links, relink
-from fxinit.grad_graphs import autograd_leaves
+from fxinit.grad_graphs import autograd_leaves, held_tensors
 from fxinit.arguments import checked_device, checked_dtype, checked_seed
 from fxinit.capture.api import clear_meta_init_cache, recorder_of_root
 from fxinit.capture.call_guards import unguard, unguard_holders
@@ -155,26 +155,60 @@ def _companions(tensors: list[torch.Tensor], where: dict[int, list[Location]],
             slots = walked[id(root)]
         else:
             slots = walked[id(root)] = module_walk(root)
+        held: dict[int, list[torch.Tensor]] = {}
         with plain_attributes():
-            while True:  # until no tensor taken adds a storage (``nn.Parameter(b)`` of a taken ``b = w.clone()``)
+            while True:  # until nothing more is taken (``nn.Parameter(b)`` of a taken ``b = w.clone()``)
+                before = len(out)
+                needed = _held_by_taken(out, held)
                 for _, mod, kind, name, t in slots:
                     if not is_deferred_tensor(t):
                         continue
-                    # Tensors computed with autograd (weight_norm's ``weight``) hold the parameters
-                    # they came from: they go with them, or those could not be swapped.
-                    if id(t) not in out and (grad_fn_of(t) is not None or rec.storage_id(t) in wanted):
+                    if id(t) not in out and (rec.storage_id(t) in wanted or id(t) in needed
+                                             or _goes_with(t, out, held)):
                         out[id(t)] = t
                     places = where.setdefault(id(t), []) if id(t) in out else None
                     if places is not None and not any(p[0] is mod and p[1] == name for p in places):
                         places.append((mod, name, kind))
                 taken = {rec.storage_id(t) for t in out.values() if state_of(t).recorder is rec}
-                if taken <= wanted:
+                if taken <= wanted and len(out) == before:
                     break
                 wanted |= taken
         for t in rec.adopted:  # `real.data = deferred`: the caller's tensor shares that storage
             if is_deferred_tensor(t) and rec.storage_id(t) in wanted:
                 out.setdefault(id(t), t)
     return list(out.values())
+
+
+def _goes_with(t: torch.Tensor, out: Mapping[int, torch.Tensor], held: dict[int, list[torch.Tensor]]) -> bool:
+    """Whether ``t``, computed with autograd (weight_norm's or pruning's ``weight``), goes with the
+    tensors taken (``out``): its ``grad_fn`` holds the parameters it came from and what it saved
+    (a mask), which could not be swapped while it does, so it goes with any of them (and the
+    model's come along with it: ``_held_by_taken``); one that holds no deferred tensor goes with
+    anything.
+    One whose tensors all stay deferred waits for them: taken now, it would keep its value as a
+    leaf, without eager's ``grad_fn``. (Under ``plain_attributes``; ``held``: ``held_tensors``
+    by ``id``, filled as asked.)"""
+    if grad_fn_of(t) is None:
+        return False
+    mine = held.get(id(t))
+    if mine is None:
+        mine = held[id(t)] = held_tensors(t)
+    return any(id(p) in out for p in mine) or not any(map(is_deferred_tensor, mine))
+
+
+def _held_by_taken(out: Mapping[int, torch.Tensor], held: dict[int, list[torch.Tensor]]) -> set[int]:
+    """The tensors the ``grad_fn`` of a computed tensor taken holds and that were not computed
+    themselves (a pruned weight's parameter and mask), by ``id``: of the model's, they come along
+    (``held``: as for ``_goes_with``)."""
+    needed: set[int] = set()
+    for t in out.values():
+        if grad_fn_of(t) is None:
+            continue
+        mine = held.get(id(t))
+        if mine is None:
+            mine = held[id(t)] = held_tensors(t)
+        needed.update(id(p) for p in mine if grad_fn_of(p) is None)
+    return needed
 
 
 def is_deferred(obj: torch.nn.Module | torch.Tensor) -> bool:
@@ -363,7 +397,7 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
         relink(links, tensors)  # (an RNN's flat weights may be tensors computed from parameters: AWD-LSTM's)
     finally:
         for mod in holders:
-            mod._init_flat_weights()
+            _flat_weights_again(mod)
     if dtype is not None:
         separate_buffer_slots(apart, dtype)
     return tensors
@@ -404,20 +438,42 @@ def _weakref_holders(where: dict[int, list[Location]], tensors: list[torch.Tenso
 
     ``swap_tensors`` refuses tensors with weak references; like ``RNNBase._apply``, the
     references are dropped for the swap and rebuilt after it. A tensor materialized on its
-    own is looked up in the modules of the model it was traced with.
+    own is looked up in the modules of the model it was traced with, then, where an RNN
+    elsewhere refers to it (a deep copy's: ``AveragedModel``, ``prepare_qat``), through the
+    lists that hold its weak references.
     """
-    def holds_refs(mod: torch.nn.Module) -> bool:  # (a module's missing attribute raises, slowly: read its dict)
-        return "_flat_weight_refs" in mod.__dict__ and hasattr(type(mod), "_init_flat_weights")
-
-    mods = {id(mod): mod for places in where.values() for mod, _, _ in places if holds_refs(mod)}
+    mods = {id(mod): mod for places in where.values() for mod, _, _ in places if _holds_refs(mod)}
     referenced = {id(t) for t in tensors if weakref.getweakrefs(t)}
-    if referenced:
-        for t in tensors:
-            root = state_of(t).recorder.root
-            for mod in root.modules() if root is not None else ():
-                if holds_refs(mod) and any(r is not None and id(r()) in referenced for r in mod._flat_weight_refs):
-                    mods[id(mod)] = mod
+    if not referenced:
+        return list(mods.values())
+    for root in {id(r): r for t in tensors if (r := state_of(t).recorder.root) is not None}.values():
+        for mod in root.modules():
+            if _holds_refs(mod) and any(r is not None and id(r()) in referenced for r in mod._flat_weight_refs):
+                mods[id(mod)] = mod
+    covered = {id(r()) for mod in mods.values() for r in mod._flat_weight_refs if r is not None}
+    elsewhere = [r for t in tensors if id(t) in referenced and id(t) not in covered for r in weakref.getweakrefs(t)]
+    if elsewhere:
+        lists = {id(x): x for x in gc.get_referrers(*elsewhere) if isinstance(x, list)}
+        dicts = [d for d in gc.get_referrers(*lists.values())
+                 if isinstance(d, dict) and id(d.get("_flat_weight_refs")) in lists]
+        for mod in gc.get_referrers(*dicts) if dicts else ():
+            if isinstance(mod, torch.nn.Module) and _holds_refs(mod) and id(mod._flat_weight_refs) in lists:
+                mods[id(mod)] = mod
     return list(mods.values())
+
+
+def _holds_refs(mod: torch.nn.Module) -> bool:  # (a module's missing attribute raises, slowly: read its dict)
+    return "_flat_weight_refs" in mod.__dict__ and hasattr(type(mod), "_init_flat_weights")
+
+
+def _flat_weights_again(mod: torch.nn.Module) -> None:
+    """An RNN's weak references to its flat weights, dropped for the swap, made again, and the
+    weights flattened as ``_init_flat_weights`` would (cuDNN's one buffer; nothing on the CPU).
+    The list itself is eager's already (the swaps kept every object): read again from the
+    module, a parametrized weight (``spectral_norm``) would run its parametrization, which
+    eager never ran there, and hold the result in place of the parameter eager's list holds."""
+    mod._flat_weight_refs = [weakref.ref(w) if w is not None else None for w in mod._flat_weights]
+    mod.flatten_parameters()
 
 
 M = TypeVar("M", torch.nn.Module, torch.Tensor)

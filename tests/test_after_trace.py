@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
+from typing import Any
 
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.utils.prune as prune
 from torch.nn.utils import parametrizations as P
 
 import fxinit
@@ -16,6 +19,7 @@ from conftest import (
     assert_bits,
     assert_modules_equal,
     assert_same_as_eager,
+    materialize_in_order,
     named_tensors,
     rng_state,
     same_bits,
@@ -303,3 +307,84 @@ def test_factories_a_constructor_patches_are_its_own(force_meta: bool) -> None:
         assert layout(m) == layout(eager) and all(t.is_meta for t in m.state_dict().values())
     else:
         assert_modules_equal(m, eager)
+
+
+def _spectral_lstm() -> nn.Module:
+    return nn.LSTM(4, 4, num_layers=2)
+
+
+@pytest.mark.parametrize("order", ["whole", "reverse", "random"])
+def test_a_parametrized_recurrent_weight_is_not_read_by_materialize(order: str) -> None:
+    """Found by a sweep of torch's utilities: materialize rebuilt an RNN's flat weights by
+    reading each weight, which ran ``spectral_norm``'s power iteration on its ``_u``/``_v``
+    (eager runs none there): other buffers, other forward, silently; and the list held the
+    parametrized tensor where eager's holds the parameter."""
+    def post(m: nn.Module) -> None:
+        P.spectral_norm(m, "weight_hh_l0")
+        P.weight_norm(m, "weight_ih_l1")
+
+    def forward(m: nn.Module) -> Any:
+        return m(_x(3, 2, 4))[0].sum()
+
+    assert_same_as_eager(_spectral_lstm, post=post, forward=forward, orders=(order,))
+    torch.manual_seed(0)
+    m = fxinit.trace_init(_spectral_lstm)
+    post(m)
+    materialize_in_order(m, order)
+    assert m._flat_weights[1] is m.parametrizations.weight_hh_l0.original
+
+
+@pytest.mark.parametrize("first", ["b.weight_mask", "a.weight", "b.weight_orig"])
+def test_a_pruned_weight_waits_for_the_tensors_its_grad_fn_holds(first: str) -> None:
+    """Found by a sweep of torch's utilities: after ``global_unstructured``, materializing one
+    module's mask took every pruned ``weight`` of the model along, before the parameters they
+    were computed from, so they kept eager's values as leaves, not eager's ``grad_fn`` (a
+    warning; a backward through them gave the parameters no gradient). A computed tensor now
+    goes with the tensors its ``grad_fn`` holds (parameters, the mask it saved), and they with it."""
+    def build() -> nn.Module:
+        return nn.ModuleDict({"a": nn.Linear(4, 4), "b": nn.Linear(4, 4)})
+
+    def post(m: nn.Module) -> None:
+        prune.global_unstructured([(m["a"], "weight"), (m["b"], "weight")],
+                                  pruning_method=prune.L1Unstructured, amount=0.4)
+
+    torch.manual_seed(0)
+    ref = build()
+    post(ref)
+    torch.manual_seed(0)
+    m = fxinit.trace_init(build)
+    post(m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mod, name = first.split(".")
+        fxinit.materialize(getattr(m[mod], name))
+        fxinit.materialize(m)
+    assert_modules_equal(m, ref)
+    for got, want in ((m["a"], ref["a"]), (m["b"], ref["b"])):
+        assert type(got.weight.grad_fn) is type(want.weight.grad_fn) and not got.weight.is_leaf
+        got.weight.sum().backward()
+        want.weight.sum().backward()
+        assert_bits(got.weight_orig.grad, want.weight_orig.grad)
+
+
+@pytest.mark.parametrize("copy_with", ["deepcopy", "AveragedModel"])
+def test_a_copy_of_a_traced_recurrent_layer_materializes_tensor_by_tensor(copy_with: str) -> None:
+    """Found by a sweep of torch's utilities: the weak references a deep copy of an RNN keeps
+    to its weights were looked for only in the traced model, so ``swap_tensors`` refused the
+    copy's first tensor (``AveragedModel`` deep-copies the model it averages)."""
+    def build() -> nn.Module:
+        return nn.LSTM(4, 4)
+
+    def copied(m: nn.Module) -> nn.Module:
+        return copy.deepcopy(m) if copy_with == "deepcopy" else torch.optim.swa_utils.AveragedModel(m).module
+
+    torch.manual_seed(0)
+    ref = copied(build())
+    torch.manual_seed(0)
+    m = copied(fxinit.trace_init(build))
+    for t in reversed(list(m.parameters())):
+        fxinit.materialize(t)
+    assert_modules_equal(m, ref)
+    assert all(r() is w for r, w in zip(m._flat_weight_refs, m._flat_weights))
+    x = _x(3, 2, 4)
+    assert_bits(m(x)[0], ref(x)[0])

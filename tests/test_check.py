@@ -337,3 +337,13 @@ def test_check_help() -> None:
 
     top = build_parser().format_help()
     assert "fxinit check my_pkg.models:build" in top and "check that fxinit builds a model" in top
+
+
+def test_lazy_modules_are_compared_not_a_crash() -> None:
+    """Found by a sweep of torchaudio (``PitchShift`` holds an ``UninitializedParameter``):
+    ``check`` read the shape of eager's uninitialized parameter and raised torch's error. Both
+    builds hold one: equal; one built otherwise is a difference by name."""
+    assert fxinit.check(lambda: nn.Sequential(nn.LazyConv1d(4, 3), nn.Linear(2, 2))).ok
+    lazy, real = nn.LazyLinear(4), nn.Parameter(torch.zeros(4, 3))
+    assert compare_tensors("w", lazy.weight, nn.LazyLinear(4).weight) is None
+    assert compare_tensors("w", real, lazy.weight).what == "type"

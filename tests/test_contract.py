@@ -564,3 +564,32 @@ def test_set_under_inference_mode_is_as_outside_it() -> None:
     eager = Sets()
     torch.manual_seed(0)
     _assert_equal(eager, fxinit.materialize(fxinit.trace_init(Sets)))
+
+
+class _KeepsItsLocals(nn.Module):
+    """imagen-pytorch's and dalle2-pytorch's Unet: ``locals()`` kept, ``self`` taken out of it,
+    the module rebuilt from it later (``type(self)(**self._locals)``)."""
+
+    def __init__(self, dim: int = 4, mult: int = 2) -> None:
+        super().__init__()
+        self._locals = locals()
+        del self._locals["self"], self._locals["__class__"]
+        dim = dim * mult
+        self.p = nn.Parameter(torch.randn(dim))  # an op recorded in this frame
+        nn.init.normal_(self.p)
+
+
+def test_the_dict_locals_returned_in_a_constructor_is_its_own() -> None:
+    """Found by a sweep of lucidrains' models: to name the module of each op it recorded, the
+    capture read ``frame.f_locals``, which on Python 3.10-3.12 copies the frame's variables into
+    the dict ``locals()`` returned there: the deleted ``self`` came back (rebuilding from it
+    raised a TypeError) and ``dim`` was 8, silently. The capture reads a frame's arguments from
+    its slots now (``capture/frame_arguments``)."""
+    torch.manual_seed(0)
+    eager = _KeepsItsLocals()
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(_KeepsItsLocals)
+    assert traced._locals == eager._locals == {"dim": 4, "mult": 2}
+    rebuilt = fxinit.trace_init(lambda: type(traced)(**traced._locals))
+    assert rebuilt.p.shape == (8,)
+    assert "by torch.nn.init.normal_, module <root>" in fxinit.init_graph(traced).explain("p")  # (still found)

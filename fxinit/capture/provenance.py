@@ -21,6 +21,8 @@ from typing import Iterator, NamedTuple
 
 import torch
 
+from fxinit.capture.frame_arguments import argument
+
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _FXINIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _INIT_FILE = os.path.join(_TORCH_DIR, "nn", "init.py")
@@ -107,18 +109,16 @@ def _frame_module(f: types.FrameType) -> torch.nn.Module | None:
     code = f.f_code
     if code.co_argcount == 0:
         return None
-    local = f.f_locals
-    first = local.get(code.co_varnames[0])
+    first = argument(f, 0)
     if code.co_argcount >= 2 and code.co_name in _INIT_METHOD_NAMES:
-        second = local.get(code.co_varnames[1])
+        second = argument(f, 1)
         if isinstance(second, torch.nn.Module):
             return second
     return first if isinstance(first, torch.nn.Module) else None
 
 
 def _frame_self(f: types.FrameType) -> object:
-    code = f.f_code
-    return f.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
+    return argument(f, 0) if f.f_code.co_argcount else None
 
 
 class _CodeKind(NamedTuple):
@@ -250,6 +250,6 @@ def subclass_dispatch(frame: types.FrameType | None) -> str | None:
         if frame is None:
             return None
         if frame.f_code.co_name == "__torch_dispatch__" and not frame.f_code.co_filename.startswith(_FXINIT_DIR):
-            return f"{getattr(frame.f_locals.get('cls'), '__name__', '?')}.__torch_dispatch__"
+            return f"{getattr(argument(frame, 0), '__name__', '?')}.__torch_dispatch__"
         frame = frame.f_back
     return None

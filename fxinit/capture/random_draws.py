@@ -67,10 +67,12 @@ def _binomial(count: torch.Tensor, prob: torch.Tensor, generator: Any = None) ->
     return FACTORIES.empty(torch.broadcast_shapes(count.shape, prob.shape), dtype=count.dtype, device=META)
 
 
-def _dirichlet(alpha: torch.Tensor, generator: Any = None) -> torch.Tensor:
+def _like_alpha(alpha: torch.Tensor, generator: Any = None) -> torch.Tensor:
     return FACTORIES.empty(alpha.shape, dtype=alpha.dtype, device=META)
 
 
-#: Meta results of random ops that have no meta kernel in torch: contiguous, as their CPU and
+#: Meta results of random ops that have no meta kernel in torch (``_standard_gamma`` before
+#: torch 2.13; its meta kernel since keeps its input's strides): contiguous, as their CPU and
 #: CUDA kernels allocate them.
-META_RESULTS = {aten.binomial.default: _binomial, aten._sample_dirichlet.default: _dirichlet}
+META_RESULTS = {aten.binomial.default: _binomial, aten._sample_dirichlet.default: _like_alpha,
+                aten._standard_gamma.default: _like_alpha}

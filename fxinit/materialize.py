@@ -19,15 +19,13 @@ from typing import AbstractSet, Any, Callable, Iterable, Mapping, TypeVar
 import torch
 from torch.nn.modules.module import _IncompatibleKeys
 
-from fxinit.autograd_links import now_real, plan_links, relink
-from fxinit.grad_graphs import autograd_leaves, held_tensors
+from fxinit.autograd_links import plan_links, relink
 from fxinit.arguments import checked_device, checked_dtype, checked_seed
 from fxinit.capture.api import clear_meta_init_cache, recorder_of_root
 from fxinit.capture.call_guards import unguard, unguard_holders
-from fxinit.capture.deferred import (dressed_as, grad_fn_of, is_deferred_tensor, plain_attributes,
-                                     state_of)
+from fxinit.capture.deferred import dressed_as, is_deferred_tensor, plain_attributes, state_of
 from fxinit.capture.recorder import Recorder
-from fxinit.capture.storages import storage_references
+from fxinit.companions import companions, deferred_grad, with_companions
 from fxinit.checkpoint import CheckpointSource, checkpoint_values, load_by_its_own_code, loads_by_its_own_code
 from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materialize_dtensors
 from fxinit.errors import DeferredInitError
@@ -83,132 +81,6 @@ def _deferred_in_module(module: torch.nn.Module, walk: list[Slot] | None = None
             tensors.setdefault(id(t), t)
             where[id(t)].append((mod, name, kind))
     return list(tensors.values()), where
-
-
-def _with_companions(tensors: list[torch.Tensor], where: dict[int, list[Location]],
-                     walked: dict[int, list[Slot]] | None = None, all_places: bool = True) -> list[torch.Tensor]:
-    """Add the traced model's other deferred tensors that must be materialized with ``tensors``.
-
-    Tensors that alias one storage in eager construction (a parameter that is a view of
-    another, a buffer aliasing a parameter) must be materialized from one computation to
-    alias one real storage too, whichever of them was asked for. Tensors computed with
-    autograd from parameters go with the parameters they came from (``autograd_links``), and
-    tensors a tensor holds as attributes with it.
-    ``all_places``: ``where`` gets every place in the model of the tensors returned (else
-    those it has, when nothing else of the model need go with them: ``_alone``).
-    """
-    walked = {} if walked is None else walked
-    out = _companions(tensors, where, walked, all_places)
-    ids = {id(t) for t in out}
-    with plain_attributes():
-        derived = [t for t in out if grad_fn_of(t) is not None]
-    leaves = [p for t in derived for p in autograd_leaves(t)
-              if is_deferred_tensor(p) and id(p) not in ids and now_real(p) is None]  # (made real since: relinked)
-    if leaves:
-        out = _companions(out + leaves, where, walked, all_places)
-    have = {id(t) for t in out}
-    held = list({id(x): x for t in out for x in vars(t).values()
-                 if is_deferred_tensor(x) and id(x) not in have}.values())
-    if held:  # tensors a parameter holds as attributes (bitsandbytes' ``Int8Params.SCB``): part of it
-        out = _companions(out + held, where, walked, all_places)
-    with plain_attributes():
-        grads = [g for g in map(_deferred_grad, out) if g is not None and id(g) not in ids]
-    return out + list({id(g): g for g in grads}.values())
-
-
-def _deferred_grad(t: torch.Tensor) -> torch.Tensor | None:
-    """``t.grad`` where the constructor gave it one (a ``backward()`` or a ``.grad =`` in
-    ``__init__``): it is materialized with ``t``, and is ``t``'s ``.grad`` after, as in eager.
-    (Under ``plain_attributes``.)"""
-    g = t.grad if t.grad_fn is None else None  # (a tensor that is not a leaf has none, and torch warns)
-    return g if g is not None and is_deferred_tensor(g) else None
-
-
-def _alone(rec: Recorder, tensors: list[torch.Tensor]) -> bool:
-    """Whether no other deferred tensor of ``rec``'s model must go with ``tensors``: no other
-    tensor holds their storages (each holds a reference; so does the recorder's record of it,
-    ``Storages``), nothing else holds them (a ``grad_fn`` that reaches a parameter holds it, a
-    view its base: ``_use_count``), and they have no ``grad_fn``. Decided without walking the
-    model, which materializing it module by module would walk once per module."""
-    with plain_attributes():
-        for t in tensors:
-            rec.storage_id(t)  # (recorded: the recorder holds it)
-            if storage_references(t) != 2 or t._use_count() != 1 or grad_fn_of(t) is not None:
-                return False
-    return True
-
-
-def _companions(tensors: list[torch.Tensor], where: dict[int, list[Location]],
-                walked: dict[int, list[Slot]], all_places: bool = True) -> list[torch.Tensor]:
-    """``_with_companions``' tensors of one step (``walked``: ``module_walk`` of modules
-    already walked, by ``id``; a walk of the model made here is added)."""
-    out = {id(t): t for t in tensors}
-    for rec in {id(state_of(t).recorder): state_of(t).recorder for t in tensors}.values():
-        root = rec.root
-        if root is None:
-            continue
-        mine = [t for t in tensors if state_of(t).recorder is rec]
-        wanted = {rec.storage_id(t) for t in mine}
-        if not all_places and _alone(rec, mine):
-            slots: list[Slot] = []
-        elif id(root) in walked:
-            slots = walked[id(root)]
-        else:
-            slots = walked[id(root)] = module_walk(root)
-        held: dict[int, list[torch.Tensor]] = {}
-        with plain_attributes():
-            while True:  # until nothing more is taken (``nn.Parameter(b)`` of a taken ``b = w.clone()``)
-                before = len(out)
-                needed = _held_by_taken(out, held)
-                for _, mod, kind, name, t in slots:
-                    if not is_deferred_tensor(t):
-                        continue
-                    if id(t) not in out and (rec.storage_id(t) in wanted or id(t) in needed
-                                             or _goes_with(t, out, held)):
-                        out[id(t)] = t
-                    places = where.setdefault(id(t), []) if id(t) in out else None
-                    if places is not None and not any(p[0] is mod and p[1] == name for p in places):
-                        places.append((mod, name, kind))
-                taken = {rec.storage_id(t) for t in out.values() if state_of(t).recorder is rec}
-                if taken <= wanted and len(out) == before:
-                    break
-                wanted |= taken
-        for t in rec.adopted:  # `real.data = deferred`: the caller's tensor shares that storage
-            if is_deferred_tensor(t) and rec.storage_id(t) in wanted:
-                out.setdefault(id(t), t)
-    return list(out.values())
-
-
-def _goes_with(t: torch.Tensor, out: Mapping[int, torch.Tensor], held: dict[int, list[torch.Tensor]]) -> bool:
-    """Whether ``t``, computed with autograd (weight_norm's or pruning's ``weight``), goes with the
-    tensors taken (``out``): its ``grad_fn`` holds the parameters it came from and what it saved
-    (a mask), which could not be swapped while it does, so it goes with any of them (and the
-    model's come along with it: ``_held_by_taken``); one that holds no deferred tensor goes with
-    anything.
-    One whose tensors all stay deferred waits for them: taken now, it would keep its value as a
-    leaf, without eager's ``grad_fn``. (Under ``plain_attributes``; ``held``: ``held_tensors``
-    by ``id``, filled as asked.)"""
-    if grad_fn_of(t) is None:
-        return False
-    mine = held.get(id(t))
-    if mine is None:
-        mine = held[id(t)] = held_tensors(t)
-    return any(id(p) in out for p in mine) or not any(map(is_deferred_tensor, mine))
-
-
-def _held_by_taken(out: Mapping[int, torch.Tensor], held: dict[int, list[torch.Tensor]]) -> set[int]:
-    """The tensors the ``grad_fn`` of a computed tensor taken holds and that were not computed
-    themselves (a pruned weight's parameter and mask), by ``id``: of the model's, they come along
-    (``held``: as for ``_goes_with``)."""
-    needed: set[int] = set()
-    for t in out.values():
-        if grad_fn_of(t) is None:
-            continue
-        mine = held.get(id(t))
-        if mine is None:
-            mine = held[id(t)] = held_tensors(t)
-        needed.update(id(p) for p in mine if grad_fn_of(p) is None)
-    return needed
 
 
 def is_deferred(obj: torch.nn.Module | torch.Tensor) -> bool:
@@ -291,7 +163,7 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
     with plain_attributes():
         order = sorted(range(len(tensors)), key=lambda i: (tensors[i].grad_fn is None, not tensors[i]._is_view(),
                                                            -state_of(tensors[i]).node.meta.get("pos", 0)))
-        grads = [(t, g) for t in tensors if (g := _deferred_grad(t)) is not None]
+        grads = [(t, g) for t in tensors if (g := deferred_grad(t)) is not None]
         for t, _ in grads:
             t.grad = None  # the gradient's own swap needs its only reference; set again below
     for t, v in ((tensors[i], values[i]) for i in order):
@@ -299,7 +171,7 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
         try:
             torch.utils.swap_tensors(t, new)
         except RuntimeError as exc:
-            _companions([t], where, {})  # its places in the whole model
+            companions([t], where, {})  # its places in the whole model
             places = where.get(id(t))
             held = "use_count" in str(exc) or "gradient edge" in str(exc)  # autograd's saved tensors hold it
             if held:
@@ -340,7 +212,7 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
     modules already walked, by ``id``; ``inside``: modules (by ``id``) whose tensors ``dtype``
     leaves as they are: those whose own code casts what only they hold, later
     (``module_to.casting_themselves``), and those held in containers, which ``.to`` does not reach."""
-    tensors = _with_companions(tensors, where, walked, all_places=dtype is not None)  # (where casts them)
+    tensors = with_companions(tensors, where, walked, all_places=dtype is not None)  # (where casts them)
     uncast = {id(t) for t in tensors if where.get(id(t)) and all(id(mod) in inside for mod, _, _ in where[id(t)])}
 
     def casts(t: torch.Tensor) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -20,6 +20,19 @@ from fxinit.capture.lifted import LIFTED_WITH_GRAD
 
 def autograd_leaves(t: torch.Tensor) -> list[torch.Tensor]:
     """The leaf tensors ``t``'s ``grad_fn`` leads to (the parameters it was computed from)."""
+    return _over_graph(t, lambda fn: (getattr(fn, "variable", None),))  # AccumulateGrad's
+
+
+def held_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors ``t``'s ``grad_fn`` graph holds: its leaves, and the tensors its functions
+    saved for the backward (a pruned weight's mask, ``w * mask``'s ``other``) or keep as
+    attributes (a custom ``autograd.Function``'s ``ctx.x = x``). Each of them has a reference
+    more while the graph lives, which ``torch.utils.swap_tensors`` refuses."""
+    return _over_graph(t, _held_by)
+
+
+def _over_graph(t: torch.Tensor, found: Callable[[Any], Iterable[Any]]) -> list[torch.Tensor]:
+    """The tensors ``found`` finds at each function of ``t``'s ``grad_fn`` graph, each once."""
     out: dict[int, torch.Tensor] = {}
     seen: dict[int, Any] = {}  # the functions too: a freed wrapper's id is another's (torch 2.11, 2.12)
     todo = [t.grad_fn]
@@ -28,28 +41,9 @@ def autograd_leaves(t: torch.Tensor) -> list[torch.Tensor]:
         if fn is None or id(fn) in seen:
             continue
         seen[id(fn)] = fn
-        variable = getattr(fn, "variable", None)  # AccumulateGrad
-        if isinstance(variable, torch.Tensor):
-            out.setdefault(id(variable), variable)
-        todo.extend(next_fn for next_fn, _ in fn.next_functions)
-    return list(out.values())
-
-
-def held_tensors(t: torch.Tensor) -> list[torch.Tensor]:
-    """The tensors ``t``'s ``grad_fn`` graph holds: its leaves, and the tensors its functions
-    saved for the backward (a pruned weight's mask, ``w * mask``'s ``other``) or keep as
-    attributes (a custom ``autograd.Function``'s ``ctx.x = x``). Each of them has a reference
-    more while the graph lives, which ``torch.utils.swap_tensors`` refuses."""
-    out: dict[int, torch.Tensor] = {}
-    seen: dict[int, Any] = {}
-    todo = [t.grad_fn]
-    while todo:
-        fn = todo.pop()
-        if fn is None or id(fn) in seen:
-            continue
-        seen[id(fn)] = fn
-        for x in _held_by(fn):
-            out.setdefault(id(x), x)
+        for x in found(fn):
+            if isinstance(x, torch.Tensor):
+                out.setdefault(id(x), x)
         todo.extend(next_fn for next_fn, _ in fn.next_functions)
     return list(out.values())
 

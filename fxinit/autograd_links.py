@@ -44,6 +44,7 @@ import torch.fx as fx
 
 from fxinit.capture.deferred import RETAINS_GRAD, dressed_as, is_deferred_tensor, plain_attributes, state_of
 from fxinit.capture.schema import mutated_arg_indices, schema_value
+from fxinit.capture.swap import swap
 from fxinit.grad_graphs import autograd_leaves, graph_signature, signatures_match
 from fxinit.numerics import Settings, settings_applied
 from fxinit.ops import is_view, reads_no_data
@@ -201,7 +202,7 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
         new = dressed_as(t, value, keep_autograd=True)
         del value
         try:
-            torch.utils.swap_tensors(t, new)
+            swap(t, new)
         except RuntimeError as exc:
             warnings.warn(f"fxinit: a tensor computed with autograd from parameters keeps its value but not its "
                           f"grad_fn ({exc}): compute it after materialize to have eager's", stacklevel=5)

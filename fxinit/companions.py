@@ -6,8 +6,6 @@ all), tensors held as attributes, and ``.grad``. Each module's places are noted 
 
 from __future__ import annotations
 
-from typing import Mapping
-
 import torch
 
 from fxinit.autograd_links import now_real
@@ -75,30 +73,34 @@ def _alone(rec: Recorder, tensors: list[torch.Tensor]) -> bool:
 def companions(tensors: list[torch.Tensor], where: dict[int, list[Location]],
                 walked: dict[int, list[Slot]], all_places: bool = True) -> list[torch.Tensor]:
     """``with_companions``' tensors of one step (``walked``: ``module_walk`` of modules
-    already walked, by ``id``; a walk of the model made here is added)."""
+    already walked, by ``id``; a walk of the model made here is added). The model's deep
+    copies (``Recorder.copies``: ``prepare_qat``'s, ``AveragedModel``'s) are walked too: their
+    tensors go with each other as the model's do."""
     out = {id(t): t for t in tensors}
     for rec in {id(state_of(t).recorder): state_of(t).recorder for t in tensors}.values():
-        root = rec.root
-        if root is None:
+        models = [m for m in (rec.root, *(r() for r in rec.copies)) if m is not None]  # (alive)
+        if not models:
             continue
         mine = [t for t in tensors if state_of(t).recorder is rec]
         wanted = {rec.storage_id(t) for t in mine}
         if not all_places and _alone(rec, mine):
             slots: list[Slot] = []
-        elif id(root) in walked:
-            slots = walked[id(root)]
         else:
-            slots = walked[id(root)] = module_walk(root)
-        held: dict[int, list[torch.Tensor]] = {}
+            slots = [slot for model in models for slot in _walk(model, walked)]
+        held: dict[int, frozenset[int]] = {}
         with plain_attributes():
             while True:  # until nothing more is taken (``nn.Parameter(b)`` of a taken ``b = w.clone()``)
                 before = len(out)
-                needed = _held_by_taken(out, held)
+                for t in list(out.values()):  # what a computed tensor's ``grad_fn`` holds comes along
+                    wanted |= _held_storages(rec, t, held)
                 for _, mod, kind, name, t in slots:
                     if not is_deferred_tensor(t):
                         continue
-                    if id(t) not in out and (rec.storage_id(t) in wanted or id(t) in needed
-                                             or _goes_with(t, out, held)):
+                    # A tensor computed with autograd (weight_norm's or pruning's ``weight``) goes with
+                    # any call: its ``grad_fn`` holds the parameters it came from and what it saved (a
+                    # mask, a view of a buffer), which could not be swapped while it does; and those
+                    # come along with it (above), or it would keep its value without eager's ``grad_fn``.
+                    if id(t) not in out and (rec.storage_id(t) in wanted or grad_fn_of(t) is not None):
                         out[id(t)] = t
                     places = where.setdefault(id(t), []) if id(t) in out else None
                     if places is not None and not any(p[0] is mod and p[1] == name for p in places):
@@ -113,33 +115,20 @@ def companions(tensors: list[torch.Tensor], where: dict[int, list[Location]],
     return list(out.values())
 
 
-def _goes_with(t: torch.Tensor, out: Mapping[int, torch.Tensor], held: dict[int, list[torch.Tensor]]) -> bool:
-    """Whether ``t``, computed with autograd (weight_norm's or pruning's ``weight``), goes with the
-    tensors taken (``out``): its ``grad_fn`` holds the parameters it came from and what it saved
-    (a mask), which could not be swapped while it does, so it goes with any of them (and the
-    model's come along with it: ``_held_by_taken``); one that holds no deferred tensor goes with
-    anything.
-    One whose tensors all stay deferred waits for them: taken now, it would keep its value as a
-    leaf, without eager's ``grad_fn``. (Under ``plain_attributes``; ``held``: ``held_tensors``
-    by ``id``, filled as asked.)"""
-    if grad_fn_of(t) is None:
-        return False
+def _walk(model: torch.nn.Module, walked: dict[int, list[Slot]]) -> list[Slot]:
+    """``module_walk(model)``, once per materialize call."""
+    slots = walked.get(id(model))
+    if slots is None:
+        slots = walked[id(model)] = module_walk(model)
+    return slots
+
+
+def _held_storages(rec: Recorder, t: torch.Tensor, held: dict[int, frozenset[int]]) -> frozenset[int]:
+    """The storages of the deferred tensors ``t``'s ``grad_fn`` holds (``held_tensors``; none
+    for a tensor not computed with autograd), by ``rec.storage_id``; ``held`` keeps them by
+    ``id`` of ``t`` for one call."""
     mine = held.get(id(t))
     if mine is None:
-        mine = held[id(t)] = held_tensors(t)
-    return any(id(p) in out for p in mine) or not any(map(is_deferred_tensor, mine))
-
-
-def _held_by_taken(out: Mapping[int, torch.Tensor], held: dict[int, list[torch.Tensor]]) -> set[int]:
-    """The tensors the ``grad_fn`` of a computed tensor taken holds and that were not computed
-    themselves (a pruned weight's parameter and mask), by ``id``: of the model's, they come along
-    (``held``: as for ``_goes_with``)."""
-    needed: set[int] = set()
-    for t in out.values():
-        if grad_fn_of(t) is None:
-            continue
-        mine = held.get(id(t))
-        if mine is None:
-            mine = held[id(t)] = held_tensors(t)
-        needed.update(id(p) for p in mine if grad_fn_of(p) is None)
-    return needed
+        mine = held[id(t)] = frozenset() if grad_fn_of(t) is None else frozenset(
+            rec.storage_id(p) for p in held_tensors(t) if is_deferred_tensor(p) and state_of(p).recorder is rec)
+    return mine

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import gc
 import warnings
-import weakref
 from collections import defaultdict
 from typing import AbstractSet, Any, Callable, Iterable, Mapping, TypeVar
 
@@ -25,12 +24,14 @@ from fxinit.capture.api import clear_meta_init_cache, recorder_of_root
 from fxinit.capture.call_guards import unguard, unguard_holders
 from fxinit.capture.deferred import dressed_as, is_deferred_tensor, plain_attributes, state_of
 from fxinit.capture.recorder import Recorder
+from fxinit.capture.swap import swap
 from fxinit.companions import companions, deferred_grad, with_companions
 from fxinit.checkpoint import CheckpointSource, checkpoint_values, load_by_its_own_code, loads_by_its_own_code
 from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materialize_dtensors
 from fxinit.errors import DeferredInitError
 from fxinit.module_to import (Location, buffer_slots_apart, cast_real, casting_themselves, runs_own_to,
                               separate_buffer_slots, takes_dtype)
+from fxinit.rnn_weights import weak_references_dropped, weakref_holders
 from fxinit.reachable import Slot, inner_tensors, left_behind, module_slots, module_walk
 from fxinit.spec import dtype_after_to
 from fxinit.values import TRACED_SEED, compute_values, moved, stream_seed, value_of_at_read
@@ -169,7 +170,7 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
     for t, v in ((tensors[i], values[i]) for i in order):
         new = dressed_as(t, v)
         try:
-            torch.utils.swap_tensors(t, new)
+            swap(t, new)
         except RuntimeError as exc:
             companions([t], where, {})  # its places in the whole model
             places = where.get(id(t))
@@ -260,16 +261,11 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
         plan.append((rest + direct, values))
     links = plan_links(tensors, value_of_at_read(target, seed, compile) if init else None)
     apart = buffer_slots_apart([t for t in tensors if id(t) not in uncast], where, dtype)
-    holders = _weakref_holders(where, [*tensors, *(link.tensor for link in links)])
-    for mod in holders:
-        mod._flat_weight_refs = []
-    try:
+    holders = weakref_holders(where, [*tensors, *(link.tensor for link in links)])
+    with weak_references_dropped(holders):
         for ts, values in plan:
             _swap_in(ts, values, where)
         relink(links, tensors)  # (an RNN's flat weights may be tensors computed from parameters: AWD-LSTM's)
-    finally:
-        for mod in holders:
-            _flat_weights_again(mod)
     if dtype is not None:
         separate_buffer_slots(apart, dtype)
     return tensors
@@ -303,49 +299,6 @@ def _refuse_meta_values(tensors: list[torch.Tensor], loaded: Mapping[int, Any], 
 
 def _empty_like(t: torch.Tensor, target: torch.device | None, dtype: torch.dtype | None = None) -> torch.Tensor:
     return torch.empty_strided(t.size(), t.stride(), dtype=dtype_after_to(t.dtype, dtype), device=target or state_of(t).device)
-
-
-def _weakref_holders(where: dict[int, list[Location]], tensors: list[torch.Tensor]) -> list[torch.nn.Module]:
-    """Modules that keep weak references to the tensors being swapped (RNNs' flat weights).
-
-    ``swap_tensors`` refuses tensors with weak references; like ``RNNBase._apply``, the
-    references are dropped for the swap and rebuilt after it. A tensor materialized on its
-    own is looked up in the modules of the model it was traced with, then, where an RNN
-    elsewhere refers to it (a deep copy's: ``AveragedModel``, ``prepare_qat``), through the
-    lists that hold its weak references.
-    """
-    mods = {id(mod): mod for places in where.values() for mod, _, _ in places if _holds_refs(mod)}
-    referenced = {id(t) for t in tensors if weakref.getweakrefs(t)}
-    if not referenced:
-        return list(mods.values())
-    for root in {id(r): r for t in tensors if (r := state_of(t).recorder.root) is not None}.values():
-        for mod in root.modules():
-            if _holds_refs(mod) and any(r is not None and id(r()) in referenced for r in mod._flat_weight_refs):
-                mods[id(mod)] = mod
-    covered = {id(r()) for mod in mods.values() for r in mod._flat_weight_refs if r is not None}
-    elsewhere = [r for t in tensors if id(t) in referenced and id(t) not in covered for r in weakref.getweakrefs(t)]
-    if elsewhere:
-        lists = {id(x): x for x in gc.get_referrers(*elsewhere) if isinstance(x, list)}
-        dicts = [d for d in gc.get_referrers(*lists.values())
-                 if isinstance(d, dict) and id(d.get("_flat_weight_refs")) in lists]
-        for mod in gc.get_referrers(*dicts) if dicts else ():
-            if isinstance(mod, torch.nn.Module) and _holds_refs(mod) and id(mod._flat_weight_refs) in lists:
-                mods[id(mod)] = mod
-    return list(mods.values())
-
-
-def _holds_refs(mod: torch.nn.Module) -> bool:  # (a module's missing attribute raises, slowly: read its dict)
-    return "_flat_weight_refs" in mod.__dict__ and hasattr(type(mod), "_init_flat_weights")
-
-
-def _flat_weights_again(mod: torch.nn.Module) -> None:
-    """An RNN's weak references to its flat weights, dropped for the swap, made again, and the
-    weights flattened as ``_init_flat_weights`` would (cuDNN's one buffer; nothing on the CPU).
-    The list itself is eager's already (the swaps kept every object): read again from the
-    module, a parametrized weight (``spectral_norm``) would run its parametrization, which
-    eager never ran there, and hold the result in place of the parameter eager's list holds."""
-    mod._flat_weight_refs = [weakref.ref(w) if w is not None else None for w in mod._flat_weights]
-    mod.flatten_parameters()
 
 
 M = TypeVar("M", torch.nn.Module, torch.Tensor)

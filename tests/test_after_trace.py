@@ -335,12 +335,12 @@ def test_a_parametrized_recurrent_weight_is_not_read_by_materialize(order: str) 
 
 
 @pytest.mark.parametrize("first", ["b.weight_mask", "a.weight", "b.weight_orig"])
-def test_a_pruned_weight_waits_for_the_tensors_its_grad_fn_holds(first: str) -> None:
+def test_a_pruned_weight_and_the_tensors_its_grad_fn_holds_go_together(first: str) -> None:
     """Found by a sweep of torch's utilities: after ``global_unstructured``, materializing one
     module's mask took every pruned ``weight`` of the model along, before the parameters they
     were computed from, so they kept eager's values as leaves, not eager's ``grad_fn`` (a
-    warning; a backward through them gave the parameters no gradient). A computed tensor now
-    goes with the tensors its ``grad_fn`` holds (parameters, the mask it saved), and they with it."""
+    warning; a backward through them gave the parameters no gradient). The tensors a computed
+    tensor's ``grad_fn`` holds (parameters, the mask it saved) now come along with it."""
     def build() -> nn.Module:
         return nn.ModuleDict({"a": nn.Linear(4, 4), "b": nn.Linear(4, 4)})
 
@@ -367,15 +367,21 @@ def test_a_pruned_weight_waits_for_the_tensors_its_grad_fn_holds(first: str) -> 
         assert_bits(got.weight_orig.grad, want.weight_orig.grad)
 
 
-@pytest.mark.parametrize("copy_with", ["deepcopy", "AveragedModel"])
+@pytest.mark.parametrize("copy_with", ["deepcopy", "AveragedModel", "another RNN"])
 def test_a_copy_of_a_traced_recurrent_layer_materializes_tensor_by_tensor(copy_with: str) -> None:
     """Found by a sweep of torch's utilities: the weak references a deep copy of an RNN keeps
     to its weights were looked for only in the traced model, so ``swap_tensors`` refused the
-    copy's first tensor (``AveragedModel`` deep-copies the model it averages)."""
+    copy's first tensor (``AveragedModel`` deep-copies the model it averages). An RNN outside
+    the model given its weights holds such references too."""
     def build() -> nn.Module:
         return nn.LSTM(4, 4)
 
     def copied(m: nn.Module) -> nn.Module:
+        if copy_with == "another RNN":
+            other = nn.LSTM(4, 4)
+            for name, p in m.named_parameters():
+                setattr(other, name, p)
+            return other
         return copy.deepcopy(m) if copy_with == "deepcopy" else torch.optim.swa_utils.AveragedModel(m).module
 
     torch.manual_seed(0)
@@ -385,6 +391,44 @@ def test_a_copy_of_a_traced_recurrent_layer_materializes_tensor_by_tensor(copy_w
     for t in reversed(list(m.parameters())):
         fxinit.materialize(t)
     assert_modules_equal(m, ref)
-    assert all(r() is w for r, w in zip(m._flat_weight_refs, m._flat_weights))
+    assert [r() is w for r, w in zip(m._flat_weight_refs, m._flat_weights)] == [
+        r() is w for r, w in zip(ref._flat_weight_refs, ref._flat_weights)]  # (given weights: dead in eager)
     x = _x(3, 2, 4)
     assert_bits(m(x)[0], ref(x)[0])
+
+
+@pytest.mark.parametrize("order", ["reverse", "random", "mask first"])
+def test_a_pruned_copy_materializes_in_any_order(order: str) -> None:
+    """Found by a sweep of torch's utilities: ``prepare_qat`` deep-copies the traced model (the
+    original is dropped); pruning the copy, then materializing its mask first, was refused
+    (torch's swap error): what goes with a tensor was looked for in the traced model only,
+    which no longer existed. Deep copies are walked too (``Recorder.copies``)."""
+    import torch.ao.quantization as Q
+
+    def build() -> nn.Module:
+        m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 3))
+        m.train()
+        m.qconfig = Q.get_default_qat_qconfig("x86")
+        return m
+
+    def post(m: nn.Module) -> nn.Module:
+        m = Q.prepare_qat(m)
+        prune.random_unstructured(m[0], "weight", amount=0.3)
+        prune.l1_unstructured(m[2], "weight", amount=0.5)
+        return m
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the observers' deprecation warning)
+        torch.manual_seed(0)
+        ref = post(build())
+        torch.manual_seed(0)
+        m = post(fxinit.trace_init(build))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="fxinit")
+        if order == "mask first":
+            fxinit.materialize(m[2].weight_mask)
+            fxinit.materialize(m[0].weight_mask)
+        materialize_in_order(m, "random" if order == "random" else "reverse")
+    assert_modules_equal(m, ref)
+    for i in (0, 2):
+        assert type(m[i].weight.grad_fn) is type(ref[i].weight.grad_fn)

@@ -142,14 +142,14 @@ def test_a_part_of_the_model_brings_along_what_shares_with_it_and_nothing_else(
     and gradient paths. Only a part that shares a storage or a gradient path with the rest
     looks through the whole model for it: walking the whole model for every part made
     materializing a model part by part quadratic in its size."""
-    materialize_module = sys.modules["fxinit.materialize"]
+    companions = sys.modules["fxinit.companions"]
     torch.manual_seed(0)
     eager = _Shared()
     torch.manual_seed(0)
     m = fxinit.trace_init(_Shared)
     walked = []
-    real_walk = materialize_module.module_walk
-    monkeypatch.setattr(materialize_module, "module_walk", lambda mod: walked.append(mod) or real_walk(mod))
+    real_walk = companions.module_walk
+    monkeypatch.setattr(companions, "module_walk", lambda mod: walked.append(mod) or real_walk(mod))
     if order == "modules":
         parts = [m.plain[1], m.plain[0], m.b, m.a, m.d, m.c, m.e]
     else:

@@ -11,6 +11,8 @@ import collections.abc
 import copy
 import pickle
 import threading
+import warnings
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -20,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import fxinit
-from conftest import same_bits
+from conftest import materialize_in_order, same_bits
 from fxinit.check import reachable_tensors
 
 DeferredInitError = fxinit.DeferredInitError
@@ -593,3 +595,72 @@ def test_the_dict_locals_returned_in_a_constructor_is_its_own() -> None:
     rebuilt = fxinit.trace_init(lambda: type(traced)(**traced._locals))
     assert rebuilt.p.shape == (8,)
     assert "by torch.nn.init.normal_, module <root>" in fxinit.init_graph(traced).explain("p")  # (still found)
+
+
+class _HoldsWeakReferences(nn.Module):
+    """A cache keyed weakly by parameter, a weak reference kept, an optimizer built in
+    ``__init__``: each refers to the tensor objects the model holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.weak = weakref.ref(self.lin.weight)
+        self.groups = torch.utils.weak.WeakTensorKeyDictionary()
+        self.groups[self.lin.bias] = "no_decay"
+        self.opt = torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("order", ["whole", "reverse", "random"])
+def test_tensors_weak_references_point_to_are_the_ones_made_real(order: str) -> None:
+    """Found by a sweep of constructor patterns: ``swap_tensors`` refuses a tensor that weak
+    references point to, and fxinit put a new object in the module's place instead (warned):
+    the optimizer built in ``__init__`` held the old one, deferred, and its steps did nothing.
+    The value now goes into the object itself (``capture/swap.py``), which the references
+    point to, as eager's do."""
+    torch.manual_seed(0)
+    eager = _HoldsWeakReferences()
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(_HoldsWeakReferences)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        materialize_in_order(traced, order)
+    _assert_equal(eager, traced)
+    assert traced.weak() is traced.lin.weight and dict(traced.groups) == {traced.lin.bias: "no_decay"}
+    for m in (eager, traced):
+        assert m.opt.param_groups[0]["params"][0] is m.lin.weight
+        m.lin(torch.ones(1, 4)).sum().backward()
+        m.opt.step()
+    assert same_bits(traced.lin.weight.detach(), eager.lin.weight.detach())
+
+
+class _FlatParameter(nn.Parameter):
+    """fairscale's ``FlatParameter``: ``__new__`` builds the tensor, ``__init__`` keeps what it
+    was built from."""
+
+    def __new__(cls, params: list, requires_grad: bool = True) -> "_FlatParameter":
+        return super().__new__(cls, torch.cat([p.detach().reshape(-1) for p in params]), requires_grad)
+
+    def __init__(self, params: list, requires_grad: bool = True) -> None:
+        self.numels = [p.numel() for p in params]
+
+
+class _Flattened(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        inner = nn.Linear(4, 4)
+        self.flat = _FlatParameter([inner.weight, inner.bias])
+
+
+def test_a_parameter_subclass_runs_its_init() -> None:
+    """Found by a sweep of fairscale (``FlattenParamsWrapper``, its FSDP's default): Python runs
+    ``MyParameter.__init__`` only on an object of that very type; a deferred tensor made as one
+    is not, so ``__init__`` never ran: a class default in its place, silently, or an
+    AttributeError. ``check`` compared tensors only and said equal."""
+    torch.manual_seed(0)
+    eager = _Flattened()
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(_Flattened)
+    assert traced.flat.numels == [16, 4]
+    fxinit.materialize(traced)
+    _assert_equal(eager, traced)
+    assert type(traced.flat) is _FlatParameter and traced.flat.numels == eager.flat.numels

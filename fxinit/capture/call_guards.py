@@ -154,7 +154,21 @@ class CallGuard:
         _GUARDS[copied] = guard
         self.recorder.guards.modules.append(weakref.ref(copied))
         self.recorder.guards.stale = True  # (its tensors are not copied yet)
+        if self._top_of_its_copy(memo):
+            self.recorder.copies = [*(r for r in self.recorder.copies if r() is not None), weakref.ref(copied)]
         return guard
+
+    def _top_of_its_copy(self, memo: dict[int, Any]) -> bool:
+        """Whether the module is the outermost module of the model that this deep copy copies
+        (``copy.deepcopy`` makes a module, and puts it in ``memo``, before its children)."""
+        if not self.path:
+            return True
+        root = self.recorder.root
+        try:
+            parent = root.get_submodule(self.path.rpartition(".")[0]) if root is not None else None
+        except AttributeError:
+            return True
+        return parent is None or id(parent) not in memo
 
     @property
     def __name__(self) -> str:  # noqa: A003  (TorchScript's compiler asks a hook for its name first)

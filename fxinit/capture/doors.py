@@ -441,7 +441,25 @@ def _as_subclass(self: torch.Tensor, cls: type) -> Any:
     return out
 
 
+_PARAMETER_META = type(torch.nn.Parameter)
+_PARAMETER_CALL = _PARAMETER_META.__call__
+
+
+def _parameter_call(cls: type, *args: Any, **kwargs: Any) -> Any:
+    """``MyParameter(...)`` (``nn.Parameter``'s metaclass): Python runs ``MyParameter.__init__``
+    only on an object whose own type is ``MyParameter``, which a deferred tensor made as one is
+    not; run it here, as eager's call does (fairscale's ``FlatParameter`` keeps its parameters'
+    shapes there)."""
+    obj = _PARAMETER_CALL(cls, *args, **kwargs)
+    init = cls.__init__
+    if init is not torch.nn.Parameter.__init__ and type(obj) is not cls and is_deferred_tensor(obj) \
+            and isinstance(obj, cls):
+        init(obj, *args, **kwargs)
+    return obj
+
+
 _PATCHES = ((torch.nn.Parameter, "__new__", _PARAMETER_NEW, _parameter_new),
+            (_PARAMETER_META, "__call__", _PARAMETER_CALL, _parameter_call),
             (torch.Tensor, "_make_subclass", _MAKE_SUBCLASS, staticmethod(_make_subclass)),
             (torch.Tensor, "as_subclass", _AS_SUBCLASS, _as_subclass))
 

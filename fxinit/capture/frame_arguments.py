@@ -35,13 +35,16 @@ def argument(frame: types.FrameType, index: int) -> Any:
         return None
     if _SLOTS is None:
         return frame.f_locals.get(code.co_varnames[index])
-    address = ctypes.c_void_p.from_address(_slots_address(frame) + 8 * index).value
+    slots = _slots_address(frame)
+    address = ctypes.c_void_p.from_address(slots + 8 * index).value
+    name = code.co_varnames[index]
+    if not address and not _INDIRECT and name in code.co_cellvars:  # 3.10 keeps a captured argument in its
+        address = ctypes.c_void_p.from_address(  # cell, after the frame's local variables
+            slots + 8 * (code.co_nlocals + code.co_cellvars.index(name))).value
     if not address:
-        if code.co_varnames[index] in code.co_cellvars:  # (3.10 keeps a captured argument in its cell only)
-            return frame.f_locals.get(code.co_varnames[index])
         return None
     value = ctypes.cast(address, ctypes.py_object).value
-    if type(value) is types.CellType and code.co_varnames[index] in code.co_cellvars:  # captured by a closure
+    if type(value) is types.CellType and name in code.co_cellvars:  # captured by a closure
         return value.cell_contents if _cell_is_full(value) else None
     return value
 

@@ -15,6 +15,8 @@ import torch
 from torch.nn.parameter import UninitializedBuffer, UninitializedParameter, UninitializedTensorMixin
 from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a caller patched
 
+from fxinit.capture.swap import swap
+
 
 @contextlib.contextmanager
 def lazy_module_support(recorder: Any) -> Iterator[None]:
@@ -43,7 +45,7 @@ def lazy_module_support(recorder: Any) -> Iterator[None]:
             new = torch.nn.Parameter(value, requires_grad=requires_grad)
         else:
             new = value.requires_grad_(requires_grad)
-        torch.utils.swap_tensors(self, new)
+        swap(self, new)
 
     try:
         for cls, orig in originals.items():

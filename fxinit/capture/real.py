@@ -38,6 +38,7 @@ from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a 
 from fxinit.capture.devices import default_device, device_available, output_device
 from fxinit.capture.deferred import MATERIALIZED, dressed_as, is_deferred_tensor, state_of
 from fxinit.capture.schema import generator_of, mutated_arg_indices, schema_value
+from fxinit.capture.swap import swap
 from fxinit.capture.trees import leaves, map_tree, tensors_in
 from fxinit.ops import draws_random
 
@@ -124,7 +125,7 @@ def adopt_real(recorder: Any, t: torch.Tensor, src: torch.Tensor, refuse: bool =
     new = dressed_as(t, src)
     try:
         with _weak_references_dropped(recorder, t):
-            torch.utils.swap_tensors(t, new)
+            swap(t, new)
     except RuntimeError as exc:
         if recorder.capturing or not refuse:
             return False
@@ -156,7 +157,7 @@ def adopt_deferred(recorder: Any, t: torch.Tensor, src: torch.Tensor) -> bool:
         new.__dict__.setdefault(k, v)
     try:
         with _weak_references_dropped(recorder, t):
-            torch.utils.swap_tensors(t, new)
+            swap(t, new)
     except RuntimeError:
         return False
     recorder.adopted.append(t)  # materialized with src's storage, whoever holds it

@@ -120,6 +120,7 @@ class Recorder(Shadows, Doors):
         # data pointers of real storages that share memory with a deferred tensor in eager (`.data =`)
         self.lifted_reals: dict[int, str] = {}
         self.guards = GuardIndex()  # the modules of the model with a call guard, indexed
+        self.copies: list[weakref.ReferenceType] = []  # deep copies of the model, or of a part (call_guards)
 
     # ------------------------------------------------------------------ helpers
     @contextlib.contextmanager

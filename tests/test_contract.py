@@ -664,3 +664,48 @@ def test_a_parameter_subclass_runs_its_init() -> None:
     fxinit.materialize(traced)
     _assert_equal(eager, traced)
     assert type(traced.flat) is _FlatParameter and traced.flat.numels == eager.flat.numels
+
+
+class _Clamped(torch.Tensor):
+    """A tensor subclass whose ``__torch_function__`` changes every result, and logs the calls."""
+
+    calls: list[str] = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        cls.calls.append(getattr(func, "__name__", str(func)))
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        if isinstance(out, torch.Tensor) and out.is_floating_point() and func is not torch.Tensor.clamp:
+            out = out.clamp(-1.0, 1.0)
+        return out
+
+
+class _Tagged(torch.Tensor):
+    pass
+
+
+class _OfSubclasses(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        t = torch.randn(6).as_subclass(_Clamped)
+        self.register_buffer("clamped", t.mul(3.0).add(0.5))
+        tagged = torch.randn(4).as_subclass(_Tagged)
+        self.register_buffer("tagged", tagged * 2)
+        self.register_buffer("copied", torch.cat([tagged, tagged.clone()]))
+
+
+def test_ops_on_a_tensor_subclass_run_its_torch_function() -> None:
+    """Found by a sweep of constructor patterns: ops on a deferred tensor made by
+    ``as_subclass`` ran as a plain tensor's: results of the plain class, and a
+    ``__torch_function__`` that changes them was skipped, silently. It takes every call now,
+    methods included, as in eager; torch's own gives results of the subclass."""
+    _Clamped.calls.clear()
+    torch.manual_seed(0)
+    eager = _OfSubclasses()
+    eager_calls = list(_Clamped.calls)
+    _Clamped.calls.clear()
+    torch.manual_seed(0)
+    traced = fxinit.materialize(fxinit.trace_init(_OfSubclasses))
+    assert _Clamped.calls == eager_calls
+    _assert_equal(eager, traced)
+    assert {type(b) for b in traced.buffers()} == {_Clamped, _Tagged}

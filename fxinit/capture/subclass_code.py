@@ -1,4 +1,5 @@
-"""The Python code of ``nn.Parameter`` subclasses, run for the deferred tensors made as them.
+"""The Python code of ``nn.Parameter`` subclasses and tensor subclasses, run for the deferred
+tensors made as them.
 
 A deferred tensor's type is fxinit's ``DeferredTensor`` (torch's dispatch reads it); it says
 it is the class it was made as through ``__class__`` (``isinstance``: ``capture.deferred``).
@@ -14,7 +15,11 @@ result be a plain parameter's, silently: bitsandbytes' ``Params4bit.to`` quantiz
   whose class defines ``__torch_function__``: that ``__torch_function__``. Its own call to
   ``super().__torch_function__`` runs the op as a plain tensor's (``Parameter`` disables the
   protocol), which reaches fxinit's dispatch. Tensor methods and attributes keep fxinit's
-  handling (which stands for a plain tensor's, as the subclass's ``super()`` would).
+  handling (which stands for a plain tensor's, as the subclass's ``super()`` would);
+* any call on a deferred tensor made as a tensor subclass that is not a parameter
+  (``t.as_subclass(cls)``), methods included: ``cls.__torch_function__``, its own or torch's,
+  which gives results of ``cls`` (an alias made as it); its own calls re-enter it, its
+  ``super()`` call is torch's op, as in eager. Attributes keep fxinit's handling.
 
 While the subclass's code runs for a tensor, the same method of that tensor (its ``super()``
 call) is torch's. Attributes only the subclass has (``Params4bit._quantize``) are found on it
@@ -48,6 +53,11 @@ def subclass_attribute(t: torch.Tensor, cls: type, name: str) -> Any:
     raise AttributeError(f"'{cls.__name__}' object has no attribute '{name}'")
 
 
+def _most_derived(classes: list[type]) -> type | None:
+    """The class torch asks first: one no other of ``classes`` derives from."""
+    return next((c for c in classes if not any(o is not c and issubclass(o, c) for o in classes)), None)
+
+
 def _tensor_method(func: Any) -> str | None:
     name = getattr(func, "__name__", None)
     return name if name is not None and getattr(torch.Tensor, name, None) is func else None
@@ -60,18 +70,23 @@ def run_subclass_code(func: Any, args: tuple, kwargs: dict, made_as: dict[int, t
     lists at negative positions)."""
     running = _running.__dict__.setdefault("keys", set())
     name = _tensor_method(func)
-    if name is not None:
-        cls = made_as.get(0)
-        key = (id(args[0]), name)
-        if cls is None or key in running or not defines(cls, name):
-            return NOT_SUBCLASS_CODE
+    if name is not None and (cls := made_as.get(0)) is not None and defines(cls, name) \
+            and (key := (id(args[0]), name)) not in running:
         code = getattr(cls, name)
+    elif (plain := [c for c in made_as.values() if not issubclass(c, torch.nn.Parameter)]) and \
+            getattr(func, "__name__", None) not in ("__get__", "__set__"):
+        # A tensor subclass (``as_subclass``): its ``__torch_function__``, its own or torch's (which
+        # gives results of its class), takes every call, methods included, as in eager.
+        if not torch._C._is_torch_function_enabled():  # (inside its ``super()`` call: torch's op, as in eager)
+            return NOT_SUBCLASS_CODE
+        cls = _most_derived(plain)
+        return cls.__torch_function__(func, (cls,), args, kwargs)  # (re-entered by its own calls, as eager's)
+    elif name is not None:
+        return NOT_SUBCLASS_CODE
     else:
         if getattr(func, "__name__", None) in ("__get__", "__set__"):  # attributes: fxinit's handling
             return NOT_SUBCLASS_CODE
-        overriding = [c for c in made_as.values() if defines(c, "__torch_function__")]
-        # torch asks the most derived class first
-        cls = next((c for c in overriding if not any(o is not c and issubclass(o, c) for o in overriding)), None)
+        cls = _most_derived([c for c in made_as.values() if defines(c, "__torch_function__")])
         key = (id(cls), "__torch_function__")
         if cls is None or key in running:
             return NOT_SUBCLASS_CODE

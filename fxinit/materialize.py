@@ -204,17 +204,20 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
                          device: torch.device | str | None, init: bool,
                          loaded: Mapping[int, Callable[[], torch.Tensor]] | None = None,
                          seed: int | None = None, dtype: torch.dtype | None = None, compile: bool | str | None = None,
-                         walked: dict[int, list[Slot]] | None = None, inside: AbstractSet[int] = frozenset()
-                         ) -> list[torch.Tensor]:
+                         walked: dict[int, list[Slot]] | None = None, inside: AbstractSet[int] = frozenset(),
+                         within: AbstractSet[int] | None = None) -> list[torch.Tensor]:
     """Compute (or, with ``loaded``, read from a checkpoint) and swap in, and say which tensors
     (``tensors`` and the others that went with them, real now); ``loaded`` maps
     ``id(tensor)`` to a reader of its checkpoint value (called once, just before the copy,
     so that only one checkpoint tensor is held at a time); ``walked``: ``module_walk`` of
     modules already walked, by ``id``; ``inside``: modules (by ``id``) whose tensors ``dtype``
     leaves as they are: those whose own code casts what only they hold, later
-    (``module_to.casting_themselves``), and those held in containers, which ``.to`` does not reach."""
+    (``module_to.casting_themselves``), and those held in containers, which ``.to`` does not reach;
+    ``within``: the modules (by ``id``) of the module asked for, whose ``.to(dtype)`` eager's is:
+    a tensor that goes with them from elsewhere (a pruned layer's) keeps its dtype."""
     tensors = with_companions(tensors, where, walked, all_places=dtype is not None)  # (where casts them)
-    uncast = {id(t) for t in tensors if where.get(id(t)) and all(id(mod) in inside for mod, _, _ in where[id(t)])}
+    uncast = {id(t) for t in tensors if where.get(id(t)) and all(
+        id(mod) in inside or (within is not None and id(mod) not in within) for mod, _, _ in where[id(t)])}
 
     def casts(t: torch.Tensor) -> bool:
         return id(t) not in uncast and takes_dtype(t, where.get(id(t), []), dtype)
@@ -414,7 +417,9 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     if dtype is not None and isinstance(obj, torch.nn.Module):  # modules held in containers: .to does not reach them
         inside |= {id(mod) for _, mod, _, _, _ in walked[id(obj)]} - {id(m) for m in obj.modules()}
     recorders = _recorders_of(tensors)
-    made = _materialize_tensors(tensors, where, device, init, loaded, seed_asked, dtype, compile, walked, inside)
+    within = {id(m) for m in obj.modules()} if dtype is not None and isinstance(obj, torch.nn.Module) else None
+    made = _materialize_tensors(tensors, where, device, init, loaded, seed_asked, dtype, compile, walked, inside,
+                                within)
     if set_extra_states is not None:
         set_extra_states()
     unguard_holders(recorders, made)  # (a model materialized part by part keeps no hook either)

@@ -666,6 +666,27 @@ def test_a_parameter_subclass_runs_its_init() -> None:
     assert type(traced.flat) is _FlatParameter and traced.flat.numels == eager.flat.numels
 
 
+class _Base(nn.Parameter):
+    def __new__(cls, data: torch.Tensor) -> "_Base":
+        return super().__new__(_Made if cls is _Base else cls, data)
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self.by = "_Base"
+
+
+class _Made(_Base):
+    def __init__(self, data: torch.Tensor) -> None:
+        self.by = "_Made"
+
+
+def test_the_init_that_runs_is_that_of_the_class_made() -> None:
+    """Found by a review: ``__new__`` returning an object of a subclass gets that subclass's
+    ``__init__`` in eager (Python runs the object's own type's); fxinit ran the called class's."""
+    eager = _Base(torch.zeros(2))
+    traced = fxinit.trace_init(lambda: nn.ParameterList([_Base(torch.zeros(2))]))[0]
+    assert type(eager) is _Made and eager.by == "_Made" and traced.by == "_Made"
+
+
 class _Clamped(torch.Tensor):
     """A tensor subclass whose ``__torch_function__`` changes every result, and logs the calls."""
 
@@ -709,3 +730,41 @@ def test_ops_on_a_tensor_subclass_run_its_torch_function() -> None:
     assert _Clamped.calls == eager_calls
     _assert_equal(eager, traced)
     assert {type(b) for b in traced.buffers()} == {_Clamped, _Tagged}
+
+
+class _Declines(torch.Tensor):
+    """``__torch_function__`` as torch's docs write it: ``NotImplemented`` for types it does not know."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if not all(issubclass(t, cls) for t in types):
+            return NotImplemented
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class _Accepts(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        return super().__torch_function__(func, (cls,), args, kwargs or {})  # (whatever the other types)
+
+
+class _TwoSubclasses(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        a = torch.randn(3).as_subclass(_Declines)
+        b = torch.randn(3).as_subclass(_Accepts)
+        self.register_buffer("sum", torch.add(a, b))
+        self.register_buffer("again", a.as_subclass(_Declines).as_subclass(_Accepts))
+
+
+def test_the_torch_function_protocol_over_two_subclasses_is_eagers() -> None:
+    """Found by a review: with two subclasses in one call, each handler is asked in turn with
+    both types, the next one where a handler returns ``NotImplemented`` (the result was the
+    first class's, silently); ``as_subclass`` of a deferred tensor showed its own alias op to
+    the handler, which eager's never does."""
+    torch.manual_seed(0)
+    eager = _TwoSubclasses()
+    torch.manual_seed(0)
+    traced = fxinit.materialize(fxinit.trace_init(_TwoSubclasses))
+    _assert_equal(eager, traced)
+    assert type(traced.sum) is type(eager.sum) is _Accepts and type(traced.again) is _Accepts

@@ -194,3 +194,25 @@ def test_dtype_runs_a_to_wrapped_as_modules_own() -> None:
     traced = fxinit.materialize(fxinit.trace_init(_WrappedTo), dtype=torch.float64)
     _assert_equal(eager, traced)
     assert traced.w.dtype == torch.float32 and traced.lin.weight.dtype == torch.float64
+
+
+def test_dtype_of_a_part_leaves_a_pruned_layer_elsewhere_as_it_is() -> None:
+    """Found by a review: a pruned layer elsewhere in the model goes with any materialize call
+    (its ``weight``'s ``grad_fn`` holds its parameter and mask), and ``dtype=`` of the part asked
+    for cast it too: float64 beside eager's float32, then a crash in its forward."""
+    import torch.nn.utils.prune as prune
+
+    def build() -> nn.Module:
+        m = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+        prune.l1_unstructured(m[0], "weight", 0.5)
+        return m
+
+    torch.manual_seed(0)
+    eager = build()
+    eager[1].to(torch.float64)
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(build)
+    fxinit.materialize(traced[1], dtype=torch.float64)
+    fxinit.materialize(traced)
+    _assert_equal(eager, traced)
+    assert traced[0].weight_orig.dtype == torch.float32 and traced[1].weight.dtype == torch.float64

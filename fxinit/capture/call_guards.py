@@ -112,10 +112,12 @@ class CallGuard:
 
     fxinit_own = True  # holds no tensor of the model (``reachable.captured``)
 
-    def __init__(self, module: torch.nn.Module, path: str, recorder: Any) -> None:
+    def __init__(self, module: torch.nn.Module, path: str, recorder: Any,
+                 parent: torch.nn.Module | None = None) -> None:
         self.module = weakref.ref(module)
         self.path = path
         self.recorder = recorder
+        self.parent = weakref.ref(parent) if parent is not None else None  # the module right above it
         self.key: int | None = None  # its key in the module's ``_forward_pre_hooks``
 
     def __call__(self, mod: torch.nn.Module, args: Any) -> None:
@@ -149,26 +151,16 @@ class CallGuard:
         copied = memo.get(id(mod)) if mod is not None else None
         if not isinstance(copied, torch.nn.Module):
             return self
-        guard = CallGuard(copied, self.path, self.recorder)
+        parent = self.parent() if self.parent is not None else None
+        copied_parent = memo.get(id(parent)) if parent is not None else None  # (``copy.deepcopy`` makes a
+        guard = CallGuard(copied, self.path, self.recorder, copied_parent)   # module before its children)
         guard.key = self.key
         _GUARDS[copied] = guard
         self.recorder.guards.modules.append(weakref.ref(copied))
         self.recorder.guards.stale = True  # (its tensors are not copied yet)
-        if self._top_of_its_copy(memo):
+        if copied_parent is None:  # the outermost module of the model that this deep copy copies
             self.recorder.copies = [*(r for r in self.recorder.copies if r() is not None), weakref.ref(copied)]
         return guard
-
-    def _top_of_its_copy(self, memo: dict[int, Any]) -> bool:
-        """Whether the module is the outermost module of the model that this deep copy copies
-        (``copy.deepcopy`` makes a module, and puts it in ``memo``, before its children)."""
-        if not self.path:
-            return True
-        root = self.recorder.root
-        try:
-            parent = root.get_submodule(self.path.rpartition(".")[0]) if root is not None else None
-        except AttributeError:
-            return True
-        return parent is None or id(parent) not in memo
 
     @property
     def __name__(self) -> str:  # noqa: A003  (TorchScript's compiler asks a hook for its name first)
@@ -185,7 +177,8 @@ class CallGuard:
 
 def guard_calls(module: torch.nn.Module, recorder: Any) -> None:
     """Put a ``CallGuard`` on each module of ``module`` that holds tensors (the traced model)."""
-    for path, mod in module.named_modules():
+    by_path = dict(module.named_modules())
+    for path, mod in by_path.items():
         if isinstance(mod, torch.jit.ScriptModule):
             raise DeferredInitError(
                 f"{path or type(mod).__name__} is a TorchScript module (torch.jit.script/trace in the constructor): "
@@ -196,7 +189,7 @@ def guard_calls(module: torch.nn.Module, recorder: Any) -> None:
             continue  # computes a weight from parameters (recorded), never from data (its owner is guarded)
         if next(itertools.chain(mod.parameters(), mod.buffers()), None) is None:
             continue  # nothing to wait for (an activation, e3nn's generated code: pickled as eager's)
-        guard = CallGuard(mod, path, recorder)
+        guard = CallGuard(mod, path, recorder, by_path.get(path.rpartition(".")[0]) if path else None)
         guard.key = mod.register_forward_pre_hook(guard).id
         _GUARDS[mod] = guard
         recorder.guards.modules.append(weakref.ref(mod))

@@ -436,7 +436,8 @@ def _as_subclass(self: torch.Tensor, cls: type) -> Any:
     recorded alias made as ``cls``, attached to autograd as eager's is."""
     if not is_deferred_tensor(self):
         return _AS_SUBCLASS(self, cls)
-    out = torch.ops.aten.alias.default(self)
+    with torch._C.DisableTorchFunctionSubclass():  # (eager's as_subclass shows no op to a __torch_function__)
+        out = torch.ops.aten.alias.default(self)
     made_as(out, cls)
     return out
 
@@ -446,15 +447,14 @@ _PARAMETER_CALL = _PARAMETER_META.__call__
 
 
 def _parameter_call(cls: type, *args: Any, **kwargs: Any) -> Any:
-    """``MyParameter(...)`` (``nn.Parameter``'s metaclass): Python runs ``MyParameter.__init__``
-    only on an object whose own type is ``MyParameter``, which a deferred tensor made as one is
-    not; run it here, as eager's call does (fairscale's ``FlatParameter`` keeps its parameters'
-    shapes there)."""
+    """``MyParameter(...)`` (``nn.Parameter``'s metaclass): Python runs the ``__init__`` of the
+    object's own type where that type is ``MyParameter`` or a subclass of it, which a deferred
+    tensor's type (fxinit's) is not; run the ``__init__`` of the class it was made as here, as
+    eager's call does (fairscale's ``FlatParameter`` keeps its parameters' shapes there)."""
     obj = _PARAMETER_CALL(cls, *args, **kwargs)
-    init = cls.__init__
-    if init is not torch.nn.Parameter.__init__ and type(obj) is not cls and is_deferred_tensor(obj) \
-            and isinstance(obj, cls):
-        init(obj, *args, **kwargs)
+    made = obj.__dict__.get(PARAMETER_CLASS) if is_deferred_tensor(obj) else None
+    if made is not None and issubclass(made, cls) and made.__init__ is not torch.nn.Parameter.__init__:
+        made.__init__(obj, *args, **kwargs)
     return obj
 
 

@@ -53,6 +53,26 @@ def subclass_attribute(t: torch.Tensor, cls: type, name: str) -> Any:
     raise AttributeError(f"'{cls.__name__}' object has no attribute '{name}'")
 
 
+def _torch_function_protocol(func: Any, args: tuple, kwargs: dict, classes: list[type]) -> Any:
+    """``func`` as torch's ``__torch_function__`` protocol runs it for arguments of ``classes``
+    (in the arguments' order): each class's handler in turn, a subclass before its bases, all
+    the classes as ``types``, the next one where a handler returns ``NotImplemented``. (Its
+    handlers' own calls re-enter it, as eager's do.)"""
+    order: list[type] = []
+    for c in classes:
+        if c in order:
+            continue
+        before = next((i for i, o in enumerate(order) if issubclass(c, o)), len(order))
+        order.insert(before, c)
+    types = tuple(order)
+    for c in order:
+        out = c.__torch_function__(func, types, args, kwargs)
+        if out is not NotImplemented:
+            return out
+    raise TypeError(f"no implementation found for '{getattr(func, '__name__', func)}' on types that implement "
+                    f"__torch_function__: {list(types)}")
+
+
 def _most_derived(classes: list[type]) -> type | None:
     """The class torch asks first: one no other of ``classes`` derives from."""
     return next((c for c in classes if not any(o is not c and issubclass(o, c) for o in classes)), None)
@@ -73,14 +93,14 @@ def run_subclass_code(func: Any, args: tuple, kwargs: dict, made_as: dict[int, t
     if name is not None and (cls := made_as.get(0)) is not None and defines(cls, name) \
             and (key := (id(args[0]), name)) not in running:
         code = getattr(cls, name)
-    elif (plain := [c for c in made_as.values() if not issubclass(c, torch.nn.Parameter)]) and \
+    elif any(not issubclass(c, torch.nn.Parameter) for c in made_as.values()) and \
             getattr(func, "__name__", None) not in ("__get__", "__set__"):
         # A tensor subclass (``as_subclass``): its ``__torch_function__``, its own or torch's (which
         # gives results of its class), takes every call, methods included, as in eager.
         if not torch._C._is_torch_function_enabled():  # (inside its ``super()`` call: torch's op, as in eager)
             return NOT_SUBCLASS_CODE
-        cls = _most_derived(plain)
-        return cls.__torch_function__(func, (cls,), args, kwargs)  # (re-entered by its own calls, as eager's)
+        return _torch_function_protocol(func, args, kwargs, [made_as[i] for i in sorted(
+            made_as, key=lambda i: (i < 0, abs(i))) if not issubclass(made_as[i], torch.nn.Parameter)])
     elif name is not None:
         return NOT_SUBCLASS_CODE
     else:

@@ -469,14 +469,18 @@ def _run(func: Any, args: tuple, kwargs: dict) -> Any:
                      "constructor") from exc
         if isinstance(exc, DeferredInitError) or _META_DATA_ACCESS not in str(exc):
             raise
+        packed = _torch_name(func) in _RECURRENT and len(args) > 1 and isinstance(args[1], torch.Tensor) \
+            and not args[1].is_floating_point()  # (the overload of a PackedSequence: data, batch_sizes, ...)
         raise _recorder_of(args, kwargs).fail(  # a kernel that reads memory itself, below any op fxinit sees
-            f"fxinit cannot defer {_torch_name(func)}: its kernel reads or writes the tensor's "
-            "memory directly, which a deferred tensor does not have yet",
+            f"fxinit cannot defer {_torch_name(func)}{' over a PackedSequence' if packed else ''}: its kernel reads "
+            "or writes the tensor's memory directly, which a deferred tensor does not have yet"
+            + (" (a padded input is recorded)" if packed else ""),
             op=getattr(func, "__name__", str(func)),
             hint="build this tensor after fxinit.materialize, or guard this code with "
                  "`if not fxinit.is_meta_init():`") from exc
 
 
+_RECURRENT = frozenset(("torch.lstm", "torch.gru", "torch.rnn_tanh", "torch.rnn_relu"))
 #: torch's message for a kernel that touched the data of a tensor without storage (meta)
 _META_DATA_ACCESS = "data is not allocated yet"
 #: torch's message for ``.item()`` of a meta tensor

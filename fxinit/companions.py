@@ -18,7 +18,7 @@ from fxinit.reachable import Slot, module_walk
 
 
 def with_companions(tensors: list[torch.Tensor], where: dict[int, list[Location]],
-                     walked: dict[int, list[Slot]] | None = None, all_places: bool = True) -> list[torch.Tensor]:
+                    walked: dict[int, list[Slot]] | None = None, all_places: bool = True) -> list[torch.Tensor]:
     """Add the traced model's other deferred tensors that must be materialized with ``tensors``.
 
     Tensors that alias one storage in eager construction (a parameter that is a view of
@@ -71,7 +71,7 @@ def _alone(rec: Recorder, tensors: list[torch.Tensor]) -> bool:
 
 
 def companions(tensors: list[torch.Tensor], where: dict[int, list[Location]],
-                walked: dict[int, list[Slot]], all_places: bool = True) -> list[torch.Tensor]:
+               walked: dict[int, list[Slot]], all_places: bool = True) -> list[torch.Tensor]:
     """``with_companions``' tensors of one step (``walked``: ``module_walk`` of modules
     already walked, by ``id``; a walk of the model made here is added). The model's deep
     copies (``Recorder.copies``: ``prepare_qat``'s, ``AveragedModel``'s) are walked too: their

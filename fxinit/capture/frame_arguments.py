@@ -24,8 +24,6 @@ import sys
 import types
 from typing import Any
 
-_NOTHING = object()
-
 
 def argument(frame: types.FrameType, index: int) -> Any:
     """The current value of ``frame``'s argument number ``index`` (``None`` if it is unbound:

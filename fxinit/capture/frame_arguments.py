@@ -33,18 +33,21 @@ def argument(frame: types.FrameType, index: int) -> Any:
         return None
     if _SLOTS is None:
         return frame.f_locals.get(code.co_varnames[index])
-    slots = _slots_address(frame)
-    address = ctypes.c_void_p.from_address(slots + 8 * index).value
-    name = code.co_varnames[index]
-    if not address and not _INDIRECT and name in code.co_cellvars:  # 3.10 keeps a captured argument in its
-        address = ctypes.c_void_p.from_address(  # cell, after the frame's local variables
-            slots + 8 * (code.co_nlocals + code.co_cellvars.index(name))).value
-    if not address:
-        return None
-    value = ctypes.cast(address, ctypes.py_object).value
-    if type(value) is types.CellType and name in code.co_cellvars:  # captured by a closure
+    base = _POINTER(id(frame) + _F_FRAME).value if _INDIRECT else id(frame)
+    try:
+        value = _OBJECT(base + _SLOTS + 8 * index).value
+    except ValueError:  # (an empty slot: deleted, or 3.10's captured argument, kept in its cell only)
+        if _INDIRECT or code.co_varnames[index] not in code.co_cellvars:
+            return None
+        value = _OBJECT(base + _SLOTS + 8 * (code.co_nlocals + code.co_cellvars.index(code.co_varnames[index]))).value
+    if type(value) is _CELL and code.co_varnames[index] in code.co_cellvars:  # captured by a closure
         return value.cell_contents if _cell_is_full(value) else None
     return value
+
+
+_CELL = types.CellType
+_POINTER = ctypes.c_void_p.from_address
+_OBJECT = ctypes.py_object.from_address  # (the object a pointer at an address points to; ValueError if NULL)
 
 
 def _cell_is_full(cell: types.CellType) -> bool:
@@ -53,15 +56,6 @@ def _cell_is_full(cell: types.CellType) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _slots_address(frame: types.FrameType) -> int:
-    """Where ``frame``'s first local variable lies: in the frame object (3.10), or in the frame
-    data that ``PyFrameObject.f_frame`` points to (3.11, 3.12)."""
-    base = id(frame)
-    if _INDIRECT:
-        base = ctypes.c_void_p.from_address(base + _F_FRAME).value or 0
-    return base + _SLOTS  # type: ignore[operator]
 
 
 _F_FRAME = 3 * 8  # PyFrameObject: ob_refcnt, ob_type, f_back, then f_frame (3.11, 3.12)

@@ -48,8 +48,8 @@ def _over_graph(t: torch.Tensor, found: Callable[[Any], Iterable[Any]]) -> list[
     return list(out.values())
 
 
-def _held_by(fn: Any) -> list[torch.Tensor]:
-    """The tensors one autograd function holds (see ``held_tensors``)."""
+def _held_by(fn: Any) -> list[Any]:
+    """What one autograd function holds, tensors among it (see ``held_tensors``)."""
     values: list[Any] = [getattr(fn, "variable", None)]  # AccumulateGrad
     for name in _saved_names(type(fn)):
         try:
@@ -60,12 +60,7 @@ def _held_by(fn: Any) -> list[torch.Tensor]:
         with contextlib.suppress(RuntimeError):
             values.extend(fn.saved_tensors)
         values.extend(vars(fn).values())
-    found = []
-    for v in values:
-        for x in v if isinstance(v, (list, tuple)) else (v,):
-            if isinstance(x, torch.Tensor):
-                found.append(x)
-    return found
+    return [x for v in values for x in (v if isinstance(v, (list, tuple)) else (v,))]
 
 
 @functools.lru_cache(maxsize=None)

@@ -18,10 +18,12 @@ def weakref_holders(where: dict[int, list[Location]], tensors: list[torch.Tensor
     """Modules that keep weak references to the tensors being swapped (RNNs' flat weights).
 
     ``swap_tensors`` refuses tensors with weak references; like ``RNNBase._apply``, the
-    references are dropped for the swap and made again after it (``weak_references_dropped``). A tensor materialized on its
-    own is looked up in the modules of the model it was traced with and of its deep copies
-    (``AveragedModel``'s, ``prepare_qat``'s). (An RNN elsewhere keeps its references through
-    the swap: ``capture.swap``.)
+    references are dropped for the swap and made again after it (``weak_references_dropped``),
+    so that torch's own swap runs, which also takes a parameter that a gradient graph reaches
+    (``capture.swap`` keeps weak references but takes only tensors nothing else holds). A
+    tensor materialized on its own is looked up in the modules of the model it was traced
+    with and of its deep copies (``AveragedModel``'s, ``prepare_qat``'s); an RNN elsewhere
+    keeps its references through ``capture.swap``.
     """
     mods = {id(mod): mod for places in where.values() for mod, _, _ in places if _holds_refs(mod)}
     referenced = {id(t) for t in tensors if weakref.getweakrefs(t)}

@@ -46,7 +46,8 @@ class Divergence:
 
     ``what``: ``"values"``, ``"shape"``, ``"dtype"``, ``"device"``, ``"stride"``,
     ``"type"`` (Parameter or not, exact class), ``"requires_grad"``, ``"grad_fn"`` (computed
-    with autograd in one build only, or by another op), ``"deferred"`` (still
+    with autograd in one build only, or by another op), ``"attributes"`` (the names in its
+    ``__dict__``: what code set on it), ``"deferred"`` (still
     deferred after ``materialize``), ``"meta"`` (a plain meta tensor where eager has data),
     ``"tie"`` (one object with other names in one build only), ``"storage"`` (memory shared
     with other names, or a storage's size, not as eager's), ``"missing"`` (eager has the
@@ -236,7 +237,7 @@ def _compare_objects(name: str, got: Any, want: Any) -> Divergence | None:
 
 def compare_tensors(name: str, got: torch.Tensor, want: torch.Tensor) -> Divergence | None:
     """None if ``got`` (fxinit's) is ``want`` (eager's) in class, shape, dtype, device,
-    ``requires_grad``, the kind of its ``grad_fn``, strides and bits (NaNs equal where they are the same NaN at the same
+    ``requires_grad``, the kind of its ``grad_fn``, its attributes' names, strides and bits (NaNs equal where they are the same NaN at the same
     place; ``-0.0`` is not ``0.0``); else how it differs."""
     if is_deferred_tensor(got):
         return Divergence(name, "deferred", "still deferred after fxinit.materialize")
@@ -251,7 +252,8 @@ def compare_tensors(name: str, got: torch.Tensor, want: torch.Tensor) -> Diverge
     for what, a, b in (("type", _class(got), _class(want)), ("shape", tuple(got.shape), tuple(want.shape)),
                        ("dtype", got.dtype, want.dtype), ("device", got.device, want.device),
                        ("requires_grad", got.requires_grad, want.requires_grad),
-                       ("grad_fn", _grad_fn(got), _grad_fn(want))):
+                       ("grad_fn", _grad_fn(got), _grad_fn(want)),
+                       ("attributes", sorted(map(str, got.__dict__)), sorted(map(str, want.__dict__)))):
         if a != b:
             return Divergence(name, what, f"{a} here, {b} in eager construction")
     if got.layout == torch.strided and (got.stride(), got.storage_offset()) != (want.stride(), want.storage_offset()):

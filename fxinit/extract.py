@@ -15,7 +15,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from fxinit.capture.deferred import MATERIALIZED, is_deferred_tensor, state_of
+from fxinit.capture.deferred import is_deferred_tensor, state_of
+from fxinit.capture.materialized_marks import trace_serial
 from fxinit.capture.provenance import Provenance
 from fxinit.entries import Entry, model_entries
 from fxinit.errors import DeferredInitError
@@ -44,7 +45,7 @@ def init_graph(module: torch.nn.Module, carry_real: bool = True, entries: list[E
             continue
         # (real: not what this trace materialized; a module materialized by another trace is data here)
         if is_deferred_tensor(t) or (carry_real and t.device.type != "meta"
-                                     and t.__dict__.get(MATERIALIZED) not in traced and not hasattr(t, "_local_tensor")):
+                                     and trace_serial(t) not in traced and not hasattr(t, "_local_tensor")):
             (named if is_deferred_tensor(t) else real)[fqn] = t
             info[fqn] = OutputInfo(requires_grad=t.requires_grad, is_parameter=e.is_parameter,
                                    persistent=e.persistent)

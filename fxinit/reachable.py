@@ -14,7 +14,8 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from fxinit.capture.deferred import MATERIALIZED, is_deferred_tensor
+from fxinit.capture.deferred import is_deferred_tensor
+from fxinit.capture.materialized_marks import trace_serial
 
 CONTAINERS = (list, tuple, dict)
 MODULE_DICTS = {"_parameters", "_buffers", "_modules"}
@@ -262,6 +263,6 @@ def left_behind(module: torch.nn.Module, walk: list[Slot] | None = None) -> list
             continue
         t = getattr(t, "_local_tensor", t)  # a DTensor's local part
         if isinstance(t, torch.Tensor) and not is_deferred_tensor(t) and t.device.type == "meta" \
-                and MATERIALIZED not in t.__dict__:
+                and trace_serial(t) is None:
             found.append(f"{path}.{name}" if path else name)
     return list(dict.fromkeys(found))

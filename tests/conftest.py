@@ -159,6 +159,11 @@ def rng_state() -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------- the oracle
+def attribute_names(t: torch.Tensor) -> list[str]:
+    """The names in a tensor's ``__dict__``: what code set on it (``p._no_weight_decay``)."""
+    return sorted(map(str, t.__dict__))
+
+
 def compare_modules(m: torch.nn.Module, ref: torch.nn.Module, where: str = "") -> list[str]:
     """Everything that differs between materialized ``m`` and eager ``ref``, as messages."""
     errs: list[str] = []
@@ -186,6 +191,8 @@ def compare_modules(m: torch.nn.Module, ref: torch.nn.Module, where: str = "") -
             errs.append(p + f"device {t.device} vs eager {r.device}")
         if t.requires_grad != r.requires_grad:
             errs.append(p + f"requires_grad {t.requires_grad} vs eager {r.requires_grad}")
+        if attribute_names(t) != attribute_names(r):
+            errs.append(p + f"attributes {attribute_names(t)} vs eager {attribute_names(r)}")
         if t.stride() != r.stride() or t.storage_offset() != r.storage_offset():
             errs.append(p + f"layout stride={t.stride()} offset={t.storage_offset()} vs eager "
                             f"stride={r.stride()} offset={r.storage_offset()}")

@@ -102,3 +102,40 @@ def test_parameters_rewrapped_after_the_trace_and_deep_copies_of_subclasses() ->
     torch.manual_seed(0)
     got = copy.deepcopy(fxinit.trace_init(plain))
     assert isinstance(got.weight, Plain) and compare_modules(fxinit.materialize(got), want) == []
+
+
+class Packed(nn.Parameter):
+    """bitsandbytes' ``Params4bit``: a ``__new__`` that takes its own keywords and no others."""
+
+    def __new__(cls, data: torch.Tensor | None = None, requires_grad: bool = False,
+                blocksize: int = 64, quant_state: Any = None) -> "Packed":
+        p = torch.Tensor._make_subclass(cls, data, requires_grad)
+        p.blocksize, p.quant_state = blocksize, quant_state
+        return p
+
+
+class PackedLinear(nn.Linear):
+    def __init__(self) -> None:
+        super().__init__(8, 4)
+        self.weight = Packed(self.weight.data, blocksize=32)
+
+
+def test_a_parameter_rebuilt_from_its_dict_after_materialize() -> None:
+    """transformers' and accelerate's bitsandbytes loading rebuild a parameter from its own
+    attributes: ``Params4bit(value, requires_grad=False, **old.__dict__)``. fxinit's mark of
+    what it materialized was one of them, so the rebuild raised a TypeError (an unexpected
+    keyword) where eager's works; the mark is kept beside the tensor now, and a materialized
+    tensor's attributes are eager's (``compare_modules`` checks them everywhere)."""
+    def reloaded(m: nn.Module) -> None:
+        old = m.weight
+        m.weight = type(old)(torch.ones_like(old.data), requires_grad=False, **old.__dict__)
+
+    assert_same_as_eager(PackedLinear, seeds=(0,), orders=("whole", "reverse"))
+    torch.manual_seed(0)
+    want = PackedLinear()
+    torch.manual_seed(0)
+    got = fxinit.materialize(fxinit.trace_init(PackedLinear))
+    assert got.weight.__dict__ == want.weight.__dict__ == {"blocksize": 32, "quant_state": None}
+    reloaded(want)
+    reloaded(got)
+    assert compare_modules(got, want) == []

@@ -107,10 +107,10 @@ def test_doctests_of_new_modules() -> None:
     import doctest
 
     from fxinit import module_to
-    from fxinit.capture import indices, legacy_types, post_import, real_storages
+    from fxinit.capture import indices, legacy_types, materialized_marks, post_import, real_storages
     from fxinit.passes import waves
 
-    for module in (module_to, post_import, indices, waves, real_storages, legacy_types):
+    for module in (module_to, post_import, indices, waves, real_storages, legacy_types, materialized_marks):
         failed, attempted = doctest.testmod(module)
         assert attempted and not failed, module.__name__
 

@@ -370,3 +370,73 @@ def test_a_dtensor_whose_local_tensor_is_a_wrapper(tmp_path) -> None:
         assert type(got) is type(want) is Box and torch.equal(_innermost(got), _innermost(want))
     finally:
         dist.destroy_process_group()
+
+
+class Strict(torch.Tensor):
+    """A wrapper of other code, as quanto's ``ActivationQBytesTensor``: ``copy_`` only between
+    two of its kind (quanto asserts their ``qtype``), any other op on the tensor it holds."""
+
+    @staticmethod
+    def __new__(cls, data: torch.Tensor) -> "Strict":
+        return torch.Tensor._make_wrapper_subclass(cls, data.shape, strides=data.stride(), dtype=data.dtype,
+                                                   device=data.device, requires_grad=data.requires_grad)
+
+    def __init__(self, data: torch.Tensor) -> None:
+        self.data_, self.qtype = data, "int8"
+
+    def __tensor_flatten__(self) -> tuple[list[str], None]:
+        return ["data_"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict, ctx: None, size: torch.Size, stride: tuple) -> "Strict":
+        return Strict(inner["data_"])
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if func is torch.ops.aten.copy_.default:
+            assert args[0].qtype == args[1].qtype
+        inner = tree_map(lambda t: t.data_ if isinstance(t, Strict) else t, (args, kwargs or {}))
+        return func(*inner[0], **inner[1])
+
+
+class _MixesAWrapper(nn.Module):
+    def __init__(self, given: Strict) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(4)
+        nn.init.normal_(self.ln.weight)
+        self.register_buffer("mixed", torch.nn.functional.layer_norm(given, (4,), self.ln.weight, self.ln.bias))
+        self.register_buffer("summed", given + self.ln.weight)
+        self.register_buffer("scaled", torch.mul(self.ln.bias + 1, given))  # (its __torch_function__ second)
+
+
+def test_a_wrapper_of_other_code_mixed_with_deferred_tensors_runs_its_own_dispatch() -> None:
+    """Found by a sweep of optimum-quanto: a wrapper subclass among deferred arguments was
+    taken for a real tensor and copied into the graph as a constant, a copy its own
+    ``__torch_dispatch__`` ran: quanto's ``copy_`` raised an AttributeError (calibrating a
+    model inside ``fxinit.recording``), or a "plain meta tensor" refusal named the wrong
+    cause. Its own ``__torch_dispatch__`` takes the call now, as in eager, and calls again
+    with the tensors it holds: real ones or deferred ones."""
+    given = Strict(torch.randn(2, 4))
+    torch.manual_seed(0)
+    eager = _MixesAWrapper(given)
+    torch.manual_seed(0)
+    traced = fxinit.materialize(fxinit.trace_init(_MixesAWrapper, given))
+    for name in ("mixed", "summed", "scaled", "ln.weight"):
+        assert compare_tensors(name, traced.get_buffer(name) if "." not in name else traced.ln.weight,
+                               eager.get_buffer(name) if "." not in name else eager.ln.weight) is None, name
+
+    torch.manual_seed(0)
+    with torch.no_grad():  # (a calibration's forward)
+        eager_out = eager.ln(Strict(eager.ln.weight * 2))
+    torch.manual_seed(0)
+    m = fxinit.trace_init(_MixesAWrapper, given)
+    with fxinit.recording(m), torch.no_grad():
+        wrapper = Strict(m.ln.weight * 2)  # around a deferred tensor
+        m.register_buffer("out", m.ln(wrapper))
+    fxinit.materialize(m)
+    assert compare_tensors("out", m.out, eager_out) is None

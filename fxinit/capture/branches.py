@@ -118,9 +118,18 @@ def cpu_branch_call(func: Any, args: tuple, kwargs: dict,
     the trace holds its ops. A composite that make_fx cannot trace runs as it is."""
     if func not in _CPU_BRANCHING or func in _GROUP_NORMS and args and args[0].is_contiguous():
         return None  # (a contiguous input takes one path everywhere)
-    flat, spec = tree_flatten((args, kwargs))
-    if _target(flat) != torch.device("cpu"):
+    if _target(tree_flatten((args, kwargs))[0]) != torch.device("cpu"):
         return None
+    return fake_cpu_trace(func, args, kwargs, suspended)
+
+
+def fake_cpu_trace(func: Any, args: tuple, kwargs: dict,
+                   suspended: Callable[[], ContextManager[Any]]) -> Callable[[], Any] | None:
+    """``func(*args, **kwargs)`` traced by make_fx on fake tensors that say ``cpu`` to C++,
+    in the places of the tensors among the arguments (under ``suspended``: nothing of it is
+    recorded), as a call that runs the ops of that trace on those tensors; None where make_fx
+    cannot trace it (values read, or invalid arguments: the call as it is raises eager's error)."""
+    flat, spec = tree_flatten((args, kwargs))
     positions = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
 
     def call(*tensors: torch.Tensor) -> Any:
@@ -140,7 +149,7 @@ def cpu_branch_call(func: Any, args: tuple, kwargs: dict,
         try:
             probes = [_probe(flat[i]) for i in positions]
             traced = make_fx(call, decomposition_table=cpp_composites(), tracing_mode="fake")(*probes)
-        except Exception:  # noqa: BLE001  (invalid arguments: the call as it is raises eager's error)
+        except Exception:  # noqa: BLE001
             return None
     return lambda: traced(*(flat[i] for i in positions))
 

@@ -175,15 +175,23 @@ class CallGuard:
             op="pickle", hint="call fxinit.materialize(model) first, or save its init graph (fxinit.save)")
 
 
+def _holds_tensors(script: torch.jit.ScriptModule) -> bool:
+    """Whether a TorchScript module has a tensor among its attributes (parameters and buffers
+    too); one without (``torch.jit.script(nn.GELU())``, e3nn's compiled code) only computes,
+    and its calls on deferred tensors are recorded (``capture.torchscript_calls``)."""
+    return any(isinstance(value, torch.Tensor) for _, value in
+               torch._C._jit_debug_module_iterators(script._c)["named_attributes"])
+
+
 def guard_calls(module: torch.nn.Module, recorder: Any) -> None:
     """Put a ``CallGuard`` on each module of ``module`` that holds tensors (the traced model)."""
     by_path = dict(module.named_modules())
     for path, mod in by_path.items():
-        if isinstance(mod, torch.jit.ScriptModule):
+        if isinstance(mod, torch.jit.ScriptModule) and _holds_tensors(mod):
             raise DeferredInitError(
-                f"{path or type(mod).__name__} is a TorchScript module (torch.jit.script/trace in the constructor): "
-                "it keeps its tensors in TorchScript, where fxinit's deferred tensors lose what they are and "
-                "materialize cannot reach them", op="torch.jit.script",
+                f"{path or type(mod).__name__} is a TorchScript module (torch.jit.script/trace in the constructor) "
+                "that holds tensors: it keeps them in TorchScript, where fxinit's deferred tensors lose what they are "
+                "and materialize cannot reach them", op="torch.jit.script",
                 hint="script the module after fxinit.materialize, or build this model eagerly")
         if type(mod).__module__.startswith(_PARAMETRIZE) and not parametrize.is_parametrized(mod):
             continue  # computes a weight from parameters (recorded), never from data (its owner is guarded)

@@ -17,7 +17,6 @@ It is a meta tensor underneath (so every shape computation is PyTorch's own), wi
 from __future__ import annotations
 
 import gc
-import itertools
 import os
 import sys
 import types
@@ -32,9 +31,11 @@ from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a 
 from fxinit.capture.compiled_calls import IS_COMPILING, refuse_compiled_call
 from fxinit.capture.grad_branches import run_as_eager
 from fxinit.capture.indices import as_index
+from fxinit.capture.materialized_marks import mark, trace_serial
 from fxinit.capture.moves import PARSE_TO, legacy_type_name, parse_move, shallow_copy_kind, with_index
 from fxinit.capture.post_import import run_pending
-from fxinit.capture.subclass_code import NOT_SUBCLASS_CODE, run_subclass_code, subclass_attribute
+from fxinit.capture.subclass_code import (NOT_SUBCLASS_CODE, other_codes_torch_function, run_subclass_code,
+                                          subclass_attribute)
 from fxinit.errors import DeferredInitError
 
 _META = torch.device("meta")
@@ -47,12 +48,10 @@ STATE_ATTR = "_fxinit_state"
 PARAMETER_CLASS = "_fxinit_parameter_class"  # an nn.Parameter subclass the tensor was made as (capture.doors)
 #: recorders whose deferred tensors were made as other classes (``made_as``), while they live -> those classes
 CLASSES_MADE_AS: weakref.WeakKeyDictionary[Any, set[type]] = weakref.WeakKeyDictionary()
-MATERIALIZED = "_fxinit_materialized"  # on every tensor materialize swapped a value into: its trace's serial
-TRACE_SERIALS = itertools.count(1)  # one per recorder (``Recorder.serial``)
 #: fxinit's own entries of a deferred tensor's ``__dict__`` (``_is_param``: a class attribute of Parameter)
 RETAINS_GRAD = "_fxinit_retains_grad"  # ``retain_grad()`` was called on it: the materialized tensor's is too
 SHARED = "_fxinit_shared"  # ``share_memory_()`` was called on it: the materialized tensor's memory is shared
-OWN_ATTRIBUTES = frozenset((STATE_ATTR, PARAMETER_CLASS, MATERIALIZED, RETAINS_GRAD, SHARED, "_is_param"))
+OWN_ATTRIBUTES = frozenset((STATE_ATTR, PARAMETER_CLASS, RETAINS_GRAD, SHARED, "_is_param"))
 
 # Getters and methods handled specially, keyed by the descriptor/function object.
 _DEVICE = TensorBase.device
@@ -70,8 +69,10 @@ def _get_data(self: torch.Tensor) -> torch.Tensor:
 def _set_data(self: torch.Tensor, value: Any) -> None:
     if is_deferred_tensor(value) and not is_deferred_tensor(self) and type(self) in (torch.Tensor, torch.nn.Parameter):
         state_of(value).recorder.set_real_data(self, value)
-    else:
+    else:  # (``Module._apply``'s ``param.data = converted``: the tensor keeps its mark, as its class and hooks)
+        serial = trace_serial(self)
         _DATA.__set__(self, value)
+        mark(self, serial)
 
 
 #: ``Tensor.data`` from the first trace on (``capture.doors.open_doors_after_trace``): torch's
@@ -212,7 +213,7 @@ def dressed_as(deferred: torch.Tensor, value: torch.Tensor, keep_autograd: bool 
     if carry:
         _carry_over(deferred, new)
     st = deferred.__dict__.get(STATE_ATTR)  # (none: a tensor materialized already, rebuilt by autograd_links)
-    new.__dict__[MATERIALIZED] = st.recorder.serial if st is not None else deferred.__dict__.get(MATERIALIZED)
+    mark(new, st.recorder.serial if st is not None else trace_serial(deferred))
     return new
 
 
@@ -325,7 +326,8 @@ class DeferredTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
-        return deferred_torch_function(func, args, kwargs or {})
+        out = other_codes_torch_function(func, types, args, kwargs or {}, cls) if len(types) > 1 else NOT_SUBCLASS_CODE
+        return out if out is not NOT_SUBCLASS_CODE else deferred_torch_function(func, args, kwargs or {})
 
 
 def subclass_call(func: Any, args: tuple, kwargs: dict) -> Any:

@@ -51,6 +51,8 @@ from fxinit.capture.moves import Move, with_index
 from fxinit.capture.real import adopt_real, contains_deferred, shares_memory
 from fxinit.capture.schema import updates_running_stats
 from fxinit.capture.storages import storage_key
+from fxinit.capture.subclass_code import dispatches_itself
+from fxinit.capture.torchscript_calls import send_torchscript_calls_here
 from fxinit.capture.trees import map_tree
 from fxinit.errors import DeferredInitError
 
@@ -79,7 +81,8 @@ class Doors:
         in_place = name.endswith("_") and (not dunder or name.startswith("__i") or name == "__setitem__")
 
         def lift(x: Any) -> Any:
-            if isinstance(x, torch.Tensor) and not is_deferred_tensor(x) and x.device.type != "meta":
+            if isinstance(x, torch.Tensor) and not is_deferred_tensor(x) and x.device.type != "meta" \
+                    and not dispatches_itself(type(x)):  # (its own __torch_dispatch__ takes it: capture.modes)
                 with_grad = x.requires_grad and torch.is_grad_enabled()
                 if in_place and not with_grad:
                     return x
@@ -491,10 +494,10 @@ _from_numpy.__doc__ = _FROM_NUMPY.__doc__
 
 def open_doors_after_trace() -> None:
     """From the first recorder on, ``real.data = deferred``, ``torch.from_numpy`` of fxinit's
-    arrays, and the classes tensors are made as (``nn.Parameter`` subclasses, ``_make_subclass``,
+    arrays, the classes tensors are made as (``nn.Parameter`` subclasses, ``_make_subclass``,
     ``as_subclass`` of a deferred tensor: bitsandbytes' ``Params4bit(w.data)`` in a layer swap,
-    ``copy.deepcopy`` of a model holding one) reach fxinit, during a trace and after it (see
-    the module docstring). Once, for the process: the same objects stay in place, so that code
+    ``copy.deepcopy`` of a model holding one) and TorchScript calls reach fxinit, during a
+    trace and after it (see the module docstring, and ``capture.torchscript_calls``). Once, for the process: the same objects stay in place, so that code
     torch.compile'd against them is not recompiled each time a recorder comes or goes."""
     global _installed
     with _patch_lock:
@@ -503,6 +506,7 @@ def open_doors_after_trace() -> None:
             torch.from_numpy = _from_numpy  # type: ignore[assignment]
             for owner, name, _, patch in _PATCHES:
                 setattr(owner, name, patch)
+            send_torchscript_calls_here()
             _installed = True
 
 

@@ -45,6 +45,7 @@ def lazy_module_support(recorder: Any) -> Iterator[None]:
             new = torch.nn.Parameter(value, requires_grad=requires_grad)
         else:
             new = value.requires_grad_(requires_grad)
+        new.__dict__.update(self.__dict__)  # (a buffer's ``persistent``, ``_is_buffer``: eager's object keeps them)
         swap(self, new)
 
     try:

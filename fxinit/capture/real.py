@@ -36,7 +36,8 @@ import torch
 from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a caller patched
 
 from fxinit.capture.devices import default_device, device_available, output_device
-from fxinit.capture.deferred import MATERIALIZED, dressed_as, is_deferred_tensor, state_of
+from fxinit.capture.deferred import dressed_as, is_deferred_tensor, state_of
+from fxinit.capture.materialized_marks import unmark
 from fxinit.capture.schema import generator_of, mutated_arg_indices, schema_value
 from fxinit.capture.swap import swap
 from fxinit.capture.trees import leaves, map_tree, tensors_in
@@ -132,7 +133,7 @@ def adopt_real(recorder: Any, t: torch.Tensor, src: torch.Tensor, refuse: bool =
         raise recorder.fail(
             f"fxinit cannot make this deferred tensor real for `.data = ...`: {exc}", op="Tensor.data",
             hint="drop other references (weak references) to the tensor, or materialize it before this line") from exc
-    t.__dict__.pop(MATERIALIZED, None)
+    unmark(t)
     state_of(new).now = t  # (``new`` holds what ``t`` was: a kept tensor's ``grad_fn`` may lead to it)
     return True
 

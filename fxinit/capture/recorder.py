@@ -34,12 +34,12 @@ from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a 
 
 from fxinit import execute
 from fxinit.capture.call_guards import GuardIndex
-from fxinit.capture.deferred import (STATE_ATTR, TRACE_SERIALS, DeferredState, DeferredTensor, is_deferred_tensor,
-                                     state_of)
+from fxinit.capture.deferred import STATE_ATTR, DeferredState, DeferredTensor, is_deferred_tensor, state_of
 from fxinit.capture.devices import CPU, META, default_device, device_available, output_device
 from fxinit.capture.doors import Doors, open_doors_after_trace
 from fxinit.capture.grad_branches import eager_arguments
 from fxinit.capture.layouts import eager_layout
+from fxinit.capture.materialized_marks import TRACE_SERIALS
 from fxinit.capture.names import TraceNames
 from fxinit.capture.opaque import find_opaque_call
 from fxinit.capture.provenance import (called_from, current_provenance, format_source, module_path_from_stack,
@@ -49,7 +49,7 @@ from fxinit.capture.real import (NOT_REAL, STORAGES, adopt_real, is_strided_resu
                                  real_tensor_op, set_from_storage)
 from fxinit.capture.schema import (AUTOCAST_LOWER, COLLECTIVE_NAMESPACES, DATA_DEPENDENT, DETACH, LIFT_OPS,
                                    OVERWRITE_OPS, SCALAR_FACTORIES, SLOW_META_FILLS, fill_result, generator_of,
-                                   mutated_arg_indices, schema_value, takes_generator)
+                                   mutated_arg_indices, schema_value, takes_device, takes_generator)
 from fxinit.capture.shadows import SHADOW_LIMIT, Shadows
 from fxinit.capture.stepping import GeneratorStepper
 from fxinit.capture.storages import Storages, storage_key
@@ -409,7 +409,7 @@ class Recorder(Shadows, Doors):
         composite = self.composite_device if func not in SCALAR_FACTORIES else None
         device = output_device(func, inputs, kwargs, self._intended or composite, asked=self._intended is not None)
         mkwargs = dict(kwargs)
-        if "device" in mkwargs:
+        if "device" in mkwargs or not inputs and takes_device(func):  # (an aten factory called as it is: on CPU)
             mkwargs["device"] = META
         if "generator" in mkwargs:
             mkwargs["generator"] = None

@@ -50,6 +50,12 @@ def takes_generator(func: Any) -> bool:
     return any(a.name == "generator" for a in func._schema.arguments)
 
 
+@functools.lru_cache(maxsize=None)
+def takes_device(func: Any) -> bool:
+    """Whether ``func``'s schema has a ``device`` argument (factories: ``aten.randn``)."""
+    return any(a.name == "device" for a in func._schema.arguments)
+
+
 def generator_of(func: Any, args: tuple, kwargs: dict) -> Any:
     """The generator a call of ``func`` is given, or None: keyword-only in most samplers
     (``normal_``), positional in others (``poisson``, ``binomial``, ``_standard_gamma``,

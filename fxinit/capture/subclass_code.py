@@ -53,6 +53,31 @@ def subclass_attribute(t: torch.Tensor, cls: type, name: str) -> Any:
     raise AttributeError(f"'{cls.__name__}' object has no attribute '{name}'")
 
 
+def dispatches_itself(cls: type) -> bool:
+    """Whether tensors of ``cls`` take aten calls in a ``__torch_dispatch__`` of their own (a
+    wrapper subclass: quanto's ``QTensor``, torchao's ``NF4Tensor``); torch gives them those
+    calls with their arguments as they are, and so does the capture."""
+    return cls.__torch_dispatch__ is not torch._C._disabled_torch_dispatch_impl
+
+
+def other_codes_torch_function(func: Any, types: tuple, args: tuple, kwargs: dict, own: type) -> Any:
+    """``func`` where tensors of other code's subclasses (real ones, quanto's ``QTensor``)
+    meet deferred tensors, as torch's protocol runs it without ``own`` (DeferredTensor) among
+    the ``types``: their ``__torch_function__`` first, in torch's order. ``NOT_SUBCLASS_CODE``
+    where none defines one or each returns ``NotImplemented``: fxinit's own handling then."""
+    others = [t for t in types if not issubclass(t, own) and defines(t, "__torch_function__")]
+    if not others:
+        return NOT_SUBCLASS_CODE
+    try:
+        return _torch_function_protocol(func, args, kwargs, others)
+    except _AllDeclined:
+        return NOT_SUBCLASS_CODE
+
+
+class _AllDeclined(TypeError):
+    pass
+
+
 def _torch_function_protocol(func: Any, args: tuple, kwargs: dict, classes: list[type]) -> Any:
     """``func`` as torch's ``__torch_function__`` protocol runs it for arguments of ``classes``
     (in the arguments' order): each class's handler in turn, a subclass before its bases, all
@@ -69,7 +94,7 @@ def _torch_function_protocol(func: Any, args: tuple, kwargs: dict, classes: list
         out = c.__torch_function__(func, types, args, kwargs)
         if out is not NotImplemented:
             return out
-    raise TypeError(f"no implementation found for '{getattr(func, '__name__', func)}' on types that implement "
+    raise _AllDeclined(f"no implementation found for '{getattr(func, '__name__', func)}' on types that implement "
                     f"__torch_function__: {list(types)}")
 
 

@@ -1,0 +1,142 @@
+"""TorchScript functions and methods called on deferred tensors.
+
+TorchScript reads a tensor in C++, where a deferred tensor is the meta tensor underneath: a
+scripted function that branches on ``x.device`` took the meta branch, and one that builds a
+tensor on ``x.device`` (e3nn's ``spherical_harmonics_alpha``: ``torch.arange(...,
+device=alpha.device)``) built it on meta. Recorded as they ran, those gave other values than
+eager's, or a tensor left meta after materialize, silently (found by a sweep of fairchem's
+UMA, EquiformerV2 and eSEN). Running the Python function a script was compiled from instead
+is not TorchScript either: it converts arguments to their annotated types (``3`` for a
+``float`` is ``3.0``), its ``round`` returns a float, ``torch.jit.is_scripting()`` says True
+in every function it compiled.
+
+So a call with a deferred tensor among its arguments runs TorchScript itself, traced by
+torch's ``make_fx`` on fake tensors that tell C++ ``cpu``, as ``capture.branches`` traces
+composites that branch on the device (``fake_cpu_trace``); the ops of that trace are then
+run on the deferred tensors, which records them. That is TorchScript's own result where:
+
+* every deferred argument is meant for the CPU, where TorchScript fuses nothing
+  (``torch._C._jit_can_fuse_on_cpu()`` is off, as by default); on a GPU its fuser may run a
+  chain of ops as one kernel of other bits;
+* factories without ``device=`` build on the CPU: TorchScript does not see a device context
+  (``with torch.device("cuda")``), and the replayed factories would.
+
+Where make_fx cannot trace the call (it reads values: ``.item()``, a branch on a sum), the
+call runs on the meta tensors underneath, as it did before, if nothing in its graph asks
+their device or takes a kernel by it (:func:`reads_the_device`); otherwise, and where the
+conditions above fail, it is refused by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from fxinit.capture.branches import fake_cpu_trace
+from fxinit.capture.deferred import eager_device, is_deferred_tensor, state_of
+from fxinit.capture.devices import default_device
+
+_FUNCTION_CALL = torch.jit.ScriptFunction.__call__
+_METHOD_CALL = torch._C.ScriptMethod.__call__
+
+#: nodes of a TorchScript graph that ask a tensor's device, or whose kernel depends on it
+#: (``capture.branches`` lists the composites): on a meta tensor they answer otherwise
+_DEVICE_NODES = frozenset((
+    "prim::device", "prim::data", "prim::tolist", "aten::get_device", "aten::to", "aten::cpu", "aten::cuda",
+    "aten::type_as", "aten::data_ptr", "aten::is_pinned", "aten::pin_memory", "aten::dropout", "aten::dropout_",
+    "aten::scaled_dot_product_attention", "aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu",
+    "aten::lstm_cell", "aten::gru_cell", "aten::group_norm", "aten::batch_norm", "aten::instance_norm",
+    "aten::grid_sampler", "aten::ctc_loss", "aten::softmax", "aten::log_softmax"))
+
+
+def reads_the_device(graph: torch._C.Graph) -> str | None:
+    """The first node of ``graph`` (inlined: its callees' nodes too) that asks a tensor's
+    device or takes a kernel by it (``x.device``, ``x.is_cuda``, ``x.to(...)``, dropout),
+    or None."""
+    for node in graph.nodes():
+        kind = node.kind()
+        if kind in _DEVICE_NODES or kind.startswith("prim::is_"):
+            return kind
+        for block in node.blocks():
+            found = reads_the_device(block)
+            if found is not None:
+                return found
+    return None
+
+
+def _why_not_traced(deferred: list[torch.Tensor]) -> str | None:
+    """Why a trace on fake CPU tensors would not give TorchScript's values here, or None."""
+    off_cpu = sorted({str(eager_device(t)) for t in deferred if eager_device(t).type != "cpu"})
+    if off_cpu:
+        return f"its deferred arguments are meant for {', '.join(off_cpu)}, where TorchScript may fuse ops"
+    if torch._C._jit_can_fuse_on_cpu():
+        return "TorchScript fuses ops on the CPU in this process (torch._C._jit_override_can_fuse_on_cpu)"
+    if default_device().type != "cpu":
+        return f"factories build on {default_device()} here (a device context), which TorchScript does not see"
+    return None
+
+
+def _deferred_among(args: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The deferred tensors in ``args`` (a tuple of arguments, with lists, tuples and dicts in
+    it, as TorchScript takes them), added to ``found``."""
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            _deferred_among(a, found)
+        elif isinstance(a, dict):
+            _deferred_among(a.values(), found)
+        elif is_deferred_tensor(a):
+            found.append(a)
+    return found
+
+
+def _run_afresh(script: Any, args: tuple, kwargs: dict, owner: Any = None) -> Any:
+    """The call run op by op, as TorchScript runs a function the first times: once it has run,
+    its executor runs an optimized graph, whose differentiable parts compute under
+    ``no_grad`` (a trace would keep that); the same ops on the CPU, where nothing is fused. So
+    a function of the same graph, new, runs it, unoptimized, with the arguments bound as the
+    schema binds them (defaults too). ``owner``: the module of a method."""
+    params = script.schema.arguments[1:] if owner is not None else script.schema.arguments
+    named = dict(zip((p.name for p in params), args)) | kwargs
+    values = [named[p.name] if p.name in named else p.default_value for p in params]
+    fresh = torch._C._create_function_from_graph(script.name, script.inlined_graph)
+    with torch.jit.optimized_execution(False):
+        return fresh(*values) if owner is None else fresh(owner, *values)
+
+
+def _call(original: Callable[..., Any], script: Any, name: str, args: tuple, kwargs: dict) -> Any:
+    deferred = _deferred_among((args, kwargs), [])
+    if not deferred:
+        return original(script, *args, **kwargs)
+    reason = _why_not_traced(deferred)
+    if reason is None:
+        owner = script.owner if original is _METHOD_CALL else None
+        traced = fake_cpu_trace(lambda *a, **k: _run_afresh(script, a, k, owner), args, kwargs,
+                                state_of(deferred[0]).recorder.suspended)
+        if traced is not None:
+            return traced()
+        asks = reads_the_device(script.inlined_graph)
+        if asks is None:
+            return original(script, *args, **kwargs)  # (on the meta tensors: nothing in it depends on their device)
+        reason = f"make_fx could not trace it on fake tensors (it reads values), and {asks} in its graph asks the device"
+    raise state_of(deferred[0]).recorder.fail(
+        f"fxinit cannot run the TorchScript function {name} on deferred tensors: TorchScript sees the meta tensors "
+        f"underneath, and {reason}", op=f"torch.jit: {name}",
+        hint="call it after fxinit.materialize, or run with PYTORCH_JIT=0 (eager construction then runs the Python "
+             "function, and so does fxinit)")
+
+
+def _script_function_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    return _call(_FUNCTION_CALL, self, self.qualified_name, args, kwargs)
+
+
+def _script_method_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    return _call(_METHOD_CALL, self, f"{self.owner._type().qualified_name()}.{self.name}", args, kwargs)
+
+
+def send_torchscript_calls_here() -> None:
+    """Calls of TorchScript functions and methods reach fxinit (see the module docstring);
+    ``capture.doors.open_doors_after_trace`` calls this once, for the process. A call without
+    deferred arguments is TorchScript's own."""
+    torch.jit.ScriptFunction.__call__ = _script_function_call  # type: ignore[method-assign]
+    torch._C.ScriptMethod.__call__ = _script_method_call  # type: ignore[method-assign]

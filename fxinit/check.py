@@ -403,7 +403,7 @@ def _memory_groups(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[frozense
     keys: dict[str, tuple[int, int]] = {}
     for name, t in tensors.items():
         if isinstance(t, torch.Tensor) and type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided \
-                and not t.is_meta:
+                and not t.is_meta and not t._is_zerotensor():  # (a zero tensor has no memory to share)
             storage = t.untyped_storage()
             if storage.data_ptr():
                 keys[name] = (storage.data_ptr(), storage.nbytes())

@@ -111,7 +111,7 @@ def storage_partition(named: Iterable[tuple[str, str, torch.Tensor]]) -> list[li
     """Names grouped by the storage they live in (tensors with no bytes are left out)."""
     groups: dict[tuple, list[str]] = defaultdict(list)
     for _, name, t in named:
-        if t.layout != torch.strided or is_lazy(t):  # (no storage of its own to share)
+        if t.layout != torch.strided or is_lazy(t) or t._is_zerotensor():  # (no storage of its own to share)
             continue
         st = t.untyped_storage()
         if st.nbytes() == 0:

@@ -347,3 +347,16 @@ def test_lazy_modules_are_compared_not_a_crash() -> None:
     lazy, real = nn.LazyLinear(4), nn.Parameter(torch.zeros(4, 3))
     assert compare_tensors("w", lazy.weight, nn.LazyLinear(4).weight) is None
     assert compare_tensors("w", real, lazy.weight).what == "type"
+
+
+class _HoldsAZeroTensor(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("z", torch.ops.aten._efficientzerotensor.default([3]))
+
+
+def test_a_zero_tensor_is_compared_not_a_crash() -> None:
+    """Found by a review: ``check`` asked a zero tensor's storage for its address (torch's
+    "invalid python storage"); such a tensor has no memory to share."""
+    report = fxinit.check(_HoldsAZeroTensor)
+    assert report.ok and report.tensors_checked == 1, report

@@ -136,8 +136,63 @@ class _HoldsAScriptedLayer(nn.Module):
         self.lin = torch.jit.script(nn.Linear(2, 2))
 
 
+class _Holder(nn.Module):
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.inner = layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+class _HoldsItDeeper(nn.Module):
+    """Found by a review: a scripted module without tensors of its own around one with them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outer = torch.jit.script(_Holder(nn.Linear(2, 2)))
+
+
+class _Listed(nn.Module):
+    def __init__(self, tensors: List[torch.Tensor]) -> None:
+        super().__init__()
+        self.ts = tensors
+
+    def forward(self, n: int) -> torch.Tensor:
+        return self.ts[0] * (2 if self.ts[0].device.type == "cpu" else 5) + n
+
+
+class _ListsTheModels(nn.Module):
+    """Found by a review: the model's tensor in a list of a scripted module, which holds no
+    parameter: kept deferred there (a backward gave the parameter a deferred gradient), and
+    its device asked in a call without deferred arguments (other values)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.listed = torch.jit.script(_Listed([self.lin.bias]))
+
+
+@torch.jit.script
+class _Box:
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+
+@torch.jit.script
+def _unboxed(box: _Box) -> torch.Tensor:
+    return box.t * (3 if box.t.device.type == "cpu" else 5)
+
+
+class _PassesABox(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("b", _unboxed(_Box(torch.ones(3))))
+
+
 @pytest.mark.parametrize("build, words", [
-    (_OnCuda, "meant for cuda"), (_SizedByAValue, "reads values"), (_HoldsAScriptedLayer, "that holds tensors")])
+    (_OnCuda, "meant for cuda"), (_SizedByAValue, "reads values"), (_HoldsAScriptedLayer, "that holds tensors"),
+    (_HoldsItDeeper, "that holds tensors"), (_ListsTheModels, "that holds tensors"), (_PassesABox, "asks the device")])
 def test_torchscript_whose_values_cannot_be_recorded_is_refused_by_name(build: type, words: str) -> None:
     with pytest.raises(fxinit.DeferredInitError, match="TorchScript") as info:
         fxinit.trace_init(build)
@@ -158,3 +213,23 @@ def test_torchscript_without_deferred_arguments_is_torchscripts() -> None:
     assert torch.equal(_asks_scripting(torch.zeros(2)), torch.full((2,), 1.0))  # the interpreter's answer
     assert torch.equal(_scaled(torch.ones(2, dtype=torch.int32), 3, [2]), torch.full((2, 1), -0.0))
     fxinit.materialize(m)
+
+
+class _CallsWrongly(nn.Module):
+    def __init__(self, call: str) -> None:
+        super().__init__()
+        w = torch.randn(3)
+        calls = {"extra": lambda: _by_device(w, 2), "unknown": lambda: _by_device(w, b=2),
+                 "twice": lambda: _by_device(w, a=w), "missing": lambda: _harmonics(alpha=w)}
+        self.register_buffer("b", calls[call]())
+
+
+@pytest.mark.parametrize("call", ["extra", "unknown", "twice", "missing"])
+def test_a_call_torchscript_refuses_is_refused_as_in_eager(call: str) -> None:
+    """Found by a review: binding the arguments to run TorchScript afresh let through calls its
+    own binding refuses (extra, unknown, repeated, missing arguments)."""
+    with pytest.raises(RuntimeError) as eager:
+        _CallsWrongly(call)
+    with pytest.raises(RuntimeError) as traced:
+        fxinit.trace_init(_CallsWrongly, call)
+    assert str(traced.value) == str(eager.value)

@@ -31,6 +31,7 @@ from torch.nn.parameter import UninitializedTensorMixin
 from torch.nn.utils import parametrize
 
 from fxinit.capture.deferred import is_deferred_tensor
+from fxinit.capture.trees import leaves
 from fxinit.errors import DeferredInitError
 
 _PARAMETRIZE = "torch.nn.utils.parametriz"  # parametrize, parametrizations
@@ -176,11 +177,12 @@ class CallGuard:
 
 
 def _holds_tensors(script: torch.jit.ScriptModule) -> bool:
-    """Whether a TorchScript module has a tensor among its attributes (parameters and buffers
-    too); one without (``torch.jit.script(nn.GELU())``, e3nn's compiled code) only computes,
-    and its calls on deferred tensors are recorded (``capture.torchscript_calls``)."""
-    return any(isinstance(value, torch.Tensor) for _, value in
-               torch._C._jit_debug_module_iterators(script._c)["named_attributes"])
+    """Whether a TorchScript module or one inside it has a tensor among its attributes
+    (parameters and buffers too, in lists and dicts too); one without
+    (``torch.jit.script(nn.GELU())``, e3nn's compiled code) only computes, and its calls on
+    deferred tensors are recorded (``capture.torchscript_calls``)."""
+    return any(isinstance(t, torch.Tensor) for sub in script.modules()
+               for _, value in torch._C._jit_debug_module_iterators(sub._c)["named_attributes"] for t in leaves(value))
 
 
 def guard_calls(module: torch.nn.Module, recorder: Any) -> None:

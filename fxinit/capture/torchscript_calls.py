@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+from torch.jit._state import _get_script_class
 
 from fxinit.capture.branches import fake_cpu_trace
 from fxinit.capture.deferred import eager_device, is_deferred_tensor, state_of
@@ -78,8 +79,8 @@ def _why_not_traced(deferred: list[torch.Tensor]) -> str | None:
 
 
 def _deferred_among(args: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The deferred tensors in ``args`` (a tuple of arguments, with lists, tuples and dicts in
-    it, as TorchScript takes them), added to ``found``."""
+    """The deferred tensors in ``args`` (a tuple of arguments, with lists, tuples, dicts and
+    objects of TorchScript classes in it, as TorchScript takes them), added to ``found``."""
     for a in args:
         if isinstance(a, (list, tuple)):
             _deferred_among(a, found)
@@ -87,38 +88,55 @@ def _deferred_among(args: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
             _deferred_among(a.values(), found)
         elif is_deferred_tensor(a):
             found.append(a)
+        elif _get_script_class(type(a)) is not None:  # an object of a TorchScript class
+            _deferred_among(vars(a).values(), found)
     return found
 
 
-def _run_afresh(script: Any, args: tuple, kwargs: dict, owner: Any = None) -> Any:
+def _bound(schema: Any, args: tuple, kwargs: dict, method: bool) -> list[Any] | None:
+    """The arguments as ``schema`` binds them, by position, defaults filled in; None where
+    TorchScript would refuse the call (it then raises its own error)."""
+    params = schema.arguments[1:] if method else schema.arguments
+    if len(args) > len(params) or any(p.kwarg_only for p in params[:len(args)]):
+        return None
+    named = dict(zip((p.name for p in params), args))
+    if set(kwargs) & set(named) or set(kwargs) - {p.name for p in params}:
+        return None
+    named |= kwargs
+    if any(p.name not in named and not p.has_default_value() for p in params):
+        return None
+    return [named[p.name] if p.name in named else p.default_value for p in params]
+
+
+def _run_afresh(script: Any, values: list[Any], owner: Any = None) -> Any:
     """The call run op by op, as TorchScript runs a function the first times: once it has run,
     its executor runs an optimized graph, whose differentiable parts compute under
     ``no_grad`` (a trace would keep that); the same ops on the CPU, where nothing is fused. So
-    a function of the same graph, new, runs it, unoptimized, with the arguments bound as the
-    schema binds them (defaults too). ``owner``: the module of a method."""
-    params = script.schema.arguments[1:] if owner is not None else script.schema.arguments
-    named = dict(zip((p.name for p in params), args)) | kwargs
-    values = [named[p.name] if p.name in named else p.default_value for p in params]
+    a function of the same graph, new, runs it, unoptimized. ``owner``: the module of a method."""
     fresh = torch._C._create_function_from_graph(script.name, script.inlined_graph)
     with torch.jit.optimized_execution(False):
         return fresh(*values) if owner is None else fresh(owner, *values)
 
 
 def _call(original: Callable[..., Any], script: Any, name: str, args: tuple, kwargs: dict) -> Any:
+    owner = script.owner if original is _METHOD_CALL else None
     deferred = _deferred_among((args, kwargs), [])
-    if not deferred:
+    if owner is not None:  # (its module's attributes: a list of the model's tensors)
+        _deferred_among([v for _, v in torch._C._jit_debug_module_iterators(owner)["named_attributes"]], deferred)
+    values = _bound(script.schema, args, kwargs, owner is not None)
+    if not deferred or values is None:
         return original(script, *args, **kwargs)
     reason = _why_not_traced(deferred)
     if reason is None:
-        owner = script.owner if original is _METHOD_CALL else None
-        traced = fake_cpu_trace(lambda *a, **k: _run_afresh(script, a, k, owner), args, kwargs,
+        traced = fake_cpu_trace(lambda *v: _run_afresh(script, list(v), owner), tuple(values), {},
                                 state_of(deferred[0]).recorder.suspended)
         if traced is not None:
             return traced()
         asks = reads_the_device(script.inlined_graph)
         if asks is None:
             return original(script, *args, **kwargs)  # (on the meta tensors: nothing in it depends on their device)
-        reason = f"make_fx could not trace it on fake tensors (it reads values), and {asks} in its graph asks the device"
+        reason = (f"make_fx could not trace it on fake tensors (it reads values, or holds deferred tensors where "
+                  f"its arguments do not show them), and {asks} in its graph asks the device")
     raise state_of(deferred[0]).recorder.fail(
         f"fxinit cannot run the TorchScript function {name} on deferred tensors: TorchScript sees the meta tensors "
         f"underneath, and {reason}", op=f"torch.jit: {name}",

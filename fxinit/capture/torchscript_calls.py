@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import torch
 from torch.jit._state import _get_script_class
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _dispatch_modes
 
 from fxinit.capture.branches import fake_cpu_trace
 from fxinit.capture.deferred import eager_device, is_deferred_tensor, state_of
@@ -82,12 +83,13 @@ def _deferred_among(args: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
     """The deferred tensors in ``args`` (a tuple of arguments, with lists, tuples, dicts and
     objects of TorchScript classes in it, as TorchScript takes them), added to ``found``."""
     for a in args:
-        if isinstance(a, (list, tuple)):
+        if isinstance(a, torch.Tensor):
+            if is_deferred_tensor(a):
+                found.append(a)
+        elif isinstance(a, (list, tuple)):
             _deferred_among(a, found)
         elif isinstance(a, dict):
             _deferred_among(a.values(), found)
-        elif is_deferred_tensor(a):
-            found.append(a)
         elif _get_script_class(type(a)) is not None:  # an object of a TorchScript class
             _deferred_among(vars(a).values(), found)
     return found
@@ -118,13 +120,20 @@ def _run_afresh(script: Any, values: list[Any], owner: Any = None) -> Any:
         return fresh(*values) if owner is None else fresh(owner, *values)
 
 
+def _capturing() -> bool:
+    """Whether a constructor or ``fxinit.recording`` is being captured on this thread (its
+    dispatch mode is on the stack)."""
+    return torch._C._len_torch_dispatch_stack() > 0 and any(
+        getattr(getattr(mode, "recorder", None), "capturing", False) for mode in _dispatch_modes())
+
+
 def _call(original: Callable[..., Any], script: Any, name: str, args: tuple, kwargs: dict) -> Any:
     owner = script.owner if original is _METHOD_CALL else None
     deferred = _deferred_among((args, kwargs), [])
-    if owner is not None:  # (its module's attributes: a list of the model's tensors)
+    if owner is not None and _capturing():  # its module's attributes: a list of the model's tensors
         _deferred_among([v for _, v in torch._C._jit_debug_module_iterators(owner)["named_attributes"]], deferred)
-    values = _bound(script.schema, args, kwargs, owner is not None)
-    if not deferred or values is None:
+    values = _bound(script.schema, args, kwargs, owner is not None) if deferred else None
+    if values is None:  # (no deferred tensor, or a call TorchScript refuses: its own error)
         return original(script, *args, **kwargs)
     reason = _why_not_traced(deferred)
     if reason is None:

@@ -77,6 +77,15 @@ class _Gelu(nn.Module):
         return nn.functional.gelu(x) * x.new_ones(()).to(x.device)
 
 
+class _Adds(torch.Tensor):
+    """A subclass whose ``__torch_function__`` turns products into sums."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        func = torch.Tensor.add if func in (torch.Tensor.mul, torch.Tensor.__mul__, torch.mul) else func
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
 class _Scripted(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -92,12 +101,14 @@ class _Scripted(nn.Module):
         self.register_buffer("drawn", _draws(3) + torch.ops.aten.randn.default([2]).sum())
         self.register_buffer("traced", _DOUBLED(torch.randn(3)))
         self.register_buffer("activated", self.act(self.lin.weight))
+        self.register_buffer("unclassed", _by_device(torch.ones(3).as_subclass(_Adds)) * 10)  # (TorchScript's: plain)
 
 
 def test_torchscript_on_deferred_tensors_gives_eagers_tensors() -> None:
     """Each buffer was wrong before (branch: values; beside: meta after materialize; grid:
     torch's device error; scaled, asks: the Python function's values; drawn: the generator
-    moved twice, an aten factory without ``device=`` drew for real). Eager runs first, so
+    moved twice, an aten factory without ``device=`` drew for real; unclassed: the result kept
+    the subclass, whose ``__torch_function__`` then ran on the product). Eager runs first, so
     the functions run their optimized graphs here, whose differentiable parts lost
     ``requires_grad``."""
     assert_same_as_eager(_Scripted, seeds=(0, 1))

@@ -38,6 +38,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack as _di
 from fxinit.capture.branches import fake_cpu_trace
 from fxinit.capture.deferred import eager_device, is_deferred_tensor, state_of
 from fxinit.capture.devices import default_device
+from fxinit.capture.subclass_code import dispatches_itself
 
 _FUNCTION_CALL = torch.jit.ScriptFunction.__call__
 _METHOD_CALL = torch._C.ScriptMethod.__call__
@@ -81,11 +82,17 @@ def _why_not_traced(deferred: list[torch.Tensor]) -> str | None:
 
 def _deferred_among(args: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
     """The deferred tensors in ``args`` (a tuple of arguments, with lists, tuples, dicts and
-    objects of TorchScript classes in it, as TorchScript takes them), added to ``found``."""
+    objects of TorchScript classes in it, as TorchScript takes them, and the inner tensors of
+    wrapper subclasses; a wrapper that does not say what it holds itself), added to ``found``."""
     for a in args:
         if isinstance(a, torch.Tensor):
             if is_deferred_tensor(a):
                 found.append(a)
+            elif dispatches_itself(type(a)):  # a wrapper: what it holds where it says, else itself
+                if hasattr(a, "__tensor_flatten__"):
+                    _deferred_among([getattr(a, name) for name in a.__tensor_flatten__()[0]], found)
+                else:
+                    found.append(a)
         elif isinstance(a, (list, tuple)):
             _deferred_among(a, found)
         elif isinstance(a, dict):
@@ -117,36 +124,42 @@ def _run_afresh(script: Any, values: list[Any], owner: Any = None) -> Any:
     a function of the same graph, new, runs it, unoptimized. ``owner``: the module of a method."""
     fresh = torch._C._create_function_from_graph(script.name, script.inlined_graph)
     with torch.jit.optimized_execution(False):
-        return fresh(*values) if owner is None else fresh(owner, *values)
+        return _FUNCTION_CALL(fresh, *values) if owner is None else _FUNCTION_CALL(fresh, owner, *values)
 
 
-def _capturing() -> bool:
-    """Whether a constructor or ``fxinit.recording`` is being captured on this thread (its
-    dispatch mode is on the stack)."""
-    return torch._C._len_torch_dispatch_stack() > 0 and any(
-        getattr(getattr(mode, "recorder", None), "capturing", False) for mode in _dispatch_modes())
+def _capturing() -> Any:
+    """The recorder of the constructor or ``fxinit.recording`` being captured on this thread
+    (its dispatch mode is on the stack, recording), or None."""
+    if torch._C._len_torch_dispatch_stack() == 0:
+        return None
+    return next((r for mode in _dispatch_modes() if getattr(r := getattr(mode, "recorder", None), "capturing", False)
+                 and not r.is_suspended), None)
 
 
 def _call(original: Callable[..., Any], script: Any, name: str, args: tuple, kwargs: dict) -> Any:
     owner = script.owner if original is _METHOD_CALL else None
     deferred = _deferred_among((args, kwargs), [])
-    if owner is not None and _capturing():  # its module's attributes: a list of the model's tensors
+    recorder = next((state_of(t).recorder for t in deferred if is_deferred_tensor(t)), None)
+    if (owner is not None or any(dispatches_itself(type(t)) for t in deferred)) and recorder is None:
+        recorder = _capturing()  # (a method's module attributes, a wrapper: they may hold the model's tensors)
+    if owner is not None and recorder is not None:
         _deferred_among([v for _, v in torch._C._jit_debug_module_iterators(owner)["named_attributes"]], deferred)
-    values = _bound(script.schema, args, kwargs, owner is not None) if deferred else None
+    values = _bound(script.schema, args, kwargs, owner is not None) if deferred and recorder is not None else None
     if values is None:  # (no deferred tensor, or a call TorchScript refuses: its own error)
         return original(script, *args, **kwargs)
     reason = _why_not_traced(deferred)
     if reason is None:
         traced = fake_cpu_trace(lambda *v: _run_afresh(script, list(v), owner), tuple(values), {},
-                                state_of(deferred[0]).recorder.suspended)
+                                recorder.suspended)
         if traced is not None:
-            return traced()
+            with torch._C.DisableTorchFunctionSubclass():  # (TorchScript runs no __torch_function__: plain results)
+                return traced()
         asks = reads_the_device(script.inlined_graph)
         if asks is None:
             return original(script, *args, **kwargs)  # (on the meta tensors: nothing in it depends on their device)
         reason = (f"make_fx could not trace it on fake tensors (it reads values, or holds deferred tensors where "
                   f"its arguments do not show them), and {asks} in its graph asks the device")
-    raise state_of(deferred[0]).recorder.fail(
+    raise recorder.fail(
         f"fxinit cannot run the TorchScript function {name} on deferred tensors: TorchScript sees the meta tensors "
         f"underneath, and {reason}", op=f"torch.jit: {name}",
         hint="call it after fxinit.materialize, or run with PYTORCH_JIT=0 (eager construction then runs the Python "

@@ -237,8 +237,9 @@ def _compare_objects(name: str, got: Any, want: Any) -> Divergence | None:
 
 def compare_tensors(name: str, got: torch.Tensor, want: torch.Tensor) -> Divergence | None:
     """None if ``got`` (fxinit's) is ``want`` (eager's) in class, shape, dtype, device,
-    ``requires_grad``, the kind of its ``grad_fn``, its attributes' names, strides and bits (NaNs equal where they are the same NaN at the same
-    place; ``-0.0`` is not ``0.0``); else how it differs."""
+    ``requires_grad``, the kind of its ``grad_fn``, its attributes' names, strides and bits
+    (NaNs equal where they are the same NaN at the same place; ``-0.0`` is not ``0.0``); else
+    how it differs."""
     if is_deferred_tensor(got):
         return Divergence(name, "deferred", "still deferred after fxinit.materialize")
     if is_lazy(got) or is_lazy(want):  # (an ``UninitializedParameter``: no shape, no data, on either side)

@@ -497,8 +497,9 @@ def open_doors_after_trace() -> None:
     arrays, the classes tensors are made as (``nn.Parameter`` subclasses, ``_make_subclass``,
     ``as_subclass`` of a deferred tensor: bitsandbytes' ``Params4bit(w.data)`` in a layer swap,
     ``copy.deepcopy`` of a model holding one) and TorchScript calls reach fxinit, during a
-    trace and after it (see the module docstring, and ``capture.torchscript_calls``). Once, for the process: the same objects stay in place, so that code
-    torch.compile'd against them is not recompiled each time a recorder comes or goes."""
+    trace and after it (see the module docstring, and ``capture.torchscript_calls``). Once,
+    for the process: the same objects stay in place, so that code torch.compile'd against
+    them is not recompiled each time a recorder comes or goes."""
     global _installed
     with _patch_lock:
         if not _installed:

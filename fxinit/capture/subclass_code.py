@@ -60,29 +60,24 @@ def dispatches_itself(cls: type) -> bool:
     return cls.__torch_dispatch__ is not torch._C._disabled_torch_dispatch_impl
 
 
+_DECLINED = object()  # (``_torch_function_protocol``: every handler returned NotImplemented)
+
+
 def other_codes_torch_function(func: Any, types: tuple, args: tuple, kwargs: dict, own: type) -> Any:
     """``func`` where tensors of other code's subclasses (real ones, quanto's ``QTensor``)
     meet deferred tensors, as torch's protocol runs it without ``own`` (DeferredTensor) among
     the ``types``: their ``__torch_function__`` first, in torch's order. ``NOT_SUBCLASS_CODE``
     where none defines one or each returns ``NotImplemented``: fxinit's own handling then."""
     others = [t for t in types if not issubclass(t, own) and defines(t, "__torch_function__")]
-    if not others:
-        return NOT_SUBCLASS_CODE
-    try:
-        return _torch_function_protocol(func, args, kwargs, others)
-    except _AllDeclined:
-        return NOT_SUBCLASS_CODE
-
-
-class _AllDeclined(TypeError):
-    pass
+    out = _torch_function_protocol(func, args, kwargs, others) if others else _DECLINED
+    return NOT_SUBCLASS_CODE if out is _DECLINED else out
 
 
 def _torch_function_protocol(func: Any, args: tuple, kwargs: dict, classes: list[type]) -> Any:
     """``func`` as torch's ``__torch_function__`` protocol runs it for arguments of ``classes``
     (in the arguments' order): each class's handler in turn, a subclass before its bases, all
-    the classes as ``types``, the next one where a handler returns ``NotImplemented``. (Its
-    handlers' own calls re-enter it, as eager's do.)"""
+    the classes as ``types``, the next one where a handler returns ``NotImplemented``;
+    ``_DECLINED`` where each does. (Its handlers' own calls re-enter it, as eager's do.)"""
     order: list[type] = []
     for c in classes:
         if c in order:
@@ -94,8 +89,7 @@ def _torch_function_protocol(func: Any, args: tuple, kwargs: dict, classes: list
         out = c.__torch_function__(func, types, args, kwargs)
         if out is not NotImplemented:
             return out
-    raise _AllDeclined(f"no implementation found for '{getattr(func, '__name__', func)}' on types that implement "
-                    f"__torch_function__: {list(types)}")
+    return _DECLINED
 
 
 def _most_derived(classes: list[type]) -> type | None:
@@ -124,8 +118,13 @@ def run_subclass_code(func: Any, args: tuple, kwargs: dict, made_as: dict[int, t
         # gives results of its class), takes every call, methods included, as in eager.
         if not torch._C._is_torch_function_enabled():  # (inside its ``super()`` call: torch's op, as in eager)
             return NOT_SUBCLASS_CODE
-        return _torch_function_protocol(func, args, kwargs, [made_as[i] for i in sorted(
-            made_as, key=lambda i: (i < 0, abs(i))) if not issubclass(made_as[i], torch.nn.Parameter)])
+        classes = [made_as[i] for i in sorted(made_as, key=lambda i: (i < 0, abs(i)))
+                   if not issubclass(made_as[i], torch.nn.Parameter)]
+        out = _torch_function_protocol(func, args, kwargs, classes)
+        if out is _DECLINED:
+            raise TypeError(f"no implementation found for '{getattr(func, '__name__', func)}' on types that "
+                            f"implement __torch_function__: {classes}")
+        return out
     elif name is not None:
         return NOT_SUBCLASS_CODE
     else:

@@ -87,6 +87,8 @@ def unmark(t: torch.Tensor) -> None:
 def trace_serial(t: torch.Tensor) -> int | None:
     """The serial of the trace whose materialize gave ``t`` its value (``Recorder.serial``),
     or None for a tensor materialize did not give one."""
+    if not _MARKS:  # (``Tensor.data = `` asks on every call: nothing materialized, nothing to look up)
+        return None
     storage, impl = _place(t)
     entry = _MARKS.get(id(storage)) if storage is not None else None
     if entry is None or entry[0]() is not storage:

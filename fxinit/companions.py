@@ -6,12 +6,15 @@ all), tensors held as attributes, and ``.grad``. Each module's places are noted 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from fxinit.autograd_links import now_real
-from fxinit.capture.deferred import grad_fn_of, is_deferred_tensor, plain_attributes, state_of
+from fxinit.capture.deferred import is_deferred_tensor, plain_attributes, state_of
 from fxinit.capture.recorder import Recorder
 from fxinit.capture.storages import storage_references
+from fxinit.errors import DeferredInitError
 from fxinit.grad_graphs import autograd_leaves, held_tensors
 from fxinit.module_to import Location
 from fxinit.reachable import Slot, module_walk
@@ -132,3 +135,41 @@ def _held_storages(rec: Recorder, t: torch.Tensor, held: dict[int, frozenset[int
         mine = held[id(t)] = frozenset() if grad_fn_of(t) is None else frozenset(
             rec.storage_id(p) for p in held_tensors(t) if is_deferred_tensor(p) and state_of(p).recorder is rec)
     return mine
+
+
+def grad_fn_of(t: torch.Tensor) -> Any:
+    """``t.grad_fn`` (read under ``plain_attributes``). Refused by name where torch cannot
+    answer:
+
+    * a deferred view of a parameter written in place (through another view) and then frozen
+      (``requires_grad_(False)``) before anything read the view's ``grad_fn``. torch
+      regenerates that ``grad_fn`` by replaying the view on its base (a subclass's views carry
+      their view function), gets none since the base requires no grad, and fails an internal
+      assert; eager's plain view regenerates an ``AsStridedBackward0`` without inputs, which
+      fxinit cannot rebuild;
+    * a view made under ``no_grad`` (``p.mul_(m)`` under ``no_grad`` with ``m`` of a tensor
+      subclass gives ``p.as_subclass(...)``) whose base requires grad and was written in place
+      later: torch refuses its ``grad_fn``, ``is_leaf`` and any use of it with gradients, in
+      eager too; fxinit would have to read them to materialize it."""
+    try:
+        return t.grad_fn
+    except RuntimeError as exc:
+        stale = "created in no_grad mode" in str(exc)
+        if not stale and ("new_fn" not in str(exc) or t._base is None):
+            raise
+        node = state_of(t).node if is_deferred_tensor(t) else None
+        where = dict(op=str(node.target) if node is not None else None,
+                     module=node.meta.get("module") if node is not None else None,
+                     source=getattr(node.meta.get("prov"), "source", None) if node is not None else None)
+        if stale:
+            raise DeferredInitError(
+                "a deferred view made under torch.no_grad of a tensor that requires grad, written in place "
+                "afterwards: torch refuses the view's grad_fn (and is_leaf, and any use of it with gradients), in "
+                "eager as well, so fxinit cannot tell how to materialize it", **where,
+                hint="make the view after the base's last in-place write, or keep a copy (.clone()) of it") from exc
+        raise DeferredInitError(
+            "a deferred view of a parameter that was written in place through another view and then frozen "
+            "(requires_grad_(False)) before its grad_fn was read: torch cannot regenerate that view's grad_fn "
+            "here, and fxinit cannot rebuild the one eager's view has", **where,
+            hint="freeze the parameters after materialize, or keep a copy (.clone()) rather than a view of the "
+                 "parameter") from exc

@@ -440,3 +440,110 @@ def test_a_wrapper_of_other_code_mixed_with_deferred_tensors_runs_its_own_dispat
         m.register_buffer("out", m.ln(wrapper))
     fxinit.materialize(m)
     assert compare_tensors("out", m.out, eager_out) is None
+
+
+class Unwraps(torch.Tensor):
+    """A wrapper of other code without ``__tensor_flatten__``: any op on the tensor it holds, the
+    result as it comes (or wrapped again: ``Rewraps``)."""
+
+    rewrap = False
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor) -> "Unwraps":
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype, device=elem.device)
+
+    def __init__(self, elem: torch.Tensor) -> None:
+        self.elem = elem
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        inner = tree_map(lambda t: t.elem if isinstance(t, Unwraps) else t, (args, kwargs or {}))
+        out = func(*inner[0], **inner[1])
+        return tree_map(lambda t: cls(t) if isinstance(t, torch.Tensor) else t, out) if cls.rewrap else out
+
+
+class Rewraps(Unwraps):
+    rewrap = True
+
+
+class Sub(torch.Tensor):
+    pass
+
+
+class Declines(torch.Tensor):
+    """A ``__torch_function__`` subclass that declines any other class."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if any(not issubclass(t, Declines) for t in types):
+            return NotImplemented
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@torch.jit.script
+def _scripted(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(x, y) + y
+
+
+class _DeferredFirst(nn.Module):
+    """The deferred parameter first among the arguments of ops a wrapper of other code takes."""
+
+    def __init__(self, given: torch.Tensor, wrapped: Rewraps) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(2, 2))
+        self.register_buffer("b", torch.rand(2, 2))
+        with torch.no_grad():
+            wrapped.mul_(self.b)  # the real tensor it holds written with a deferred buffer
+        self.register_buffer("held", (self.w * wrapped).elem)  # what the wrapper's dispatch computed
+        self.register_buffer("aliased", Unwraps(self.w - given.as_subclass(Sub)).as_subclass(Sub))
+        self.register_buffer("scripted", _scripted(Unwraps(self.w), Unwraps(self.w)).detach())
+        # inside the wrapper's __torch_dispatch__, a __torch_function__ subclass's own code runs, as in eager
+        self.register_buffer("subclassed", (self.w @ Unwraps(given.as_subclass(Declines))).detach())
+
+
+def test_a_wrapper_of_other_code_takes_ops_where_a_deferred_tensor_comes_first() -> None:
+    """Found by a fuzzer: with the deferred tensor first, DeferredTensor's own
+    ``__torch_dispatch__`` took the op before the wrapper's (torch asks them in the arguments'
+    order): a plain result where eager gives the wrapper's (an AttributeError on ``.elem``), and
+    a scripted function on wrappers of deferred tensors refused with "a plain meta tensor".
+    ``as_subclass`` of a wrapper whose alias is a deferred tensor crashed in torch. Inside the
+    wrapper's ``__torch_dispatch__``, subclasses' ``__torch_function__`` was off (fxinit's
+    handler had turned it off): a plain result where eager's is the subclass's, silently."""
+    given = torch.randn(2, 2, generator=torch.Generator().manual_seed(9))
+    torch.manual_seed(0)
+    eager_wrapped = Rewraps(given.clone())
+    eager = _DeferredFirst(given, eager_wrapped)
+    torch.manual_seed(0)
+    wrapped = Rewraps(given.clone())
+    traced = fxinit.trace_init(_DeferredFirst, given, wrapped)
+    assert torch.equal(wrapped.elem, eager_wrapped.elem)  # (written during the trace, as in eager)
+    fxinit.materialize(traced)
+    for name in ("w", "b", "held", "aliased", "scripted", "subclassed"):
+        got, want = getattr(traced, name), getattr(eager, name)
+        assert type(got) is type(want) and compare_tensors(name, got, want) is None, name
+
+
+class _StaleView(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 4))
+        with torch.no_grad():
+            self.register_buffer("flat", self.weight.view(-1))
+
+
+def test_a_no_grad_view_of_a_parameter_written_afterwards_is_refused_by_name() -> None:
+    """Found by a fuzzer (through ``p.mul_(m)`` under ``no_grad`` with ``m`` a tensor subclass,
+    which gives ``p.as_subclass``): torch refuses such a view's ``grad_fn`` after its base is
+    written in place, in eager too, so any use of it with gradients fails there; materialize
+    crashed with torch's message from fxinit's own reads. Refused by name now."""
+    eager = _StaleView()
+    nn.init.normal_(eager.weight)
+    with pytest.raises(RuntimeError, match="view was created in no_grad mode"):
+        eager.flat * 2
+    m = fxinit.trace_init(_StaleView)
+    nn.init.normal_(m.weight)
+    with pytest.raises(DeferredInitError, match="made under torch.no_grad .* written in place") as info:
+        fxinit.materialize(m)
+    assert "self.weight.view(-1)" in str(info.value)

@@ -34,8 +34,9 @@ from fxinit.capture.indices import as_index
 from fxinit.capture.materialized_marks import mark, trace_serial
 from fxinit.capture.moves import PARSE_TO, legacy_type_name, parse_move, shallow_copy_kind, with_index
 from fxinit.capture.post_import import run_pending
-from fxinit.capture.subclass_code import (NOT_SUBCLASS_CODE, other_codes_torch_function, run_subclass_code,
-                                          subclass_attribute)
+from fxinit.capture.subclass_code import (NOT_SUBCLASS_CODE, TORCH_FUNCTION_OFF, dispatches_itself,
+                                          other_codes_torch_function, run_subclass_code, subclass_attribute,
+                                          turned_off_by_fxinit, wrappers_dispatch)
 from fxinit.errors import DeferredInitError
 
 _META = torch.device("meta")
@@ -154,32 +155,6 @@ def state_of(t: torch.Tensor) -> DeferredState:
 #: (``shape``, ``dtype``, ``grad_fn``, ``requires_grad``, ``_is_view()``) skip the subclass's
 #: ``__torch_function__``, which answers them as torch does but costs microseconds each.
 plain_attributes = torch._C.DisableTorchFunctionSubclass
-
-
-def grad_fn_of(t: torch.Tensor) -> Any:
-    """``t.grad_fn`` (read under ``plain_attributes``). Refused by name where torch cannot
-    answer: a deferred view of a parameter written in place (through another view) and then
-    frozen (``requires_grad_(False)``) before anything read the view's ``grad_fn``. torch
-    regenerates that ``grad_fn`` by replaying the view on its base (a subclass's views carry
-    their view function), gets none since the base requires no grad, and fails an internal
-    assert; eager's plain view regenerates an ``AsStridedBackward0`` without inputs, which
-    fxinit cannot rebuild."""
-    try:
-        return t.grad_fn
-    except RuntimeError as exc:
-        if "new_fn" not in str(exc) or t._base is None:
-            raise
-        st = t.__dict__.get(STATE_ATTR)
-        node = st.node if st is not None else None
-        raise DeferredInitError(
-            "a deferred view of a parameter that was written in place through another view and then frozen "
-            "(requires_grad_(False)) before its grad_fn was read: torch cannot regenerate that view's grad_fn "
-            "here, and fxinit cannot rebuild the one eager's view has",
-            op=str(node.target) if node is not None else None,
-            module=node.meta.get("module") if node is not None else None,
-            source=getattr(node.meta.get("prov"), "source", None) if node is not None else None,
-            hint="freeze the parameters after materialize, or keep a copy (.clone()) rather than a view of the "
-                 "parameter") from exc
 
 
 def is_deferred_tensor(t: object) -> bool:
@@ -318,6 +293,9 @@ class DeferredTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if len(types) > 1 and any(t is not cls and dispatches_itself(t) for t in types):
+            # a wrapper of other code takes it, as in eager (capture.modes)
+            return wrappers_dispatch(func, args, kwargs or {}) if turned_off_by_fxinit() else NotImplemented
         recorder = _recorder_of(args, kwargs)
         if IS_COMPILING():
             refuse_compiled_call(recorder, func)
@@ -456,6 +434,7 @@ def _run_lifted(func: Any, args: tuple, kwargs: dict) -> Any:
 
 def _run(func: Any, args: tuple, kwargs: dict) -> Any:
     """``func`` of deferred tensors, as eager runs it, refusing by name where a kernel reads memory."""
+    off, TORCH_FUNCTION_OFF.by_fxinit = TORCH_FUNCTION_OFF.by_fxinit, True
     try:
         with torch._C.DisableTorchFunctionSubclass():  # spectral composites: eager's path (capture.grad_branches)
             return run_as_eager(func, args, kwargs, lambda: func(*args, **kwargs))
@@ -480,6 +459,8 @@ def _run(func: Any, args: tuple, kwargs: dict) -> Any:
             op=getattr(func, "__name__", str(func)),
             hint="build this tensor after fxinit.materialize, or guard this code with "
                  "`if not fxinit.is_meta_init():`") from exc
+    finally:
+        TORCH_FUNCTION_OFF.by_fxinit = off
 
 
 _RECURRENT = frozenset(("torch.lstm", "torch.gru", "torch.rnn_tanh", "torch.rnn_relu"))

@@ -49,7 +49,7 @@ from fxinit.capture.devices import CPU, META, default_device
 from fxinit.capture.lifted import LiftedWithGrad
 from fxinit.capture.moves import Move, with_index
 from fxinit.capture.real import adopt_real, contains_deferred, shares_memory
-from fxinit.capture.schema import updates_running_stats
+from fxinit.capture.schema import mutated_arg_indices, updates_running_stats
 from fxinit.capture.storages import storage_key
 from fxinit.capture.subclass_code import dispatches_itself
 from fxinit.capture.torchscript_calls import send_torchscript_calls_here
@@ -78,7 +78,10 @@ class Doors:
             return run(func, args, kwargs)
         copies: set[int] = set()
         dunder = name.startswith("__")
-        in_place = name.endswith("_") and (not dunder or name.startswith("__i") or name == "__setitem__")
+        if isinstance(func, torch._ops.OpOverload):  # ``aten.mul_.Tensor`` (a wrapper's __torch_dispatch__ calls them)
+            in_place = 0 in mutated_arg_indices(func)
+        else:
+            in_place = name.endswith("_") and (not dunder or name.startswith("__i") or name == "__setitem__")
 
         def lift(x: Any) -> Any:
             if isinstance(x, torch.Tensor) and not is_deferred_tensor(x) and x.device.type != "meta" \
@@ -436,11 +439,16 @@ def _make_subclass(cls: type[Any], data: torch.Tensor, requires_grad: bool = Fal
 
 def _as_subclass(self: torch.Tensor, cls: type) -> Any:
     """``Tensor.as_subclass`` (no ``__torch_function__`` sees it): of a deferred tensor, a
-    recorded alias made as ``cls``, attached to autograd as eager's is."""
-    if not is_deferred_tensor(self):
+    recorded alias made as ``cls``, attached to autograd as eager's is. Of a wrapper of other
+    code, its alias, which its ``__torch_dispatch__`` may give as the deferred tensor it holds
+    (torch would make a second Python object of that one's meta tensor: an error)."""
+    wrapper = not is_deferred_tensor(self) and dispatches_itself(type(self))
+    if not is_deferred_tensor(self) and not wrapper:
         return _AS_SUBCLASS(self, cls)
     with torch._C.DisableTorchFunctionSubclass():  # (eager's as_subclass shows no op to a __torch_function__)
         out = torch.ops.aten.alias.default(self)
+    if wrapper and not is_deferred_tensor(out):
+        return _AS_SUBCLASS(out, cls)  # (an alias of the alias: the same view, as eager's)
     made_as(out, cls)
     return out
 

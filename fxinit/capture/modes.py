@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxinit.capture.deferred import (CLASSES_MADE_AS, PROPERTY_CALL, DeferredTensor, deferred_torch_function,
                                      eager_device, is_deferred_tensor, state_of, subclass_call)
-from fxinit.capture.subclass_code import NOT_SUBCLASS_CODE, dispatches_itself
+from fxinit.capture.subclass_code import NOT_SUBCLASS_CODE, dispatches_itself, turned_off_by_fxinit, wrappers_dispatch
 from fxinit.capture.branches import cpu_branch_call, dropout_call, inexact_branch
 from fxinit.capture.devices import context_constructors, default_device
 from fxinit.capture.grad_branches import run_as_eager
@@ -72,6 +72,9 @@ class CaptureDispatchMode(TorchDispatchMode):
             # A wrapper subclass of other code among the arguments (quanto's, torchao's): its
             # own __torch_dispatch__ takes the call, as in eager, and calls again with the
             # tensors it holds (not lifted as a constant here: that copy ran its copy_).
+            if turned_off_by_fxinit():
+                with self:  # (as torch runs subclasses' handlers after a mode's NotImplemented)
+                    return wrappers_dispatch(func, args, kwargs)
             return NotImplemented
         if _INFERENCE_MODE() and _decomposes(func):
             # Under inference_mode autograd's keys, where composite ops decompose, are off, so

@@ -78,6 +78,11 @@ def _torch_function_protocol(func: Any, args: tuple, kwargs: dict, classes: list
     (in the arguments' order): each class's handler in turn, a subclass before its bases, all
     the classes as ``types``, the next one where a handler returns ``NotImplemented``;
     ``_DECLINED`` where each does. (Its handlers' own calls re-enter it, as eager's do.)"""
+    return _protocol("__torch_function__", func, args, kwargs, classes)
+
+
+def _protocol(name: str, func: Any, args: tuple, kwargs: dict, classes: list[type]) -> Any:
+    """The handlers ``name`` of ``classes`` asked in torch's order (``_torch_function_protocol``)."""
     order: list[type] = []
     for c in classes:
         if c in order:
@@ -86,10 +91,42 @@ def _torch_function_protocol(func: Any, args: tuple, kwargs: dict, classes: list
         order.insert(before, c)
     types = tuple(order)
     for c in order:
-        out = c.__torch_function__(func, types, args, kwargs)
+        out = getattr(c, name)(func, types, args, kwargs)
         if out is not NotImplemented:
             return out
     return _DECLINED
+
+
+def wrappers_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``func`` as torch's ``__torch_dispatch__`` protocol runs it for the tensors of classes that
+    dispatch themselves among ``args`` and the tensors in their lists (a wrapper of other code
+    meeting deferred tensors), with subclasses' ``__torch_function__`` on, as it is in eager
+    where no ``__torch_function__`` took the call before (fxinit's did, for the deferred
+    tensors: ``turned_off_by_fxinit``). ``NotImplemented`` where each handler declines."""
+    classes = [type(x) for a in (*args, *kwargs.values()) for x in (a if isinstance(a, (list, tuple)) else (a,))
+               if isinstance(x, torch.Tensor) and dispatches_itself(type(x))]
+    off, TORCH_FUNCTION_OFF.by_fxinit = TORCH_FUNCTION_OFF.by_fxinit, False
+    try:
+        with torch._C._EnableTorchFunction():
+            out = _protocol("__torch_dispatch__", func, args, kwargs, classes)
+    finally:
+        TORCH_FUNCTION_OFF.by_fxinit = off
+    return NotImplemented if out is _DECLINED else out
+
+
+class _TorchFunctionOff(threading.local):
+    by_fxinit = False  # subclasses' __torch_function__ is off because fxinit's handler turned it off
+
+
+TORCH_FUNCTION_OFF = _TorchFunctionOff()
+
+
+def turned_off_by_fxinit() -> bool:
+    """Whether subclasses' ``__torch_function__`` is off because fxinit's own handler for
+    deferred tensors turned it off around an op (``TORCH_FUNCTION_OFF``, which it sets),
+    where eager may have had no handler to (a parameter, a plain tensor); a subclass's
+    ``super().__torch_function__`` turns it off in eager too."""
+    return TORCH_FUNCTION_OFF.by_fxinit and not torch._C._is_torch_function_enabled()
 
 
 def _most_derived(classes: list[type]) -> type | None:

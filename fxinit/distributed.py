@@ -38,6 +38,21 @@ def deferred_dtensors(module: torch.nn.Module, walk: Iterable[Slot] | None = Non
     return found
 
 
+def held_elsewhere(entries: dict[int, tuple[Any, list[DTensorPlace]]]) -> None:
+    """Add to ``entries`` the places outside the materialized module that hold the same
+    DTensors, under their trace's root: a weight tied across modules (``emb.weight =
+    head.weight``) stays one parameter when the modules are materialized one at a time."""
+    roots = {id(root): root for dt, _ in entries.values()
+             if (root := state_of(dt._local_tensor).recorder.root) is not None}
+    for root in roots.values():
+        for mod in root.modules():
+            for kind in ("_parameters", "_buffers"):
+                for name, t in getattr(mod, kind).items():
+                    places = entries[id(t)][1] if id(t) in entries else None
+                    if places is not None and not any(m is mod and k == kind and n == name for m, k, n in places):
+                        places.append((mod, kind, name))
+
+
 def local_part(dt: Any, read: Callable[[tuple[slice, ...]], torch.Tensor]) -> torch.Tensor:
     """This rank's part of the full tensor behind ``dt``, from ``read(index)`` of blocks of
     the full tensor (a checkpoint reads only those): one block per run of positions the
@@ -97,6 +112,8 @@ def materialize_dtensors(entries: dict[int, tuple[Any, list[DTensorPlace]]], dev
     for dt, places, value in plan:
         new = dressed_as(dt, DTensor.from_local(value, dt.device_mesh, dt.placements, run_check=False,
                                                 shape=dt.shape, stride=dt.stride()))
+        if not places:  # ``materialize(dtensor)``: that object, filled
+            torch.utils.swap_tensors(dt, new)
         for mod, kind, name in places:
             getattr(mod, kind)[name] = new
 

@@ -27,7 +27,7 @@ from fxinit.capture.recorder import Recorder
 from fxinit.capture.swap import swap
 from fxinit.companions import companions, deferred_grad, with_companions
 from fxinit.checkpoint import CheckpointSource, checkpoint_values, load_by_its_own_code, loads_by_its_own_code
-from fxinit.distributed import deferred_dtensors, is_deferred_dtensor, materialize_dtensors
+from fxinit.distributed import deferred_dtensors, held_elsewhere, is_deferred_dtensor, materialize_dtensors
 from fxinit.errors import DeferredInitError
 from fxinit.module_to import (Location, buffer_slots_apart, cast_real, casting_themselves, runs_own_to,
                               separate_buffer_slots, takes_dtype)
@@ -386,6 +386,8 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
         inner = _inner_slots(tensors, where, obj)
     elif is_deferred_tensor(obj):
         tensors, where, inner = [obj], {}, []
+    elif is_deferred_dtensor(obj):  # (its local tensor is computed as a shard: fxinit.distributed)
+        tensors, where, inner = [], {}, []
     elif isinstance(obj, torch.Tensor):  # a wrapper subclass: the deferred tensors inside it
         inner = [(t, name) for name, t in inner_tensors(obj, type(obj).__name__) if is_deferred_tensor(t)]
         tensors, where = list({id(t): t for t, _ in inner}.values()), {}
@@ -394,7 +396,11 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
         _refuse_meta_wrappers([(type(obj).__name__, obj)])
     else:
         raise TypeError(f"materialize expects an nn.Module or a tensor, got {type(obj).__name__}")
-    sharded = deferred_dtensors(obj, walked[id(obj)]) if isinstance(obj, torch.nn.Module) else {}
+    if isinstance(obj, torch.nn.Module):
+        sharded = deferred_dtensors(obj, walked[id(obj)])
+        held_elsewhere(sharded)
+    else:
+        sharded = {id(obj): (obj, [])} if is_deferred_dtensor(obj) else {}
     _refuse_changing_wrappers(inner, device, dtype, state_dict)
     if isinstance(obj, torch.nn.Module) and init:
         _refuse_left_behind(obj, walked[id(obj)])

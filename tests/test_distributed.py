@@ -21,11 +21,11 @@ def _launch(world: int, scenarios: list[str]) -> dict[int, dict]:
 
 @pytest.fixture(scope="module")
 def two_ranks() -> dict[int, dict]:
-    return _launch(2, ["fsdp2_exact", "fsdp2_bf16", "fsdp2_checkpoint", "fsdp2_dcp_load", "fsdp2_portable", "fsdp1",
+    return _launch(2, ["fsdp2_exact", "fsdp2_piecewise", "fsdp2_bf16", "fsdp2_checkpoint", "fsdp2_dcp_load", "fsdp2_portable", "fsdp1",
                        "pipeline"])
 
 
-@pytest.mark.parametrize("scenario", ["fsdp2_exact", "fsdp2_bf16", "fsdp2_checkpoint", "fsdp2_dcp_load", "fsdp1",
+@pytest.mark.parametrize("scenario", ["fsdp2_exact", "fsdp2_piecewise", "fsdp2_bf16", "fsdp2_checkpoint", "fsdp2_dcp_load", "fsdp1",
                                       "pipeline"])
 def test_each_rank_matches_eager(two_ranks: dict[int, dict], scenario: str) -> None:
     for rank, res in two_ranks.items():

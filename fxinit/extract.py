@@ -134,6 +134,11 @@ def add_real_outputs(graph: fx.Graph, real: dict[str, torch.Tensor], outputs: di
     sids = [sid for n in graph.nodes for sid in (*n.meta.get("reads", ()), *n.meta.get("mutates", ()))]
     free_sid = max([*sids, *storage.values(), 0]) + 1  # storage ids no recorded node uses
     for fqn, t in real.items():
+        if isinstance(t, torch.nn.parameter.UninitializedTensorMixin):
+            raise DeferredInitError(
+                f"{fqn} is an uninitialized parameter of a lazy module: it has no shape yet to write into an init "
+                "graph", op="init_graph",
+                hint="run fxinit.dry_run(model, example_input) first, which records the forward that gives it one")
         if t.layout != torch.strided:
             raise DeferredInitError(
                 f"{fqn} is a {t.layout} tensor: an init graph holds strided tensors only, and this model's "

@@ -88,6 +88,13 @@ class FromDlpack(nn.Module):
         self.arr = np.from_dlpack(self.w.detach())  # ERR:dlpack
 
 
+class ToDlpack(nn.Module):  # DGL hands its index tensors to C++ so (zerocopy_to_dgl_ndarray)
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+        self.capsule = torch.utils.dlpack.to_dlpack(torch.tensor([0, 1, 2]))  # ERR:to_dlpack
+
+
 class Numpy(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -112,6 +119,7 @@ ERROR_CASES = [
     ("untyped_storage", UntypedStorage, ("untyped_storage",)),
     ("numpy", Numpy, ("numpy",)),
     ("dlpack", FromDlpack, ("__dlpack",)),
+    ("to_dlpack", ToDlpack, ("to_dlpack",)),
 ]
 
 
@@ -588,3 +596,13 @@ def test_a_recurrent_layer_over_a_packed_sequence_is_refused_naming_it() -> None
     with pytest.raises(fxinit.DeferredInitError, match="torch.lstm over a PackedSequence") as info:
         fxinit.trace_init(_PackedInInit)
     assert info.value.source.endswith("# packed-lstm") and "LSTM" in (info.value.module or "")
+
+
+def test_init_graph_of_a_lazy_module_before_its_dry_run_is_refused_by_name() -> None:
+    """Found by a sweep of torch_geometric (``Linear(-1, 4)``): a ValueError from torch's
+    uninitialized parameter, raised while copying it into the graph."""
+    m = fxinit.trace_init(lambda: nn.Sequential(nn.Linear(4, 4), nn.LazyLinear(2)))
+    with pytest.raises(fxinit.DeferredInitError, match="1.weight is an uninitialized parameter of a lazy module"):
+        fxinit.init_graph(m)
+    fxinit.dry_run(m, torch.zeros(1, 4))
+    assert set(fxinit.init_graph(m).materialize()) == {"0.weight", "0.bias", "1.weight", "1.bias"}

@@ -453,6 +453,18 @@ def _as_subclass(self: torch.Tensor, cls: type) -> Any:
     return out
 
 
+_TO_DLPACK = torch._C._to_dlpack
+
+
+def _to_dlpack(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """``torch.utils.dlpack.to_dlpack`` (DGL hands every index tensor to C++ so), which no
+    ``__torch_function__`` sees: of a deferred tensor, refused by name as ``__dlpack__`` is
+    (torch would raise "Cannot pack tensors on meta")."""
+    if is_deferred_tensor(tensor):
+        state_of(tensor).recorder.fail_raw_access(_TO_DLPACK)
+    return _TO_DLPACK(tensor, *args, **kwargs)
+
+
 _PARAMETER_META = type(torch.nn.Parameter)
 _PARAMETER_CALL = _PARAMETER_META.__call__
 
@@ -472,7 +484,9 @@ def _parameter_call(cls: type, *args: Any, **kwargs: Any) -> Any:
 _PATCHES = ((torch.nn.Parameter, "__new__", _PARAMETER_NEW, _parameter_new),
             (_PARAMETER_META, "__call__", _PARAMETER_CALL, _parameter_call),
             (torch.Tensor, "_make_subclass", _MAKE_SUBCLASS, staticmethod(_make_subclass)),
-            (torch.Tensor, "as_subclass", _AS_SUBCLASS, _as_subclass))
+            (torch.Tensor, "as_subclass", _AS_SUBCLASS, _as_subclass),
+            (torch.utils.dlpack, "to_dlpack", _TO_DLPACK, _to_dlpack),
+            (torch, "to_dlpack", _TO_DLPACK, _to_dlpack))
 
 
 _FROM_NUMPY = torch.from_numpy

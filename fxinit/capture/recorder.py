@@ -372,8 +372,9 @@ class Recorder(Shadows, Doors):
                 f"fxinit cannot record the collective {func} on a deferred tensor: replaying communication would need "
                 "every rank to materialize the same tensors in the same order",
                 op=str(func),
-                hint="materialize before redistributing (redistribute, full_tensor, dist.broadcast of a parameter); "
-                     "parallelize_module, distribute_tensor and fully_shard on a deferred model need no collective")
+                hint="materialize before redistributing (redistribute, full_tensor, dist.broadcast of a parameter; "
+                     "all_gather_object sends a tensor it builds, deferred too); parallelize_module, "
+                     "distribute_tensor and fully_shard on a deferred model need no collective")
         if func in LIFT_OPS:
             if func is aten.lift_fresh.default and not is_deferred_tensor(args[0]) and args[0].device.type != "meta":
                 # from_numpy, frombuffer: the tensor that shares the caller's memory (capture.real),

@@ -66,7 +66,7 @@ def per_node(fn: Callable[[fx.Node], Any]) -> Callable[[fx.Node], Any]:
     return answer
 
 
-def _torch_own(qualname: str) -> types.FunctionType | None:
+def torch_own(qualname: str) -> types.FunctionType | None:
     """torch's own function object ``qualname``, also where other code has put another in its
     place while fxinit is imported (transformers' ``no_init_weights`` and
     ``guard_torch_init_functions`` do, for a while); None where torch has none."""
@@ -83,7 +83,7 @@ def _torch_own(qualname: str) -> types.FunctionType | None:
 
 #: qualname -> torch's own init function object (its body may be changed by
 #: ``capture.init_shims``), not what other code puts in its place for a while
-TORCH_FUNCTIONS = {q: fn for q in OPAQUE_INIT_FUNCTIONS if (fn := _torch_own(q)) is not None}
+TORCH_FUNCTIONS = {q: fn for q in OPAQUE_INIT_FUNCTIONS if (fn := torch_own(q)) is not None}
 
 
 def resolve_init_function(qualname: str) -> types.FunctionType:

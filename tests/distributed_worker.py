@@ -133,6 +133,28 @@ def fsdp2_piecewise(factory: Callable[[], nn.Module], blocks, vocab: int) -> lis
     return errors
 
 
+def fsdp2_under_hf_guard() -> list[str]:
+    """transformers' ``initialize_weights`` runs init functions under its
+    ``guard_torch_init_functions``, which puts its own ``normal_`` in ``torch.nn.init``; torch's
+    hands that to ``__torch_function__``, where fxinit knew only torch's by its module and
+    refused a sharded meta model's init (a sweep of RL-trainer flows). It acts on the global
+    tensor now, as ``nn.init.normal_`` itself does."""
+    from transformers.initialization import guard_torch_init_functions
+
+    def init(model: nn.Module, guarded: bool) -> dict[str, torch.Tensor]:
+        _fsdp2(model, lambda m: list(m.layers))
+        with torch.no_grad(), (guard_torch_init_functions() if guarded else contextlib.nullcontext()):
+            for p in model.parameters():
+                torch.nn.init.normal_(p, std=0.02)
+        fxinit.materialize(model)
+        return _full(model)
+
+    torch.manual_seed(0)
+    want = init(fxinit.trace_init(Net), guarded=False)
+    torch.manual_seed(0)
+    return _compare(init(fxinit.trace_init(Net), guarded=True), want, "fsdp2 under transformers' guard")
+
+
 def fsdp2_bf16(factory: Callable[[], nn.Module], blocks, vocab: int) -> list[str]:
     """``materialize(dtype=bfloat16)`` on a sharded model == eager, ``.to(bfloat16)``, then sharded."""
     torch.manual_seed(0)
@@ -307,7 +329,8 @@ def _scenario(name: str, rank: int, world: int) -> Any:
         return (fsdp2_exact(Net, net_blocks, 37) + fsdp2_exact(llama, llama_blocks, 61)
                 + fsdp2_exact(tied_llama, llama_blocks, 61))
     if name == "fsdp2_piecewise":
-        return fsdp2_piecewise(tied_llama, llama_blocks, 61) + fsdp2_piecewise(Net, net_blocks, 37)
+        return (fsdp2_piecewise(tied_llama, llama_blocks, 61) + fsdp2_piecewise(Net, net_blocks, 37)
+                + fsdp2_under_hf_guard())
     if name == "fsdp2_bf16":
         return fsdp2_bf16(llama, llama_blocks, 61) + fsdp2_bf16(tied_llama, llama_blocks, 61)
     if name == "fsdp2_checkpoint":

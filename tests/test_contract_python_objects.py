@@ -244,3 +244,20 @@ def test_a_real_tensor_subclass_handed_in_runs_its_torch_function() -> None:
     traced = fxinit.materialize(fxinit.trace_init(_CombinesAGivenSubclass, given))
     _assert_equal(eager, traced)
     assert type(traced.product) is _Clamped and traced.total.abs().max() == 1
+
+
+class _Bare(torch.Tensor):
+    """A subclass with torch's own ``__torch_function__``: results of its class."""
+
+
+def test_a_real_tensor_of_a_bare_subclass_handed_in_keeps_its_class() -> None:
+    """Found by a fuzzer: ``self.w * given.as_subclass(Sub)`` with ``Sub`` defining no
+    ``__torch_function__`` of its own gave a plain tensor where eager's is a ``Sub`` (torch's
+    handler converts results to the class), in either order, with or without grad."""
+    given = (torch.ones(6) * 2).as_subclass(_Bare)
+    torch.manual_seed(0)
+    eager = _CombinesAGivenSubclass(given)
+    torch.manual_seed(0)
+    traced = fxinit.materialize(fxinit.trace_init(_CombinesAGivenSubclass, given))
+    _assert_equal(eager, traced)
+    assert type(traced.product) is type(traced.total) is type(eager.product) is _Bare

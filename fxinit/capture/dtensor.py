@@ -18,6 +18,8 @@ Every DTensor whose local tensor is deferred becomes a DeferredDTensor when it i
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 import types
 import weakref
@@ -32,7 +34,7 @@ from fxinit.capture.names import tensor_slots
 from fxinit.capture.opaque import find_opaque_call
 from fxinit.capture.post_import import when_imported
 from fxinit.errors import DeferredInitError
-from fxinit.ops import resolve_init_function
+from fxinit.ops import resolve_init_function, torch_own
 
 # Set when torch.distributed.tensor is imported (``install``): fxinit imports it never itself.
 DTensor: Any = None
@@ -45,6 +47,8 @@ _RANDOM_FILLS = {TensorBase.uniform_, TensorBase.normal_, TensorBase.random_, Te
                  TensorBase.cauchy_, TensorBase.log_normal_, TensorBase.geometric_, TensorBase.bernoulli_}
 # torch.nn.init functions that fill from their tensor's values alone (every shard alike).
 _ELEMENTWISE_INITS = {torch.nn.init.constant_, torch.nn.init.ones_, torch.nn.init.zeros_}
+_RANDOM_INIT_NAMES = ("uniform_", "normal_", "trunc_normal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
+                      "kaiming_normal_", "orthogonal_", "sparse_")
 _RANDOM_LIKE = {torch.rand_like, torch.randn_like, torch.randint_like}
 
 
@@ -114,6 +118,13 @@ def _on_call(func: Any, args: tuple, kwargs: dict, caller: Any) -> Any:
         _check_reads_nothing_else(func, args, kwargs)
         _on_global(target, lambda g: func(g, *args[1:], **kwargs))
         return target
+    elif isinstance(target, DeferredDTensor) and (renamed := _renamed_init(func, target, caller)) is not None:
+        # torch's init function, which hands the stand-in under its name to __torch_function__:
+        # transformers' guard_torch_init_functions puts its own normal_ (calling torch's) in torch.nn.init
+        fn, kwargs = renamed
+        _check_reads_nothing_else(fn, (target,), kwargs)
+        _on_global(target, lambda g: fn(g, **kwargs))
+        return target
     elif func in _RANDOM_LIKE and isinstance(target, DeferredDTensor):
         return _random_like(func, target, args[1:], kwargs)
     with torch._C.DisableTorchFunctionSubclass():  # DTensor runs it on the local tensors
@@ -123,6 +134,32 @@ def _on_call(func: Any, args: tuple, kwargs: dict, caller: Any) -> Any:
 def _is_random_init(func: Any) -> bool:
     """``torch.nn.init`` functions other than the element-wise constant fills."""
     return getattr(func, "__module__", None) == "torch.nn.init" and func not in _ELEMENTWISE_INITS
+
+
+@functools.lru_cache(maxsize=None)
+def _random_init_codes() -> dict[Any, Any]:
+    """The code of torch's own random init functions -> the function."""
+    own = (torch_own(f"torch.nn.init.{name}") for name in _RANDOM_INIT_NAMES)
+    return {fn.__code__: fn for fn in own if fn is not None}
+
+
+def _renamed_init(func: Any, dt: Any, caller: Any) -> tuple[Any, dict] | None:
+    """torch's own random init function running on ``dt`` (its frame on the stack, up from
+    ``caller``) with its arguments, where ``func``, a function of the same name, has taken its
+    place in ``torch.nn.init`` (torch hands what its name holds now to ``__torch_function__``,
+    with torch's keywords); else None."""
+    codes, f = _random_init_codes(), caller
+    for _ in range(8):
+        if f is None:
+            return None
+        fn = codes.get(f.f_code)
+        if fn is not None and f.f_locals.get("tensor") is dt:
+            if func is fn or getattr(func, "__name__", None) != fn.__name__:  # (its keywords: torch's)
+                return None
+            names = list(inspect.signature(fn).parameters)[1:]
+            return fn, {k: f.f_locals[k] for k in names if k in f.f_locals}
+        f = f.f_back
+    return None
 
 
 def _check_reads_nothing_else(func: Any, args: tuple, kwargs: dict) -> None:

@@ -66,9 +66,10 @@ _DECLINED = object()  # (``_torch_function_protocol``: every handler returned No
 def other_codes_torch_function(func: Any, types: tuple, args: tuple, kwargs: dict, own: type) -> Any:
     """``func`` where tensors of other code's subclasses (real ones, quanto's ``QTensor``)
     meet deferred tensors, as torch's protocol runs it without ``own`` (DeferredTensor) among
-    the ``types``: their ``__torch_function__`` first, in torch's order. ``NOT_SUBCLASS_CODE``
-    where none defines one or each returns ``NotImplemented``: fxinit's own handling then."""
-    others = [t for t in types if not issubclass(t, own) and defines(t, "__torch_function__")]
+    the ``types``: their ``__torch_function__`` first, their own or torch's (which gives
+    results of their class: ``class Sub(torch.Tensor): pass``), in torch's order.
+    ``NOT_SUBCLASS_CODE`` where each returns ``NotImplemented``: fxinit's own handling then."""
+    others = [t for t in types if not issubclass(t, own)]  # (torch lists only classes whose handler is on)
     out = _torch_function_protocol(func, args, kwargs, others) if others else _DECLINED
     return NOT_SUBCLASS_CODE if out is _DECLINED else out
 

@@ -69,7 +69,8 @@ def other_codes_torch_function(func: Any, types: tuple, args: tuple, kwargs: dic
     the ``types``: their ``__torch_function__`` first, their own or torch's (which gives
     results of their class: ``class Sub(torch.Tensor): pass``), in torch's order.
     ``NOT_SUBCLASS_CODE`` where each returns ``NotImplemented``: fxinit's own handling then."""
-    others = [t for t in types if not issubclass(t, own)]  # (torch lists only classes whose handler is on)
+    # (torch lists the classes whose handler is on; for a Python function, plain tensors' too)
+    others = [t for t in types if not issubclass(t, own) and t is not torch.Tensor]
     out = _torch_function_protocol(func, args, kwargs, others) if others else _DECLINED
     return NOT_SUBCLASS_CODE if out is _DECLINED else out
 

@@ -442,12 +442,12 @@ def _as_subclass(self: torch.Tensor, cls: type) -> Any:
     recorded alias made as ``cls``, attached to autograd as eager's is. Of a wrapper of other
     code, its alias, which its ``__torch_dispatch__`` may give as the deferred tensor it holds
     (torch would make a second Python object of that one's meta tensor: an error)."""
-    wrapper = not is_deferred_tensor(self) and dispatches_itself(type(self))
-    if not is_deferred_tensor(self) and not wrapper:
+    deferred = is_deferred_tensor(self)
+    if not deferred and not dispatches_itself(type(self)):
         return _AS_SUBCLASS(self, cls)
     with torch._C.DisableTorchFunctionSubclass():  # (eager's as_subclass shows no op to a __torch_function__)
         out = torch.ops.aten.alias.default(self)
-    if wrapper and not is_deferred_tensor(out):
+    if not deferred and not is_deferred_tensor(out):
         return _AS_SUBCLASS(out, cls)  # (an alias of the alias: the same view, as eager's)
     made_as(out, cls)
     return out

@@ -60,7 +60,7 @@ def dispatches_itself(cls: type) -> bool:
     return cls.__torch_dispatch__ is not torch._C._disabled_torch_dispatch_impl
 
 
-_DECLINED = object()  # (``_torch_function_protocol``: every handler returned NotImplemented)
+_DECLINED = object()  # (``_protocol``: every handler returned NotImplemented)
 
 
 def other_codes_torch_function(func: Any, types: tuple, args: tuple, kwargs: dict, own: type) -> Any:
@@ -71,20 +71,16 @@ def other_codes_torch_function(func: Any, types: tuple, args: tuple, kwargs: dic
     ``NOT_SUBCLASS_CODE`` where each returns ``NotImplemented``: fxinit's own handling then."""
     # (torch lists the classes whose handler is on; for a Python function, plain tensors' too)
     others = [t for t in types if not issubclass(t, own) and t is not torch.Tensor]
-    out = _torch_function_protocol(func, args, kwargs, others) if others else _DECLINED
+    out = _protocol("__torch_function__", func, args, kwargs, others) if others else _DECLINED
     return NOT_SUBCLASS_CODE if out is _DECLINED else out
 
 
-def _torch_function_protocol(func: Any, args: tuple, kwargs: dict, classes: list[type]) -> Any:
-    """``func`` as torch's ``__torch_function__`` protocol runs it for arguments of ``classes``
-    (in the arguments' order): each class's handler in turn, a subclass before its bases, all
-    the classes as ``types``, the next one where a handler returns ``NotImplemented``;
-    ``_DECLINED`` where each does. (Its handlers' own calls re-enter it, as eager's do.)"""
-    return _protocol("__torch_function__", func, args, kwargs, classes)
-
-
 def _protocol(name: str, func: Any, args: tuple, kwargs: dict, classes: list[type]) -> Any:
-    """The handlers ``name`` of ``classes`` asked in torch's order (``_torch_function_protocol``)."""
+    """``func`` as torch's protocol ``name`` (``__torch_function__``, ``__torch_dispatch__``)
+    runs it for arguments of ``classes`` (in the arguments' order): each class's handler in
+    turn, a subclass before its bases, all the classes as ``types``, the next one where a
+    handler returns ``NotImplemented``; ``_DECLINED`` where each does. (Its handlers' own calls
+    re-enter it, as eager's do.)"""
     order: list[type] = []
     for c in classes:
         if c in order:
@@ -159,7 +155,7 @@ def run_subclass_code(func: Any, args: tuple, kwargs: dict, made_as: dict[int, t
             return NOT_SUBCLASS_CODE
         classes = [made_as[i] for i in sorted(made_as, key=lambda i: (i < 0, abs(i)))
                    if not issubclass(made_as[i], torch.nn.Parameter)]
-        out = _torch_function_protocol(func, args, kwargs, classes)
+        out = _protocol("__torch_function__", func, args, kwargs, classes)
         if out is _DECLINED:
             raise TypeError(f"no implementation found for '{getattr(func, '__name__', func)}' on types that "
                             f"implement __torch_function__: {classes}")

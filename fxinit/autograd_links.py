@@ -15,7 +15,10 @@ taken is the value eager's op read. A view of a parameter is rebuilt as a view o
 real parameter, whatever was written into it since (a view sees those writes in eager too).
 In-place writes to the kept tensor and to the temporaries it was computed from run again
 too, in their order and each in the grad mode eager ran it in (``self.b.add_(self.w1)`` with
-autograd on is part of eager's ``grad_fn``).
+autograd on is part of eager's ``grad_fn``). A kept tensor computed from another one rebuilt
+before it (``b7 = self.b0.clone()`` beside ``self.b0 = torch.sigmoid(self.lin.bias)``) reads that
+one, where nothing writes it, so that both graphs share its autograd node as eager's do (one
+``SigmoidBackward0`` taking the summed gradient: eager's last bit; a view of it a view of it).
 
 Where eager's ops read what cannot be replayed so (``_link``, given ``value_of``), the values
 they read are computed (``ValueOf``: the slice up to the reading op). A parameter written or
@@ -174,6 +177,7 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
     the earlier tensors it read, and swapping those waits until it is gone."""
     rebuilt = []
     lost = []
+    shared: dict[fx.Node, torch.Tensor] = {}  # results of rebuilt tensors nothing writes: later ones read them
     holders = Counter(p for p in map(_memory, made) if p) if links else Counter()
     for link in sorted(links, key=_made):
         if any(is_deferred_tensor(p) or (p.grad_fn is not None and node.op != "get_attr")  # (a real tensor lifted)
@@ -183,7 +187,7 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
         if is_deferred_tensor(link.tensor):  # its swap failed (weak references): the module holds another object
             lost.append(f"{link.eager}, which could not be swapped in place")
             continue
-        value = _replayed(link) if link.nodes else None
+        value = _replayed(link, shared) if link.nodes else None
         if value is not None and value._is_view() and _memory_shared_elsewhere(link.tensor, value, holders):
             value = None  # a view of a replayed temporary would leave the memory eager's tensor shares
         if value is None:  # the tensor keeps its right value, as a leaf
@@ -191,6 +195,8 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
             continue
         if not value._is_view():  # (a view of a parameter is one already)
             value.data = link.tensor.data  # the same bits: its memory, which others may share (an alias)
+        if not link.overwritten and not any(writes_first_argument(n) for n in link.nodes):
+            shared[link.result if link.result is not None else link.nodes[-1]] = value
         rebuilt.append((link.tensor, value))
     if lost:
         warnings.warn(f"fxinit: {len(lost)} tensor(s) computed with autograd from parameters keep eager's values but "
@@ -202,7 +208,7 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
         new = dressed_as(t, value, keep_autograd=True)
         del value
         try:
-            swap(t, new)
+            swap(t, new, saved=True)
         except RuntimeError as exc:
             warnings.warn(f"fxinit: a tensor computed with autograd from parameters keeps its value but not its "
                           f"grad_fn ({exc}): compute it after materialize to have eager's", stacklevel=5)
@@ -235,13 +241,15 @@ def _made(link: Link) -> int:
     return node.meta["pos"] if node is not None else 0
 
 
-def _replayed(link: Link | None) -> torch.Tensor | None:
-    """``link``'s tensor rebuilt with eager's bits and ``grad_fn`` graph (or its fallback's), or None."""
+def _replayed(link: Link | None, shared: dict[fx.Node, torch.Tensor]) -> torch.Tensor | None:
+    """``link``'s tensor rebuilt with eager's bits and ``grad_fn`` graph (or its fallback's), or None;
+    a tensor rebuilt before it stands for its own node (``shared``), so that a later one computed
+    from it has the same autograd node in its graph, as eager's does."""
     while link is not None:
         t = link.tensor
         try:
             with torch.enable_grad():
-                value = _run(link)
+                value = _run(link, shared)
             if link.overwritten and _same_layout(value, t):  # written after, not by autograd (the signature
                 value.data.copy_(t)                            # says): its values, its version kept
             if _same(value, t) and (link.signature is None or signatures_match(graph_signature(value), link.signature)):
@@ -490,7 +498,7 @@ _VALUE_FACTORIES = frozenset(getattr(torch.ops.aten, name) for name in (
     "full", "zeros", "ones", "arange", "linspace", "logspace", "eye", "scalar_tensor"))
 
 
-def _run(link: Link) -> torch.Tensor:
+def _run(link: Link, shared: dict[fx.Node, torch.Tensor]) -> torch.Tensor:
     """``link``'s ops on its leaves. A leaf frozen since eager's ops ran (``requires_grad_(False)``
     after construction) requires grad while they run, as it did then; a parameter written or
     rebound since holds its value then (``earlier``) through ``.data =``, and its own data again
@@ -508,7 +516,7 @@ def _run(link: Link) -> torch.Tensor:
     for p in frozen:
         p.requires_grad_(True)
     try:
-        return _run_ops(link, values)
+        return _run_ops(link, values, shared)
     finally:
         for p in frozen:
             p.requires_grad_(False)
@@ -516,7 +524,7 @@ def _run(link: Link) -> torch.Tensor:
             p.data = data
 
 
-def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor]) -> torch.Tensor:
+def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor], shared: dict[fx.Node, torch.Tensor]) -> torch.Tensor:
     env: dict[fx.Node, Any] = {**link.leaves, **values}
     for node in link.leaves:
         if node.op == "get_attr" and node in link.written:  # a constant the ops write: theirs to write
@@ -528,6 +536,9 @@ def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor]) -> torch.Tensor:
     settings = link.settings or Settings(torch.get_default_dtype(), None)
     with settings_applied(settings):
         for node in link.nodes:
+            if node in shared:
+                env[node] = shared[node]
+                continue
             args = fx.node.map_aggregate(node.args, value)
             kwargs = fx.node.map_aggregate(node.kwargs, value)
             mine = settings.of(node)

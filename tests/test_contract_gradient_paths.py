@@ -428,11 +428,12 @@ def test_an_empty_kept_tensor_has_eagers_strides_and_grad_fn() -> None:
     assert type(traced.b4.grad_fn).__name__ == type(eager.b4.grad_fn).__name__ == "AddBackward0"
 
 
-def test_a_kept_view_of_a_kept_tensor_keeps_its_memory_said_aloud() -> None:
+def test_a_kept_view_of_a_kept_tensor_keeps_its_memory_and_grad_fn() -> None:
     """Found by the fuzzer (seed 811): ``b4 = b0.t().contiguous()`` of a 1x1 ``b0 =
     w.clone()`` is a view of ``b0`` (``contiguous`` returns it). Its rebuilt ``grad_fn`` came
-    with memory of its own, silently apart from ``b0``'s; it keeps the memory eager's shares
-    (a write to one is seen by the other) and loses the ``grad_fn``, with a warning."""
+    with memory of its own, silently apart from ``b0``'s; then it kept the memory eager's
+    shares and lost the ``grad_fn``, with a warning. It is rebuilt from the rebuilt ``b0`` now
+    (a later kept tensor reads the earlier one's autograd node, as eager's does): both."""
     class M(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -444,10 +445,13 @@ def test_a_kept_view_of_a_kept_tensor_keeps_its_memory_said_aloud() -> None:
     eager = M()
     torch.manual_seed(0)
     m = fxinit.trace_init(M)
-    with pytest.warns(UserWarning, match=r"not eager's grad_fn \(TBackward0"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         fxinit.materialize(m)
     assert _shares(eager.b0, eager.b4) and _shares(m.b0, m.b4) and same_bits(m.b4, eager.b4)
-    assert type(m.b0.grad_fn).__name__ == "CloneBackward0" and m.b4.grad_fn is None
+    assert type(m.b0.grad_fn).__name__ == "CloneBackward0" and type(m.b4.grad_fn).__name__ == "TBackward0"
+    assert m.b4.grad_fn.next_functions[0][0] is m.b0.grad_fn  # (eager's graph: one clone)
+    assert eager.b4.grad_fn.next_functions[0][0] is eager.b0.grad_fn
 
 
 def test_a_view_of_a_parameter_made_as_a_view_stays_a_view_of_it() -> None:
@@ -475,3 +479,43 @@ def test_a_view_of_a_parameter_made_as_a_view_stays_a_view_of_it() -> None:
             with torch.no_grad():
                 m.lin.parametrizations.weight.original0.add_(1.0)
         assert same_bits(traced.gt, eager.gt), how
+
+
+@pytest.mark.parametrize("later", ["clone", "exp", "mul_weight", "cat", "index", "t"])
+def test_a_kept_tensor_computed_from_another_shares_its_autograd_node(later: str) -> None:
+    """Found by the fuzzer (seed 40): ``self.b0 = torch.sigmoid(self.lin.bias)`` and a buffer
+    ``self.b0.clone()``. Each was rebuilt from the parameters alone, so the buffer's graph had
+    its own ``SigmoidBackward0``: a backward through both summed ``1 * s' + 2 * s'`` where
+    eager's one node takes ``3 * s'``, a gradient apart in the last bit, silently (``index``
+    and ``t`` lost their ``grad_fn``, with a warning). Later kept tensors read the rebuilt
+    earlier one now, in the constructor and after the trace."""
+    ops = {"clone": lambda m: m.b0.clone(), "exp": lambda m: m.b0.exp(), "mul_weight": lambda m: m.b0 * m.lin.weight[0],
+           "cat": lambda m: torch.cat([m.b0, m.b0 * 3]), "index": lambda m: m.b0[0], "t": lambda m: m.b0[None].t()}
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.b0 = torch.sigmoid(self.lin.bias)
+            self.register_buffer("inside", ops[later](self))
+
+    def grads(m: nn.Module) -> list[torch.Tensor]:
+        loss = m.b0.double().sum() + (m.inside.double() * 2).sum() + (m.after.double() * 3).sum()
+        return torch.autograd.grad(loss, [m.lin.bias, m.lin.weight], allow_unused=True)
+
+    built = []
+    for trace in (False, True):
+        torch.manual_seed(0)
+        m = fxinit.trace_init(M) if trace else M()
+        m.register_buffer("after", ops[later](m))  # (an init step after the trace)
+        if trace:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                fxinit.materialize(m)
+        built.append(m)
+    eager, traced = built
+    for name in ("inside", "after"):
+        got, want = getattr(traced, name), getattr(eager, name)
+        assert same_bits(got, want) and type(got.grad_fn) is type(want.grad_fn), name
+    for g, w in zip(grads(traced), grads(eager)):
+        assert (g is None) == (w is None) and (g is None or same_bits(g, w))

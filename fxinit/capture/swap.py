@@ -18,9 +18,11 @@ import weakref
 import torch
 
 
-def swap(t: torch.Tensor, new: torch.Tensor) -> None:
+def swap(t: torch.Tensor, new: torch.Tensor, saved: bool = False) -> None:
     """Swap ``new``'s value, class and attributes into ``t`` (the same object after, as for
-    ``torch.utils.swap_tensors``), whether or not weak references point to ``t``.
+    ``torch.utils.swap_tensors``), whether or not weak references point to ``t``. ``saved``:
+    autograd graphs that fxinit rebuilt may hold ``new`` (``autograd_links``: a tensor computed
+    from it saved it), which then hold ``t``, as eager's hold that tensor.
 
     >>> import weakref, torch
     >>> t, new = torch.zeros(2), torch.ones(2)
@@ -29,10 +31,11 @@ def swap(t: torch.Tensor, new: torch.Tensor) -> None:
     >>> r() is t and t.tolist() == [1.0, 1.0]
     True
     """
-    if not weakref.getweakrefs(t) or weakref.getweakrefs(new):
+    held = saved and new._use_count() > 1
+    if weakref.getweakrefs(new) or not (weakref.getweakrefs(t) or held):
         torch.utils.swap_tensors(t, new)
         return
-    for x, which in ((t, "the tensor"), (new, "its value")):
+    for x, which in ((t, "the tensor"),) + (() if held else ((new, "its value"),)):
         if x._use_count() != 1:  # (an autograd graph, a view or a C++ holder keeps it: its impl cannot change)
             raise RuntimeError(f"use_count of {which} is {x._use_count()}, not 1: something else holds it")
     if copyreg._slotnames(type(t)) or copyreg._slotnames(type(new)):  # type: ignore[attr-defined]

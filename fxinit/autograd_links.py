@@ -15,10 +15,11 @@ taken is the value eager's op read. A view of a parameter is rebuilt as a view o
 real parameter, whatever was written into it since (a view sees those writes in eager too).
 In-place writes to the kept tensor and to the temporaries it was computed from run again
 too, in their order and each in the grad mode eager ran it in (``self.b.add_(self.w1)`` with
-autograd on is part of eager's ``grad_fn``). A kept tensor computed from another one rebuilt
-before it (``b7 = self.b0.clone()`` beside ``self.b0 = torch.sigmoid(self.lin.bias)``) reads that
-one, where nothing writes it, so that both graphs share its autograd node as eager's do (one
-``SigmoidBackward0`` taking the summed gradient: eager's last bit; a view of it a view of it).
+autograd on is part of eager's ``grad_fn``). A kept tensor whose ops meet those of one rebuilt
+before it (``b7 = self.b0.clone()`` beside ``self.b0 = torch.sigmoid(self.lin.bias)``; a
+temporary both read) takes what those ops computed, so that the graphs share autograd nodes as
+eager's do (one ``SigmoidBackward0`` taking the summed gradient: eager's last bit; a view of it a
+view of it); not where any of those ops writes in place (its own ops then, as before).
 
 Where eager's ops read what cannot be replayed so (``_link``, given ``value_of``), the values
 they read are computed (``ValueOf``: the slice up to the reading op). A parameter written or
@@ -177,26 +178,32 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
     the earlier tensors it read, and swapping those waits until it is gone."""
     rebuilt = []
     lost = []
-    shared: dict[fx.Node, torch.Tensor] = {}  # results of rebuilt tensors nothing writes: later ones read them
+    shared: dict[fx.Node, Any] = {}  # what the ops of tensors rebuilt as eager's graph computed: later ones read it
+    apart: set[fx.Node] = set()  # the ops of tensors rebuilt (or kept) otherwise: a later one reading them runs its own
     holders = Counter(p for p in map(_memory, made) if p) if links else Counter()
     for link in sorted(links, key=_made):
         if any(is_deferred_tensor(p) or (p.grad_fn is not None and node.op != "get_attr")  # (a real tensor lifted)
                for node, p in link.leaves.items()):
             lost.append(f"{link.eager}, materialized before the parameters it was computed from")
+            apart.update(link.nodes)
             continue
         if is_deferred_tensor(link.tensor):  # its swap failed (weak references): the module holds another object
             lost.append(f"{link.eager}, which could not be swapped in place")
+            apart.update(link.nodes)
             continue
-        value = _replayed(link, shared) if link.nodes else None
-        if value is not None and value._is_view() and _memory_shared_elsewhere(link.tensor, value, holders):
-            value = None  # a view of a replayed temporary would leave the memory eager's tensor shares
+        alone = link.overwritten or any(writes_first_argument(n) for n in link.nodes) or not apart.isdisjoint(link.nodes)
+        computed: dict[fx.Node, Any] = {}
+        value = _replayed(link, {} if alone else shared, holders, computed) if link.nodes else None
         if value is None:  # the tensor keeps its right value, as a leaf
             lost.append(link.eager)
+            apart.update(link.nodes)
             continue
         if not value._is_view():  # (a view of a parameter is one already)
             value.data = link.tensor.data  # the same bits: its memory, which others may share (an alias)
-        if not link.overwritten and not any(writes_first_argument(n) for n in link.nodes):
-            shared[link.result if link.result is not None else link.nodes[-1]] = value
+        if alone or not computed:
+            apart.update(link.nodes)
+        else:
+            shared.update(computed)
         rebuilt.append((link.tensor, value))
     if lost:
         warnings.warn(f"fxinit: {len(lost)} tensor(s) computed with autograd from parameters keep eager's values but "
@@ -222,10 +229,12 @@ def _memory_shared_elsewhere(t: torch.Tensor, view: torch.Tensor, holders: Count
     """Whether ``view`` (``t`` rebuilt as a view) is not over ``t``'s memory, which another tensor
     of the model holds too (``holders``: how many of the tensors the call materialized are over
     each storage; ``b4 = b0.t()`` kept beside a kept ``b0 = w.clone()``: ``b4`` replayed from a
-    clone of its own). A view of a parameter is over the parameter's memory; a view of a
-    temporary (``(w * 2).t()``, an LSTM's ``batch_first`` output) has that memory to itself."""
-    ptr = t.untyped_storage().data_ptr()
-    return view.untyped_storage().data_ptr() != ptr and holders[ptr] > 1
+    clone of its own), or is over memory another tensor the call materialized holds (a view of
+    a rebuilt ``b0`` where ``dtype=`` gave each its own memory, as eager's ``.to`` does). A view
+    of a parameter is over the parameter's memory; a view of a temporary (``(w * 2).t()``, an
+    LSTM's ``batch_first`` output) has that memory to itself."""
+    ptr, mine = t.untyped_storage().data_ptr(), view.untyped_storage().data_ptr()
+    return mine != ptr and (holders[ptr] > 1 or holders[mine] > 0)
 
 
 def _memory(t: torch.Tensor) -> int:
@@ -241,21 +250,31 @@ def _made(link: Link) -> int:
     return node.meta["pos"] if node is not None else 0
 
 
-def _replayed(link: Link | None, shared: dict[fx.Node, torch.Tensor]) -> torch.Tensor | None:
-    """``link``'s tensor rebuilt with eager's bits and ``grad_fn`` graph (or its fallback's), or None;
-    a tensor rebuilt before it stands for its own node (``shared``), so that a later one computed
-    from it has the same autograd node in its graph, as eager's does."""
+def _replayed(link: Link | None, shared: dict[fx.Node, Any], holders: Counter[int],
+              computed: dict[fx.Node, Any]) -> torch.Tensor | None:
+    """``link``'s tensor rebuilt with eager's bits, ``grad_fn`` graph and memory (or its
+    fallback's), or None. What the ops of tensors rebuilt before it computed stands for those
+    ops (``shared``), so that its graph has their autograd nodes, as eager's does (``computed``:
+    what its own ops computed so, where that replay is the one returned); where that replay is
+    not eager's (a view over memory another tensor holds), it runs again from the parameters
+    alone."""
+    first = link
     while link is not None:
-        t = link.tensor
-        try:
-            with torch.enable_grad():
-                value = _run(link, shared)
-            if link.overwritten and _same_layout(value, t):  # written after, not by autograd (the signature
-                value.data.copy_(t)                            # says): its values, its version kept
-            if _same(value, t) and (link.signature is None or signatures_match(graph_signature(value), link.signature)):
-                return value
-        except Exception:  # noqa: BLE001
-            pass
+        for reading in (shared, {}) if shared else (shared,):
+            env: dict[fx.Node, Any] = {}
+            try:
+                with torch.enable_grad():
+                    value = _run(link, reading, env)
+                if link.overwritten and _same_layout(value, link.tensor):  # written after, not by autograd (the
+                    value.data.copy_(link.tensor)                          # signature says): its values, its version
+                if _same(value, link.tensor) and (link.signature is None or signatures_match(
+                        graph_signature(value), link.signature)) and not (
+                        value._is_view() and _memory_shared_elsewhere(link.tensor, value, holders)):
+                    if link is first and reading is shared:
+                        computed.update(env)
+                    return value
+            except Exception:  # noqa: BLE001
+                pass
         link = link.fallback
     return None
 
@@ -498,7 +517,7 @@ _VALUE_FACTORIES = frozenset(getattr(torch.ops.aten, name) for name in (
     "full", "zeros", "ones", "arange", "linspace", "logspace", "eye", "scalar_tensor"))
 
 
-def _run(link: Link, shared: dict[fx.Node, torch.Tensor]) -> torch.Tensor:
+def _run(link: Link, shared: dict[fx.Node, Any], env: dict[fx.Node, Any]) -> torch.Tensor:
     """``link``'s ops on its leaves. A leaf frozen since eager's ops ran (``requires_grad_(False)``
     after construction) requires grad while they run, as it did then; a parameter written or
     rebound since holds its value then (``earlier``) through ``.data =``, and its own data again
@@ -516,7 +535,7 @@ def _run(link: Link, shared: dict[fx.Node, torch.Tensor]) -> torch.Tensor:
     for p in frozen:
         p.requires_grad_(True)
     try:
-        return _run_ops(link, values, shared)
+        return _run_ops(link, values, shared, env)
     finally:
         for p in frozen:
             p.requires_grad_(False)
@@ -524,7 +543,10 @@ def _run(link: Link, shared: dict[fx.Node, torch.Tensor]) -> torch.Tensor:
             p.data = data
 
 
-def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor], shared: dict[fx.Node, torch.Tensor]) -> torch.Tensor:
+def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor], shared: dict[fx.Node, Any],
+             computed: dict[fx.Node, Any]) -> torch.Tensor:
+    """``link``'s ops, each once: what ``shared`` holds for one (another rebuilt tensor's replay
+    computed it) is taken, not run again; ``computed`` gets what each op gave."""
     env: dict[fx.Node, Any] = {**link.leaves, **values}
     for node in link.leaves:
         if node.op == "get_attr" and node in link.written:  # a constant the ops write: theirs to write
@@ -537,14 +559,14 @@ def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor], shared: dict[fx.No
     with settings_applied(settings):
         for node in link.nodes:
             if node in shared:
-                env[node] = shared[node]
+                env[node] = computed[node] = shared[node]
                 continue
             args = fx.node.map_aggregate(node.args, value)
             kwargs = fx.node.map_aggregate(node.kwargs, value)
             mine = settings.of(node)
             with torch.set_grad_enabled(not node.meta.get("no_grad")), \
                     contextlib.nullcontext() if mine is settings else settings_applied(mine):  # as eager ran it
-                env[node] = node.target(*args, **kwargs)
+                env[node] = computed[node] = node.target(*args, **kwargs)
     return env[link.result if link.result is not None else link.nodes[-1]]
 
 

@@ -19,7 +19,9 @@ autograd on is part of eager's ``grad_fn``). A kept tensor whose ops meet those 
 before it (``b7 = self.b0.clone()`` beside ``self.b0 = torch.sigmoid(self.lin.bias)``; a
 temporary both read) takes what those ops computed, so that the graphs share autograd nodes as
 eager's do (one ``SigmoidBackward0`` taking the summed gradient: eager's last bit; a view of it a
-view of it); not where any of those ops writes in place (its own ops then, as before).
+view of it), but for the storages its own ops write in place, which it computes itself. A real
+tensor the replayed ops write (one materialized in this call, a detached alias of the kept one)
+holds eager's write already: they write a copy.
 
 Where eager's ops read what cannot be replayed so (``_link``, given ``value_of``), the values
 they read are computed (``ValueOf``: the slice up to the reading op). A parameter written or
@@ -178,32 +180,27 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
     the earlier tensors it read, and swapping those waits until it is gone."""
     rebuilt = []
     lost = []
-    shared: dict[fx.Node, Any] = {}  # what the ops of tensors rebuilt as eager's graph computed: later ones read it
-    apart: set[fx.Node] = set()  # the ops of tensors rebuilt (or kept) otherwise: a later one reading them runs its own
+    shared: dict[fx.Node, Any] = {}  # what the ops of rebuilt tensors computed, unwritten: later ones read it
     holders = Counter(p for p in map(_memory, made) if p) if links else Counter()
     for link in sorted(links, key=_made):
         if any(is_deferred_tensor(p) or (p.grad_fn is not None and node.op != "get_attr")  # (a real tensor lifted)
                for node, p in link.leaves.items()):
             lost.append(f"{link.eager}, materialized before the parameters it was computed from")
-            apart.update(link.nodes)
             continue
         if is_deferred_tensor(link.tensor):  # its swap failed (weak references): the module holds another object
             lost.append(f"{link.eager}, which could not be swapped in place")
-            apart.update(link.nodes)
             continue
-        alone = link.overwritten or any(writes_first_argument(n) for n in link.nodes) or not apart.isdisjoint(link.nodes)
+        written = {root for n in link.nodes if writes_first_argument(n) for root in _written_roots(n)}
+        if link.overwritten:  # (written after, not by autograd: its values copied in)
+            written.add(storage_root(link.result if link.result is not None else link.nodes[-1]))
         computed: dict[fx.Node, Any] = {}
-        value = _replayed(link, {} if alone else shared, holders, computed) if link.nodes else None
+        value = _replayed(link, shared, written, holders, computed) if link.nodes else None
         if value is None:  # the tensor keeps its right value, as a leaf
             lost.append(link.eager)
-            apart.update(link.nodes)
             continue
         if not value._is_view():  # (a view of a parameter is one already)
             value.data = link.tensor.data  # the same bits: its memory, which others may share (an alias)
-        if alone or not computed:
-            apart.update(link.nodes)
-        else:
-            shared.update(computed)
+        shared.update((n, v) for n, v in computed.items() if storage_root(n) not in written)
         rebuilt.append((link.tensor, value))
     if lost:
         warnings.warn(f"fxinit: {len(lost)} tensor(s) computed with autograd from parameters keep eager's values but "
@@ -250,21 +247,22 @@ def _made(link: Link) -> int:
     return node.meta["pos"] if node is not None else 0
 
 
-def _replayed(link: Link | None, shared: dict[fx.Node, Any], holders: Counter[int],
+def _replayed(link: Link | None, shared: dict[fx.Node, Any], written: AbstractSet[fx.Node], holders: Counter[int],
               computed: dict[fx.Node, Any]) -> torch.Tensor | None:
     """``link``'s tensor rebuilt with eager's bits, ``grad_fn`` graph and memory (or its
     fallback's), or None. What the ops of tensors rebuilt before it computed stands for those
     ops (``shared``), so that its graph has their autograd nodes, as eager's does (``computed``:
-    what its own ops computed so, where that replay is the one returned); where that replay is
-    not eager's (a view over memory another tensor holds), it runs again from the parameters
-    alone."""
+    what its own ops computed so, where that replay is the one returned), but for ops over the
+    storages its own ops write (``written``); where that replay is not eager's (a view over
+    memory another tensor holds), it runs again from the parameters alone."""
     first = link
     while link is not None:
         for reading in (shared, {}) if shared else (shared,):
             env: dict[fx.Node, Any] = {}
             try:
                 with torch.enable_grad():
-                    value = _run(link, reading, env)
+                    value = _run(link, {n: v for n, v in reading.items() if storage_root(n) not in written}
+                                 if written and reading else reading, env)
                 if link.overwritten and _same_layout(value, link.tensor):  # written after, not by autograd (the
                     value.data.copy_(link.tensor)                          # signature says): its values, its version
                 if _same(value, link.tensor) and (link.signature is None or signatures_match(
@@ -548,8 +546,12 @@ def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor], shared: dict[fx.No
     """``link``'s ops, each once: what ``shared`` holds for one (another rebuilt tensor's replay
     computed it) is taken, not run again; ``computed`` gets what each op gave."""
     env: dict[fx.Node, Any] = {**link.leaves, **values}
+    writes = {root for n in link.nodes if writes_first_argument(n) for root in _written_roots(n)}
     for node in link.leaves:
-        if node.op == "get_attr" and node in link.written:  # a constant the ops write: theirs to write
+        if (node.op == "get_attr" and node in link.written) or \
+                (storage_root(node) in writes and node not in link.earlier):
+            # a constant the ops write: theirs to write; a real tensor (one materialized in this call, a
+            # detached alias of this one) holds eager's write already: a copy takes it again
             env[node] = env[node].clone()
 
     def value(x: Any) -> Any:

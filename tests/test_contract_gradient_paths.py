@@ -573,3 +573,70 @@ def test_kept_tensors_sharing_nodes_where_one_is_written_after_or_cast() -> None
     torch.manual_seed(0)
     m = fxinit.materialize(fxinit.trace_init(_DiamondWithAView), dtype=torch.float64)
     assert same_bits(m.b4, eager.b4) and not _shares(eager.b0, eager.b4) and not _shares(m.b0, m.b4)
+
+
+@pytest.mark.parametrize("where", ["constructor", "after the trace"])
+def test_a_write_through_a_detached_alias_of_a_kept_tensor_runs_once(where: str) -> None:
+    """Found by a review (seed 2, program 174): ``self.b0 = self.lin.bias * 1``, ``self.b2 =
+    self.b0.detach()``, ``self.b2.mul_(2)``. Rebuilding ``b0``'s ``grad_fn`` ran the write again
+    on the materialized ``b2``, whose memory is ``b0``'s: ``b0`` came out 4x the bias where
+    eager's is 2x, silently. A real tensor the replayed ops write is copied first."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.b0 = self.lin.bias * 1
+            self.b2 = self.b0.detach()
+            if where == "constructor":
+                self.b2.mul_(2)
+
+    built = []
+    for trace in (False, True):
+        torch.manual_seed(0)
+        m = fxinit.trace_init(M) if trace else M()
+        if where != "constructor":
+            m.b2.mul_(2)
+        if trace:
+            fxinit.materialize(m)
+        built.append(m)
+    eager, traced = built
+    assert same_bits(traced.b0, eager.b0) and same_bits(traced.b2, eager.b2) and _shares(traced.b0, traced.b2)
+
+
+class _WrittenReaders(nn.Module):
+    """Kept tensors reading ``b0``, themselves written after (or by aten's own in-place op:
+    ``matmul``'s ``squeeze_``), and a view of ``b0`` read after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.b0 = self.lin.weight.exp()
+        self.b1 = self.b0 * 3
+        with torch.no_grad():
+            self.b1.add_(1)
+        self.b2 = self.b0 * 2
+        self.b2.mul_(2)
+        self.b3 = self.b0.sum(0) @ self.lin.weight
+        self.b4 = self.b0.unsqueeze(0)
+
+
+def test_kept_tensors_written_after_reading_a_kept_one_share_its_node() -> None:
+    """Found by a review of the node sharing: a kept tensor written after it read ``b0``, or
+    computed by an op that writes its own temporary (``matmul``), ran all its ops alone (a
+    gradient apart in the last bit, silently), and a view of ``b0`` read after one such lost
+    its ``grad_fn``. Only the storages a tensor's own ops write are left out of the sharing."""
+    torch.manual_seed(0)
+    eager = _WrittenReaders()
+    torch.manual_seed(0)
+    m = fxinit.trace_init(_WrittenReaders)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fxinit.materialize(m)
+    names = ("b0", "b1", "b2", "b3", "b4")
+    for model in (eager, m):
+        loss = sum((getattr(model, n).double() * (i + 1)).sum() for i, n in enumerate(names))
+        model.grads = torch.autograd.grad(loss, [model.lin.weight])
+    for n in names:
+        assert same_bits(getattr(m, n), getattr(eager, n)) and \
+            type(getattr(m, n).grad_fn) is type(getattr(eager, n).grad_fn), n
+    assert same_bits(m.grads[0], eager.grads[0]) and _shares(m.b4, m.b0)

@@ -190,7 +190,7 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
         if is_deferred_tensor(link.tensor):  # its swap failed (weak references): the module holds another object
             lost.append(f"{link.eager}, which could not be swapped in place")
             continue
-        written = {root for n in link.nodes if writes_first_argument(n) for root in _written_roots(n)}
+        written = _roots_written_by(link.nodes)
         if link.overwritten:  # (written after, not by autograd: its values copied in)
             written.add(storage_root(link.result if link.result is not None else link.nodes[-1]))
         computed: dict[fx.Node, Any] = {}
@@ -312,6 +312,11 @@ def _inputs(rec: Any, tensors: list[torch.Tensor], reached: AbstractSet[int] = f
                 written[root] = max(written.get(root, -1), n.meta["pos"])
                 writes.setdefault(root, []).append(n)
     return _Inputs(parameters, held, rec.constants, written, rec.lifted_with_grad, aliased, writes, successors)
+
+
+def _roots_written_by(nodes: list[fx.Node]) -> set[fx.Node]:
+    """The storage roots the in-place ops among ``nodes`` write."""
+    return {root for n in nodes if writes_first_argument(n) for root in _written_roots(n)}
 
 
 def _written_roots(n: fx.Node) -> set[fx.Node]:
@@ -546,7 +551,7 @@ def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor], shared: dict[fx.No
     """``link``'s ops, each once: what ``shared`` holds for one (another rebuilt tensor's replay
     computed it) is taken, not run again; ``computed`` gets what each op gave."""
     env: dict[fx.Node, Any] = {**link.leaves, **values}
-    writes = {root for n in link.nodes if writes_first_argument(n) for root in _written_roots(n)}
+    writes = _roots_written_by(link.nodes)
     for node in link.leaves:
         if (node.op == "get_attr" and node in link.written) or \
                 (storage_root(node) in writes and node not in link.earlier):

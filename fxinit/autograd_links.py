@@ -1,11 +1,13 @@
-"""The autograd links of tensors that eager computes from parameters and keeps on the module.
+"""The autograd links of tensors that eager computes from parameters and keeps on the module:
+which recorded ops rebuild each (``plan_links``, before the swap); ``fxinit.autograd_replay``
+runs them again after it.
 
 ``self.t = self.w[0]``, ``register_buffer("b", self.w.clone())``, the old
 ``nn.utils.weight_norm``'s ``weight``: in eager construction such a tensor has a ``grad_fn``
 that leads to the parameters, so a backward through it reaches them. Materialize computes its
 value like any other, as a leaf. Here, before the swap, each such tensor is matched with the
-recorded ops that made it from parameters (``plan_links``); after the swap those ops run
-again on the real parameters with autograd on (``relink``): the same aten ops on the same
+recorded ops that made it from parameters; after the swap those ops run
+again on the real parameters with autograd on: the same aten ops on the same
 values, so the same bits (checked against the value materialize computed), and eager's
 ``grad_fn``. The other inputs of those ops are taken as eager's ops took them: constants the
 capture holds (an index ``torch.tensor([1, 5])``), value factories (``torch.full``) run again,
@@ -15,44 +17,31 @@ taken is the value eager's op read. A view of a parameter is rebuilt as a view o
 real parameter, whatever was written into it since (a view sees those writes in eager too).
 In-place writes to the kept tensor and to the temporaries it was computed from run again
 too, in their order and each in the grad mode eager ran it in (``self.b.add_(self.w1)`` with
-autograd on is part of eager's ``grad_fn``). A kept tensor whose ops meet those of one rebuilt
-before it (``b7 = self.b0.clone()`` beside ``self.b0 = torch.sigmoid(self.lin.bias)``; a
-temporary both read) takes what those ops computed, so that the graphs share autograd nodes as
-eager's do (one ``SigmoidBackward0`` taking the summed gradient: eager's last bit; a view of it a
-view of it), but for the storages its own ops write in place, which it computes itself. A real
-tensor the replayed ops write (one materialized in this call, a detached alias of the kept one)
-holds eager's write already: they write a copy.
+autograd on is part of eager's ``grad_fn``).
 
 Where eager's ops read what cannot be replayed so (``_link``, given ``value_of``), the values
-they read are computed (``ValueOf``: the slice up to the reading op). A parameter written or
+they read are computed (``ValueOf``: the slice up to the reading op): a parameter written or
 rebound since (``weight_norm``, then ``weight_g`` filled; frozen or ``.double()`` since) holds
-its value then while the ops run again (``.data =``), and gets its own data back the same way:
-the ops save the parameter itself with its version unchanged, so a backward sees it as it is
-now, as eager's does after a ``.data`` write (where eager wrote in place otherwise, its backward
-through an op that saved the parameter raises; this one runs). A random or written temporary no
-gradient passes is taken as its value. Such a rebuilt tensor must have eager's ``grad_fn`` graph
+its value then while the ops run again, and a random or written temporary no gradient passes is
+taken as its value. Such a rebuilt tensor must have eager's ``grad_fn`` graph
 (``graph_signature``, recorded by the capture's own autograd), besides eager's bits. A tensor
 that cannot be rebuilt keeps its value, as a leaf: docs/failure-modes.md says when.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import warnings
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
 
-from fxinit.capture.deferred import RETAINS_GRAD, dressed_as, is_deferred_tensor, plain_attributes, state_of
+from fxinit.capture.deferred import is_deferred_tensor, plain_attributes, state_of
 from fxinit.capture.schema import mutated_arg_indices, schema_value
-from fxinit.capture.swap import swap
-from fxinit.grad_graphs import autograd_leaves, graph_signature, signatures_match
-from fxinit.numerics import Settings, settings_applied
+from fxinit.grad_graphs import autograd_leaves, graph_signature
+from fxinit.numerics import Settings
 from fxinit.ops import is_view, reads_no_data
 from fxinit.passes.roots import storage_root, writes_first_argument
 
@@ -171,112 +160,6 @@ def _eager_words(t: torch.Tensor) -> str:
     return f"{fn}, {source}" if source else fn
 
 
-def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
-    """Rebuild each planned tensor from the now real parameters (after the swap; ``made``: the
-    tensors the call materialized). The ops run
-    in eager's order, so that autograd numbers its functions as eager's (a backward through
-    several such tensors adds their gradients in eager's order, to eager's bits); the swaps go
-    the other way, the ones computed last first: an older ``grad_fn`` of a later tensor holds
-    the earlier tensors it read, and swapping those waits until it is gone."""
-    rebuilt = []
-    lost = []
-    shared: dict[fx.Node, Any] = {}  # what the ops of rebuilt tensors computed, unwritten: later ones read it
-    holders = Counter(p for p in map(_memory, made) if p) if links else Counter()
-    for link in sorted(links, key=_made):
-        if any(is_deferred_tensor(p) or (p.grad_fn is not None and node.op != "get_attr")  # (a real tensor lifted)
-               for node, p in link.leaves.items()):
-            lost.append(f"{link.eager}, materialized before the parameters it was computed from")
-            continue
-        if is_deferred_tensor(link.tensor):  # its swap failed (weak references): the module holds another object
-            lost.append(f"{link.eager}, which could not be swapped in place")
-            continue
-        written = _roots_written_by(link.nodes)
-        if link.overwritten:  # (written after, not by autograd: its values copied in)
-            written.add(storage_root(link.result if link.result is not None else link.nodes[-1]))
-        computed: dict[fx.Node, Any] = {}
-        value = _replayed(link, shared, written, holders, computed) if link.nodes else None
-        if value is None:  # the tensor keeps its right value, as a leaf
-            lost.append(link.eager)
-            continue
-        if not value._is_view():  # (a view of a parameter is one already)
-            value.data = link.tensor.data  # the same bits: its memory, which others may share (an alias)
-        shared.update((n, v) for n, v in computed.items() if storage_root(n) not in written)
-        rebuilt.append((link.tensor, value))
-    if lost:
-        warnings.warn(f"fxinit: {len(lost)} tensor(s) computed with autograd from parameters keep eager's values but "
-                      f"not eager's grad_fn ({'; '.join(lost[:3])}{' ...' if len(lost) > 3 else ''}), so a backward "
-                      "through them does not reach the parameters: compute them in forward or after materialize "
-                      "(docs/failure-modes.md says which ones fxinit cannot rebuild)", stacklevel=5)
-    while rebuilt:
-        t, value = rebuilt.pop()
-        new = dressed_as(t, value, keep_autograd=True)
-        del value
-        try:
-            swap(t, new, saved=True)
-        except RuntimeError as exc:
-            warnings.warn(f"fxinit: a tensor computed with autograd from parameters keeps its value but not its "
-                          f"grad_fn ({exc}): compute it after materialize to have eager's", stacklevel=5)
-        else:
-            if t.__dict__.pop(RETAINS_GRAD, None):  # ``retain_grad()`` in the constructor (its hook: after the swap)
-                t.retain_grad()
-        del new
-
-
-def _memory_shared_elsewhere(t: torch.Tensor, view: torch.Tensor, holders: Counter[int]) -> bool:
-    """Whether ``view`` (``t`` rebuilt as a view) is not over ``t``'s memory, which another tensor
-    of the model holds too (``holders``: how many of the tensors the call materialized are over
-    each storage; ``b4 = b0.t()`` kept beside a kept ``b0 = w.clone()``: ``b4`` replayed from a
-    clone of its own), or is over memory another tensor the call materialized holds (a view of
-    a rebuilt ``b0`` where ``dtype=`` gave each its own memory, as eager's ``.to`` does). A view
-    of a parameter is over the parameter's memory; a view of a temporary (``(w * 2).t()``, an
-    LSTM's ``batch_first`` output) has that memory to itself."""
-    ptr, mine = t.untyped_storage().data_ptr(), view.untyped_storage().data_ptr()
-    return mine != ptr and (holders[ptr] > 1 or holders[mine] > 0)
-
-
-def _memory(t: torch.Tensor) -> int:
-    """The address of ``t``'s memory (0 for none: meta, empty, a wrapper subclass's)."""
-    try:
-        return 0 if t.is_meta else t.untyped_storage().data_ptr()
-    except RuntimeError:
-        return 0
-
-
-def _made(link: Link) -> int:
-    node = link.result if link.result is not None else link.nodes[-1] if link.nodes else None
-    return node.meta["pos"] if node is not None else 0
-
-
-def _replayed(link: Link | None, shared: dict[fx.Node, Any], written: AbstractSet[fx.Node], holders: Counter[int],
-              computed: dict[fx.Node, Any]) -> torch.Tensor | None:
-    """``link``'s tensor rebuilt with eager's bits, ``grad_fn`` graph and memory (or its
-    fallback's), or None. What the ops of tensors rebuilt before it computed stands for those
-    ops (``shared``), so that its graph has their autograd nodes, as eager's does (``computed``:
-    what its own ops computed so, where that replay is the one returned), but for ops over the
-    storages its own ops write (``written``); where that replay is not eager's (a view over
-    memory another tensor holds), it runs again from the parameters alone."""
-    first = link
-    while link is not None:
-        for reading in (shared, {}) if shared else (shared,):
-            env: dict[fx.Node, Any] = {}
-            try:
-                with torch.enable_grad():
-                    value = _run(link, {n: v for n, v in reading.items() if storage_root(n) not in written}
-                                 if written and reading else reading, env)
-                if link.overwritten and _same_layout(value, link.tensor):  # written after, not by autograd (the
-                    value.data.copy_(link.tensor)                          # signature says): its values, its version
-                if _same(value, link.tensor) and (link.signature is None or signatures_match(
-                        graph_signature(value), link.signature)) and not (
-                        value._is_view() and _memory_shared_elsewhere(link.tensor, value, holders)):
-                    if link is first and reading is shared:
-                        computed.update(env)
-                    return value
-            except Exception:  # noqa: BLE001
-                pass
-        link = link.fallback
-    return None
-
-
 def _inputs(rec: Any, tensors: list[torch.Tensor], reached: AbstractSet[int] = frozenset(),
             swapped: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()) -> _Inputs:
     """Leaf tensors that require grad (the parameters of the traced model, and any other such
@@ -314,7 +197,7 @@ def _inputs(rec: Any, tensors: list[torch.Tensor], reached: AbstractSet[int] = f
     return _Inputs(parameters, held, rec.constants, written, rec.lifted_with_grad, aliased, writes, successors)
 
 
-def _roots_written_by(nodes: list[fx.Node]) -> set[fx.Node]:
+def roots_written_by(nodes: list[fx.Node]) -> set[fx.Node]:
     """The storage roots the in-place ops among ``nodes`` write."""
     return {root for n in nodes if writes_first_argument(n) for root in _written_roots(n)}
 
@@ -365,7 +248,7 @@ def _link(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
     with plain_attributes():
         signature = graph_signature(t)
     if inputs.successors:  # the replay's leaf is the object the parameter is now
-        signature = [("AccumulateGrad", id(inputs.successors[entry[1]]))
+        signature = [("AccumulateGrad", id(inputs.successors[entry[1]]), *entry[2:])
                      if entry and entry[0] == "AccumulateGrad" and entry[1] in inputs.successors else entry
                      for entry in signature]
     walk = functools.partial(_walk, t, reaches, inputs, value_of, signature)
@@ -518,81 +401,3 @@ def _as_parameter(node: fx.Node, params: Any) -> torch.Tensor | None:
 #: Ops without tensor inputs that run again to the same values (``empty`` does not).
 _VALUE_FACTORIES = frozenset(getattr(torch.ops.aten, name) for name in (
     "full", "zeros", "ones", "arange", "linspace", "logspace", "eye", "scalar_tensor"))
-
-
-def _run(link: Link, shared: dict[fx.Node, Any], env: dict[fx.Node, Any]) -> torch.Tensor:
-    """``link``'s ops on its leaves. A leaf frozen since eager's ops ran (``requires_grad_(False)``
-    after construction) requires grad while they run, as it did then; a parameter written or
-    rebound since holds its value then (``earlier``) through ``.data =``, and its own data again
-    afterwards, so that what the ops saved is the parameter itself, its version unchanged, as
-    eager's was after a ``.data`` write or ``Module.to``."""
-    assert link.value_of is not None or not (link.earlier or link.values)
-    values = {node: link.value_of(node, reader) for node, reader in link.values.items()}  # type: ignore[misc]
-    then = {node: link.value_of(node, reader) for node, reader in link.earlier.items()}  # type: ignore[misc]
-    frozen = [p for p in link.reached if not p.requires_grad and p.grad_fn is None]
-    now: list[tuple[torch.Tensor, torch.Tensor]] = []
-    for node, value in then.items():
-        p = link.leaves[node]
-        now.append((p, p.data))
-        p.data = value  # its storage, dtype and shape then (``.double()`` since rebinds as eager's did)
-    for p in frozen:
-        p.requires_grad_(True)
-    try:
-        return _run_ops(link, values, shared, env)
-    finally:
-        for p in frozen:
-            p.requires_grad_(False)
-        for p, data in reversed(now):
-            p.data = data
-
-
-def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor], shared: dict[fx.Node, Any],
-             computed: dict[fx.Node, Any]) -> torch.Tensor:
-    """``link``'s ops, each once: what ``shared`` holds for one (another rebuilt tensor's replay
-    computed it) is taken, not run again; ``computed`` gets what each op gave."""
-    env: dict[fx.Node, Any] = {**link.leaves, **values}
-    writes = _roots_written_by(link.nodes)
-    for node in link.leaves:
-        if (node.op == "get_attr" and node in link.written) or \
-                (storage_root(node) in writes and node not in link.earlier):
-            # a constant the ops write: theirs to write; a real tensor (one materialized in this call, a
-            # detached alias of this one) holds eager's write already: a copy takes it again
-            env[node] = env[node].clone()
-
-    def value(x: Any) -> Any:
-        return env[x] if isinstance(x, fx.Node) else x
-
-    settings = link.settings or Settings(torch.get_default_dtype(), None)
-    with settings_applied(settings):
-        for node in link.nodes:
-            if node in shared:
-                env[node] = computed[node] = shared[node]
-                continue
-            args = fx.node.map_aggregate(node.args, value)
-            kwargs = fx.node.map_aggregate(node.kwargs, value)
-            mine = settings.of(node)
-            with torch.set_grad_enabled(not node.meta.get("no_grad")), \
-                    contextlib.nullcontext() if mine is settings else settings_applied(mine):  # as eager ran it
-                env[node] = computed[node] = node.target(*args, **kwargs)
-    return env[link.result if link.result is not None else link.nodes[-1]]
-
-
-def _same_layout(value: torch.Tensor, t: torch.Tensor) -> bool:
-    return isinstance(value, torch.Tensor) and value.shape == t.shape and value.dtype == t.dtype \
-        and value.stride() == t.stride() and value.device == t.device
-
-
-def _same(value: torch.Tensor, t: torch.Tensor) -> bool:
-    """``value`` is what materialize put into ``t`` (bits, shape, strides)."""
-    if not _same_layout(value, t):
-        return False
-    if t.is_meta:  # (``self.t = self.w.to("meta")``: no values, in eager either)
-        return value.is_meta
-    a, b = value.detach(), t.detach()
-    if a.dtype == torch.bool:
-        return torch.equal(a, b)
-    return torch.equal(_bytes(a), _bytes(b))
-
-
-def _bytes(x: torch.Tensor) -> torch.Tensor:
-    return x.clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8)

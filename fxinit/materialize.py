@@ -18,7 +18,8 @@ from typing import AbstractSet, Any, Callable, Iterable, Mapping, TypeVar
 import torch
 from torch.nn.modules.module import _IncompatibleKeys
 
-from fxinit.autograd_links import plan_links, relink
+from fxinit.autograd_links import plan_links
+from fxinit.autograd_replay import relink
 from fxinit.arguments import checked_device, checked_dtype, checked_seed
 from fxinit.capture.api import clear_meta_init_cache, recorder_of_root
 from fxinit.capture.call_guards import unguard, unguard_holders

@@ -145,9 +145,28 @@ def test_a_kept_view_cast_after_its_parameter_was_written() -> None:
     assert same_bits(traced.b, eager.b) and type(traced.b.grad_fn).__name__ == "ToCopyBackward0"
     for m in (eager, traced):
         m.b.sum().backward()
-    # The same gradient; its dtype is the documented difference (docs/failure-modes.md): eager
-    # regenerates the view's function lazily as AsStridedBackward0 once ``w`` is float64.
-    assert torch.equal(traced.w.grad.double(), eager.w.grad)
+    # eager regenerates the view's function lazily as AsStridedBackward0 once ``w`` is float64,
+    # from the AccumulateGrad the cast started: the gradient is float64
+    assert traced.w.grad.dtype == eager.w.grad.dtype == torch.float64 and torch.equal(traced.w.grad, eager.w.grad)
+
+
+def test_a_kept_reshape_cast_after_its_parameter_was_written_reaches_the_parameter_as_it_is_now() -> None:
+    """``b = w.reshape(-1)`` kept, ``w`` filled under no_grad, ``Module.double()`` after the trace:
+    eager's ``b`` reaches the ``AccumulateGrad`` the cast started (a view's function regenerated),
+    so ``torch.autograd.grad(..., [w])`` finds ``w``; the replay's reached the one the cast left
+    behind, and that gradient was None, silently (found by the fuzzer, seed 41)."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w0 = nn.Parameter(torch.randn((1, 2, 1)))
+            self.register_buffer("b2", self.w0.reshape(-1))
+            with torch.no_grad():
+                self.w0.fill_(0.25)
+
+    eager, traced = _both(M, lambda m: m.double())
+    assert same_bits(traced.b2, eager.b2)
+    grads = [torch.autograd.grad((m.b2 * 3).sum(), [m.w0]) for m in (eager, traced)]
+    assert same_bits(grads[1][0], grads[0][0]) and grads[0][0].dtype == torch.float64
 
 
 def test_gradient_paths_from_parameters_written_after() -> None:

@@ -1,0 +1,244 @@
+"""The replay of the links ``fxinit.autograd_links`` planned: each kept tensor's recorded ops run
+again on the real parameters with autograd on, after the swap (``relink``), so that it has
+eager's ``grad_fn`` as well as eager's bits.
+
+A kept tensor whose ops meet those of one rebuilt before it (``b7 = self.b0.clone()`` beside
+``self.b0 = torch.sigmoid(self.lin.bias)``; a temporary both read) takes what those ops
+computed, so that the graphs share autograd nodes as eager's do (one ``SigmoidBackward0``
+taking the summed gradient: eager's last bit; a view of it a view of it), but for the storages
+its own ops write in place, which it computes itself. A real tensor the replayed ops write (one
+materialized in this call, a detached alias of the kept one) holds eager's write already: they
+write a copy. A parameter written or rebound since eager's ops read it holds its value then
+(``.data =``) while the ops run, and gets its own data back the same way: the ops save the
+parameter itself with its version unchanged, so a backward sees it as it is now, as eager's
+does after a ``.data`` write (where eager wrote in place otherwise, its backward through an op
+that saved the parameter raises; this one runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections import Counter
+from typing import AbstractSet, Any, Sequence
+
+import torch
+import torch.fx as fx
+
+from fxinit.autograd_links import Link, roots_written_by
+from fxinit.capture.deferred import RETAINS_GRAD, dressed_as, is_deferred_tensor
+from fxinit.capture.swap import swap
+from fxinit.grad_graphs import graph_signature, signatures_match
+from fxinit.numerics import Settings, settings_applied
+from fxinit.ops import is_view
+from fxinit.passes.roots import storage_root
+
+
+def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
+    """Rebuild each planned tensor from the now real parameters (after the swap; ``made``: the
+    tensors the call materialized). The ops run
+    in eager's order, so that autograd numbers its functions as eager's (a backward through
+    several such tensors adds their gradients in eager's order, to eager's bits); the swaps go
+    the other way, the ones computed last first: an older ``grad_fn`` of a later tensor holds
+    the earlier tensors it read, and swapping those waits until it is gone."""
+    rebuilt = []
+    lost = []
+    shared: dict[fx.Node, Any] = {}  # what the ops of rebuilt tensors computed, unwritten: later ones read it
+    holders = Counter(p for p in map(_memory, made) if p) if links else Counter()
+    for link in sorted(links, key=_made):
+        if any(is_deferred_tensor(p) or (p.grad_fn is not None and node.op != "get_attr")  # (a real tensor lifted)
+               for node, p in link.leaves.items()):
+            lost.append(f"{link.eager}, materialized before the parameters it was computed from")
+            continue
+        if is_deferred_tensor(link.tensor):  # its swap failed (weak references): the module holds another object
+            lost.append(f"{link.eager}, which could not be swapped in place")
+            continue
+        written = roots_written_by(link.nodes)
+        if link.overwritten:  # (written after, not by autograd: its values copied in)
+            written.add(storage_root(link.result if link.result is not None else link.nodes[-1]))
+        computed: dict[fx.Node, Any] = {}
+        value = _replayed(link, shared, written, holders, computed) if link.nodes else None
+        if value is None:  # the tensor keeps its right value, as a leaf
+            lost.append(link.eager)
+            continue
+        if not value._is_view():  # (a view of a parameter is one already)
+            value.data = link.tensor.data  # the same bits: its memory, which others may share (an alias)
+        shared.update((n, v) for n, v in computed.items() if storage_root(n) not in written)
+        rebuilt.append((link.tensor, value))
+    if lost:
+        warnings.warn(f"fxinit: {len(lost)} tensor(s) computed with autograd from parameters keep eager's values but "
+                      f"not eager's grad_fn ({'; '.join(lost[:3])}{' ...' if len(lost) > 3 else ''}), so a backward "
+                      "through them does not reach the parameters: compute them in forward or after materialize "
+                      "(docs/failure-modes.md says which ones fxinit cannot rebuild)", stacklevel=5)
+    while rebuilt:
+        t, value = rebuilt.pop()
+        new = dressed_as(t, value, keep_autograd=True)
+        del value
+        try:
+            swap(t, new, saved=True)
+        except RuntimeError as exc:
+            warnings.warn(f"fxinit: a tensor computed with autograd from parameters keeps its value but not its "
+                          f"grad_fn ({exc}): compute it after materialize to have eager's", stacklevel=5)
+        else:
+            if t.__dict__.pop(RETAINS_GRAD, None):  # ``retain_grad()`` in the constructor (its hook: after the swap)
+                t.retain_grad()
+        del new
+
+
+def _memory_shared_elsewhere(t: torch.Tensor, view: torch.Tensor, holders: Counter[int]) -> bool:
+    """Whether ``view`` (``t`` rebuilt as a view) is not over ``t``'s memory, which another tensor
+    of the model holds too (``holders``: how many of the tensors the call materialized are over
+    each storage; ``b4 = b0.t()`` kept beside a kept ``b0 = w.clone()``: ``b4`` replayed from a
+    clone of its own), or is over memory another tensor the call materialized holds (a view of
+    a rebuilt ``b0`` where ``dtype=`` gave each its own memory, as eager's ``.to`` does). A view
+    of a parameter is over the parameter's memory; a view of a temporary (``(w * 2).t()``, an
+    LSTM's ``batch_first`` output) has that memory to itself."""
+    ptr, mine = t.untyped_storage().data_ptr(), view.untyped_storage().data_ptr()
+    return mine != ptr and (holders[ptr] > 1 or holders[mine] > 0)
+
+
+def _memory(t: torch.Tensor) -> int:
+    """The address of ``t``'s memory (0 for none: meta, empty, a wrapper subclass's)."""
+    try:
+        return 0 if t.is_meta else t.untyped_storage().data_ptr()
+    except RuntimeError:
+        return 0
+
+
+def _made(link: Link) -> int:
+    node = link.result if link.result is not None else link.nodes[-1] if link.nodes else None
+    return node.meta["pos"] if node is not None else 0
+
+
+def _replayed(link: Link | None, shared: dict[fx.Node, Any], written: AbstractSet[fx.Node], holders: Counter[int],
+              computed: dict[fx.Node, Any]) -> torch.Tensor | None:
+    """``link``'s tensor rebuilt with eager's bits, ``grad_fn`` graph and memory (or its
+    fallback's), or None. What the ops of tensors rebuilt before it computed stands for those
+    ops (``shared``), so that its graph has their autograd nodes, as eager's does (``computed``:
+    what its own ops computed so, where that replay is the one returned), but for ops over the
+    storages its own ops write (``written``); where that replay is not eager's (a view over
+    memory another tensor holds), it runs again from the parameters alone."""
+    first = link
+    while link is not None:
+        for reading in (shared, {}) if shared else (shared,):
+            env: dict[fx.Node, Any] = {}
+            try:
+                with torch.enable_grad():
+                    given = {n: v for n, v in reading.items() if storage_root(n) not in written} \
+                        if written and reading else reading
+                    value = _run(link, given, env)
+                    if _reaches_leaves_a_cast_left(value, link):
+                        env.clear()
+                        value = _run(link, given, env, regenerate=True)
+                if link.overwritten and _same_layout(value, link.tensor):  # written after, not by autograd (the
+                    value.data.copy_(link.tensor)                          # signature says): its values, its version
+                if _same(value, link.tensor) and (link.signature is None or signatures_match(
+                        graph_signature(value), link.signature)) and not (
+                        value._is_view() and _memory_shared_elsewhere(link.tensor, value, holders)):
+                    if link is first and reading is shared:
+                        computed.update(env)
+                    return value
+            except Exception:  # noqa: BLE001
+                pass
+        link = link.fallback
+    return None
+
+
+def _reaches_leaves_a_cast_left(value: torch.Tensor, link: Link) -> bool:
+    """Whether the replayed graph is eager's but for ``AccumulateGrad`` functions that a cast of a
+    parameter since (``.data =`` of another dtype) left behind, where eager's reach the ones it
+    started: views eager read after the cast (``_run``'s ``regenerate``)."""
+    if link.signature is None or not link.earlier:
+        return False
+    replayed = graph_signature(value)
+    return not signatures_match(replayed, link.signature) and signatures_match(replayed, link.signature,
+                                                                               reached_now=False)
+
+
+def _run(link: Link, shared: dict[fx.Node, Any], env: dict[fx.Node, Any], regenerate: bool = False) -> torch.Tensor:
+    """``link``'s ops on its leaves. A leaf frozen since eager's ops ran (``requires_grad_(False)``
+    after construction) requires grad while they run, as it did then; a parameter written or
+    rebound since holds its value then (``earlier``) through ``.data =``, and its own data again
+    afterwards, so that what the ops saved is the parameter itself, its version unchanged, as
+    eager's was after a ``.data`` write or ``Module.to``. With ``regenerate``, it gets its own
+    data back, its version advanced, once the views of it are made: the first op reading one
+    then regenerates the view's function from the parameter as it is now (``AsStridedBackward0``
+    reaching the ``AccumulateGrad`` a cast started), as eager's read after the parameter was
+    written and cast (``self.b = self.w.expand(2)``, ``self.w`` filled under no_grad, then
+    ``Module.double()``)."""
+    assert link.value_of is not None or not (link.earlier or link.values)
+    values = {node: link.value_of(node, reader) for node, reader in link.values.items()}  # type: ignore[misc]
+    then = {node: link.value_of(node, reader) for node, reader in link.earlier.items()}  # type: ignore[misc]
+    frozen = [p for p in link.reached if not p.requires_grad and p.grad_fn is None]
+    now: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for node, value in then.items():
+        p = link.leaves[node]
+        now.append((p, p.data))
+        p.data = value  # its storage, dtype and shape then (``.double()`` since rebinds as eager's did)
+    for p in frozen:
+        p.requires_grad_(True)
+    try:
+        return _run_ops(link, values, shared, env, now if regenerate else [])
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
+        for p, data in reversed(now):
+            p.data = data
+
+
+def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor], shared: dict[fx.Node, Any],
+             computed: dict[fx.Node, Any], restored: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """``link``'s ops, each once: what ``shared`` holds for one (another rebuilt tensor's replay
+    computed it) is taken, not run again; ``computed`` gets what each op gave. ``restored``:
+    parameters given their data back, their versions advanced, before the first op not a view."""
+    env: dict[fx.Node, Any] = {**link.leaves, **values}
+    writes = roots_written_by(link.nodes)
+    for node in link.leaves:
+        if (node.op == "get_attr" and node in link.written) or \
+                (storage_root(node) in writes and node not in link.earlier):
+            # a constant the ops write: theirs to write; a real tensor (one materialized in this call, a
+            # detached alias of this one) holds eager's write already: a copy takes it again
+            env[node] = env[node].clone()
+
+    def value(x: Any) -> Any:
+        return env[x] if isinstance(x, fx.Node) else x
+
+    settings = link.settings or Settings(torch.get_default_dtype(), None)
+    with settings_applied(settings):
+        for node in link.nodes:
+            if node in shared:
+                env[node] = computed[node] = shared[node]
+                continue
+            if restored and not is_view(node):
+                for p, data in restored:
+                    p.data = data
+                    torch.autograd.graph.increment_version(p)
+                restored = []
+            args = fx.node.map_aggregate(node.args, value)
+            kwargs = fx.node.map_aggregate(node.kwargs, value)
+            mine = settings.of(node)
+            with torch.set_grad_enabled(not node.meta.get("no_grad")), \
+                    contextlib.nullcontext() if mine is settings else settings_applied(mine):  # as eager ran it
+                env[node] = computed[node] = node.target(*args, **kwargs)
+    return env[link.result if link.result is not None else link.nodes[-1]]
+
+
+def _same_layout(value: torch.Tensor, t: torch.Tensor) -> bool:
+    return isinstance(value, torch.Tensor) and value.shape == t.shape and value.dtype == t.dtype \
+        and value.stride() == t.stride() and value.device == t.device
+
+
+def _same(value: torch.Tensor, t: torch.Tensor) -> bool:
+    """``value`` is what materialize put into ``t`` (bits, shape, strides)."""
+    if not _same_layout(value, t):
+        return False
+    if t.is_meta:  # (``self.t = self.w.to("meta")``: no values, in eager either)
+        return value.is_meta
+    a, b = value.detach(), t.detach()
+    if a.dtype == torch.bool:
+        return torch.equal(a, b)
+    return torch.equal(_bytes(a), _bytes(b))
+
+
+def _bytes(x: torch.Tensor) -> torch.Tensor:
+    return x.clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8)

@@ -27,6 +27,7 @@ import torch.fx as fx
 
 from fxinit.autograd_links import Link, roots_written_by
 from fxinit.capture.deferred import RETAINS_GRAD, dressed_as, is_deferred_tensor
+from fxinit.capture.grad_hooks import HOOK_DICTS, backward_hooks, register_hook_dict
 from fxinit.capture.swap import swap
 from fxinit.grad_graphs import graph_signature, signatures_match
 from fxinit.numerics import Settings, settings_applied
@@ -203,9 +204,14 @@ def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor], shared: dict[fx.No
     def value(x: Any) -> Any:
         return env[x] if isinstance(x, fx.Node) else x
 
+    final = backward_hooks(link.tensor)  # (``dressed_as`` carries those)
+    hooks = sorted(((at, i, node, d) for i, node in enumerate(link.nodes) for at, d in node.meta.get(HOOK_DICTS, ())
+                    if d is not final and node not in shared), key=lambda h: h[:2])
     settings = link.settings or Settings(torch.get_default_dtype(), None)
     with settings_applied(settings):
         for node in link.nodes:
+            while hooks and hooks[0][0] <= node.meta["pos"]:  # registered before this op ran
+                _register(hooks.pop(0), env)
             if node in shared:
                 env[node] = computed[node] = shared[node]
                 continue
@@ -220,7 +226,16 @@ def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor], shared: dict[fx.No
             with torch.set_grad_enabled(not node.meta.get("no_grad")), \
                     contextlib.nullcontext() if mine is settings else settings_applied(mine):  # as eager ran it
                 env[node] = computed[node] = node.target(*args, **kwargs)
+    for hook in hooks:
+        _register(hook, env)
     return env[link.result if link.result is not None else link.nodes[-1]]
+
+
+def _register(hook: tuple[int, int, fx.Node, dict], env: dict[fx.Node, Any]) -> None:
+    """A hook dict the capture noted (``HOOK_DICTS``) on the replayed tensor of its node, as it is now."""
+    _, _, node, hooks = hook
+    if isinstance(t := env.get(node), torch.Tensor) and t.grad_fn is not None:
+        register_hook_dict(t, hooks)
 
 
 def _same_layout(value: torch.Tensor, t: torch.Tensor) -> bool:

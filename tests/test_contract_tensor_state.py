@@ -14,6 +14,7 @@ from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 
 import fxinit
 from fxinit.capture import foreach_groups
+from conftest import same_bits
 
 
 def _both(cls: type[nn.Module]) -> tuple[nn.Module, nn.Module]:
@@ -310,3 +311,34 @@ def test_a_kept_tensor_of_a_detached_value_keeps_its_grad_fn() -> None:
     deferred.covar.sum().backward()
     eager.covar.sum().backward()
     assert torch.equal(deferred.raw.grad, eager.raw.grad)
+
+
+@pytest.mark.parametrize("where", ["before_a_write", "before_and_after_a_write", "on_a_temporary", "on_a_kept_one_read"])
+def test_gradient_hooks_registered_where_eager_registers_them(where: str) -> None:
+    """A hook on a tensor computed with autograd stays with the ``grad_fn`` the tensor had when
+    it was registered: ``self.k.register_hook(h)``, then ``self.k.mul_(2)`` with autograd on,
+    runs ``h`` on the gradient of ``k`` before the write (torch's rule), and a hook on a
+    temporary ``k`` was computed from runs in ``k``'s backward. Both were lost: the replay
+    carried only the hooks a kept tensor holds at the end (a review found it)."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            tmp = torch.sigmoid(self.lin.bias)
+            if where == "on_a_temporary":
+                tmp.register_hook(lambda g: g * 10 + 1)
+            if where == "on_a_kept_one_read":
+                self.b0 = tmp
+                self.b0.register_hook(lambda g: g * 10 + 1)
+            self.k = tmp * 2
+            if where.startswith("before"):
+                self.k.register_hook(lambda g: g * 10 + 1)
+            self.k.mul_(3)
+            if where == "before_and_after_a_write":
+                self.k.register_hook(lambda g: g * g)
+
+    eager, deferred = _both(M)
+    for m in (eager, deferred):
+        loss = (m.k * torch.arange(3.0)).sum() + (m.b0.sum() if where == "on_a_kept_one_read" else 0)
+        loss.backward()
+    assert same_bits(deferred.lin.bias.grad, eager.lin.bias.grad), where

@@ -30,6 +30,7 @@ from torch._C import _VariableFunctions as FACTORIES  # torch's own, whatever a 
 
 from fxinit.capture.compiled_calls import IS_COMPILING, refuse_compiled_call
 from fxinit.capture.grad_branches import run_as_eager
+from fxinit.capture.grad_hooks import backward_hooks, note_new_hooks, register_hook_dict
 from fxinit.capture.indices import as_index
 from fxinit.capture.materialized_marks import mark, trace_serial
 from fxinit.capture.moves import PARSE_TO, legacy_type_name, parse_move, shallow_copy_kind, with_index
@@ -90,6 +91,7 @@ _INDEX_SEQUENCES = (list, tuple, range, np.ndarray)
 _HOOK_SLOTS = [getattr(TensorBase, name) for name in ("_backward_hooks", "_post_accumulate_grad_hooks")
                if hasattr(TensorBase, name)]
 _BACKWARD_HOOKS = TensorBase._backward_hooks
+_REGISTER_HOOK = torch.Tensor.register_hook
 _RAW_ACCESS = {
     TensorBase.data_ptr,
     TensorBase.untyped_storage,
@@ -201,9 +203,10 @@ def _carry_over(deferred: torch.Tensor, new: torch.Tensor) -> None:
         for hooks in _HOOK_SLOTS:
             registered = hooks.__get__(deferred)
             if registered:
-                hooks.__set__(new, registered)
-                if hooks is _BACKWARD_HOOKS and new.grad_fn is not None:  # as ``register_hook`` of a non-leaf
-                    new.grad_fn._register_hook_dict(new)
+                if hooks is _BACKWARD_HOOKS:
+                    register_hook_dict(new, registered)
+                else:
+                    hooks.__set__(new, registered)
     if deferred.__dict__.get(RETAINS_GRAD):  # asked again once its ``grad_fn`` is rebuilt (``autograd_links``)
         new.__dict__[RETAINS_GRAD] = True
 
@@ -359,6 +362,11 @@ def deferred_torch_function(func: Any, args: tuple, kwargs: dict) -> Any:
         elif not args[0].requires_grad:  # torch's own refusal, word for word
             raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
         return None
+    elif func is _REGISTER_HOOK and args and is_deferred_tensor(args[0]):
+        before, st = backward_hooks(args[0]), state_of(args[0])
+        handle = _run(func, args, kwargs)
+        note_new_hooks(args[0], before, st.node, st.recorder.recorded_nodes)  # (grad_hooks says why)
+        return handle
     elif func is torch.Tensor.share_memory_ and is_deferred_tensor(args[0]):
         args[0].__dict__[SHARED] = True  # its memory is shared once it has some (``dressed_as``)
         return args[0]

@@ -39,6 +39,7 @@ import torch
 import torch.fx as fx
 
 from fxinit.capture.deferred import is_deferred_tensor, plain_attributes, state_of
+from fxinit.capture.grad_hooks import UNTRACKED
 from fxinit.capture.schema import mutated_arg_indices, schema_value
 from fxinit.grad_graphs import autograd_leaves, graph_signature
 from fxinit.numerics import Settings
@@ -356,8 +357,9 @@ def _walk(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
 
 
 def _last_graded_write(writes: Any, root: fx.Node) -> int:
-    """The position of the last of ``writes`` that ran with autograd on (else ``root``'s)."""
-    return max((w.meta["pos"] for w in writes if not w.meta.get("no_grad")), default=root.meta["pos"])
+    """The position of the last of ``writes`` that autograd saw (else ``root``'s)."""
+    return max((w.meta["pos"] for w in writes if not (w.meta.get("no_grad") or w.meta.get(UNTRACKED))),
+               default=root.meta["pos"])
 
 
 def _position(reader: fx.Node | None) -> float:

@@ -27,7 +27,7 @@ import torch.fx as fx
 
 from fxinit.autograd_links import Link, roots_written_by
 from fxinit.capture.deferred import RETAINS_GRAD, dressed_as, is_deferred_tensor
-from fxinit.capture.grad_hooks import HOOK_DICTS, backward_hooks, register_hook_dict
+from fxinit.capture.grad_hooks import HOOK_DICTS, UNTRACKED, backward_hooks, register_hook_dict
 from fxinit.capture.swap import swap
 from fxinit.grad_graphs import graph_signature, signatures_match
 from fxinit.numerics import Settings, settings_applied
@@ -223,9 +223,13 @@ def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor], shared: dict[fx.No
             args = fx.node.map_aggregate(node.args, value)
             kwargs = fx.node.map_aggregate(node.kwargs, value)
             mine = settings.of(node)
+            written = args[0] if node.meta.get(UNTRACKED) and args and isinstance(args[0], torch.Tensor) else None
+            if written is not None:  # through ``.data``: autograd saw nothing, nor does the version change
+                args = (written.data, *args[1:])
             with torch.set_grad_enabled(not node.meta.get("no_grad")), \
                     contextlib.nullcontext() if mine is settings else settings_applied(mine):  # as eager ran it
-                env[node] = computed[node] = node.target(*args, **kwargs)
+                out = node.target(*args, **kwargs)
+            env[node] = computed[node] = out if written is None else written
     for hook in hooks:
         _register(hook, env)
     return env[link.result if link.result is not None else link.nodes[-1]]

@@ -38,6 +38,7 @@ from fxinit.capture.deferred import STATE_ATTR, DeferredState, DeferredTensor, i
 from fxinit.capture.devices import CPU, META, default_device, device_available, output_device
 from fxinit.capture.doors import Doors, open_doors_after_trace
 from fxinit.capture.grad_branches import eager_arguments
+from fxinit.capture.grad_hooks import note_untracked
 from fxinit.capture.layouts import eager_layout
 from fxinit.capture.materialized_marks import TRACE_SERIALS
 from fxinit.capture.names import TraceNames
@@ -191,15 +192,13 @@ class Recorder(Shadows, Doors):
         return t
 
     def _detached(self, t: torch.Tensor) -> torch.Tensor:
-        """``t.detach()`` of a ``t`` that requires no grad: a new tensor object for the same value,
-        so the same node (every ``nn.Parameter(...)`` detaches: a node each would be a quarter of
-        a model's graph). Of one that requires grad it is a node: the ops that rebuild a kept
-        tensor's ``grad_fn`` (``autograd_links``) must see where eager's gradients stop
-        (botorch's ``PairwiseGP``: ``covar * outputscale.detach()``)."""
+        """``t.detach()`` of a ``t`` that requires no grad: a new tensor object for the same value, so the
+        same node (every ``nn.Parameter(...)`` detaches: a node each would be a quarter of a model's graph).
+        Of one that requires grad it is a node: the ops that rebuild a kept tensor's ``grad_fn``
+        (``autograd_links``) must see where eager's gradients stop (botorch's ``covar * scale.detach()``)."""
         with torch._C._DisableTorchDispatch():
             meta = aten.detach.default(t)
-        st = state_of(t)
-        return self._deferred(meta, st.node, st.device)  # the node's spec holds for the same view
+        return self._deferred(meta, state_of(t).node, state_of(t).device)  # the node's spec holds for the same view
 
     def _node(self, target: Any, args: tuple, kwargs: dict, op: str = "call_function") -> fx.Node:
         # Arguments are set after creation: create_node would walk them with torch's general
@@ -541,6 +540,7 @@ class Recorder(Shadows, Doors):
                                            lambda: draw_for_real(self, func, args, kwargs, device))
         node = self._node(func, gargs, gkwargs)
         node.meta.update(reads=reads, mutates=mutates, overwrites=self._overwrites(func, inputs, mutated_objs))
+        note_untracked(node.meta, inputs)
         if random:
             node.meta["generators"] = {"gen" if takes_generator(func) else f"default:{device}": key}
 

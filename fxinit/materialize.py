@@ -160,11 +160,12 @@ def _refuse_changing_wrappers(inner: list[tuple[torch.Tensor, str]], device: tor
 def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dict[int, list[Location]]) -> None:
     # Tensors computed with autograd (a weight_norm'ed ``weight``) hold references to the
     # parameters they came from, and views (``x = w[1:3]``) to their base: swapping them
-    # first releases those references; the ones computed last first, as they may hold
-    # earlier ones (``t = w * b`` holds ``b = w * 2``).
+    # first releases those references; of the first, the ones computed last first, as they
+    # may hold earlier ones, views too (``t = w * b`` holds ``b = w * 2``, ``w[1] * b`` its view).
     with plain_attributes():
-        order = sorted(range(len(tensors)), key=lambda i: (tensors[i].grad_fn is None, not tensors[i]._is_view(),
-                                                           -state_of(tensors[i]).node.meta.get("pos", 0)))
+        order = sorted(range(len(tensors)), key=lambda i: (
+            tensors[i].grad_fn is None, tensors[i].grad_fn is None and not tensors[i]._is_view(),
+            -state_of(tensors[i]).node.meta.get("pos", 0)))
         grads = [(t, g) for t in tensors if (g := deferred_grad(t)) is not None]
         for t, _ in grads:
             t.grad = None  # the gradient's own swap needs its only reference; set again below

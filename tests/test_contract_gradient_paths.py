@@ -689,3 +689,28 @@ def test_a_write_autograd_did_not_see_is_not_replayed_with_autograd(write: str) 
     assert type(traced.b0.grad_fn) is type(eager.b0.grad_fn)
     grads = [torch.autograd.grad((m.b0 * torch.arange(3.0, dtype=torch.float64)).sum(), [m.w1]) for m in (eager, traced)]
     assert same_bits(grads[1][0], grads[0][0])
+
+
+def test_a_kept_view_a_later_kept_tensor_was_computed_from_is_swapped_after_it() -> None:
+    """``b1 = w[1]`` kept, ``b2 = b1 * b0[0]`` kept: the capture's ``grad_fn`` of ``b2`` saved ``b1``,
+    which was swapped first (views went before other kept tensors), so its swap and then the
+    parameter's failed ("could not swap in place"), ``m.w`` stayed deferred for other holders, and
+    all three lost their ``grad_fn`` (warned; found by a review)."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(3, 3))
+            self.b0 = self.w * 2
+            with torch.no_grad():
+                self.w.mul_(2)
+            self.b1 = self.w[1]
+            self.b2 = self.b1 * self.b0[0]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        eager, traced = _both(M)
+    for name in ("b0", "b1", "b2"):
+        assert type(getattr(traced, name).grad_fn) is type(getattr(eager, name).grad_fn), name
+    assert traced.b1._is_view() and traced.b1._base is traced.w
+    grads = [torch.autograd.grad(m.b2.sum() + m.b0.sum(), [m.w]) for m in (eager, traced)]
+    assert same_bits(grads[1][0], grads[0][0])

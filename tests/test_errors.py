@@ -606,3 +606,30 @@ def test_init_graph_of_a_lazy_module_before_its_dry_run_is_refused_by_name() -> 
         fxinit.init_graph(m)
     fxinit.dry_run(m, torch.zeros(1, 4))
     assert set(fxinit.init_graph(m).materialize()) == {"0.weight", "0.bias", "1.weight", "1.bias"}
+
+
+def _native_first(t: torch.Tensor) -> torch.Tensor:
+    """Stands for a C/C++ extension function (pybind11): it reads ``t``'s memory with no torch
+    hook seeing the call, and torch raises this when the memory is a deferred tensor's (checked
+    with a ``load_inline`` extension and torch-harmonics' ``disco_helpers.preprocess_psi``)."""
+    if fxinit.is_deferred(t):
+        raise RuntimeError("The tensor has a non-zero number of elements, but its data is not allocated yet.\n"
+                           "If you're using torch.compile/export/fx, it is likely that we are erroneously tracing "
+                           "into a custom kernel.")
+    return t[:1].clone()
+
+
+def test_native_code_reading_a_deferred_tensor_is_refused_with_the_calling_line() -> None:
+    """A C/C++ extension called on a deferred tensor in a constructor: torch's own error named
+    nothing of the caller's (a torch-harmonics sweep: every DISCO convolution built with its
+    optimized kernel)."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            w = torch.randn(4)
+            self.register_buffer("b", _native_first(w))
+
+    M()
+    with pytest.raises(fxinit.DeferredInitError, match="native code outside torch's ops") as caught:
+        fxinit.trace_init(M)
+    assert "test_errors.py" in caught.value.source and "after fxinit.materialize" in str(caught.value)

@@ -16,6 +16,7 @@ from fxinit.capture.foreach_groups import deferred_devices
 from fxinit.capture.lazy import lazy_module_support
 from fxinit.capture.legacy_types import legacy_type_refusal, legacy_types
 from fxinit.capture.modes import active_modes
+from fxinit.capture.native_reads import native_read_refusal
 from fxinit.capture.post_import import run_pending
 from fxinit.capture.provenance import source_lines_scope
 from fxinit.capture.real_storages import real_storages
@@ -46,7 +47,7 @@ def _capturing(recorder: Recorder) -> Iterator[None]:
                 legacy_types(), fmode, dmode, lazy_module_support(recorder):
             yield
     except Exception as exc:
-        refusal = compiled_call_refusal(exc) or legacy_type_refusal(exc)
+        refusal = compiled_call_refusal(exc) or legacy_type_refusal(exc) or native_read_refusal(exc)
         if refusal is None:
             raise
         raise refusal from exc

@@ -68,6 +68,9 @@ def raw_bytes(t: torch.Tensor) -> torch.Tensor:
                           raw_bytes(t._values())])
     if t.device.type != "cpu":
         t = t.cpu()
+    if t.is_conj() or t.is_neg():  # (a lazy conjugate or negative view: its flags, then its values)
+        flags = torch.tensor([t.is_conj(), t.is_neg()], dtype=torch.uint8)
+        return torch.cat([flags, raw_bytes(t.resolve_conj().resolve_neg())])
     flat = t.contiguous().reshape(-1)
     if flat.dtype == torch.bool:
         flat = flat.to(torch.uint8)

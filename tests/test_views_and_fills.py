@@ -250,3 +250,25 @@ def test_real_tensors_whose_elements_share_memory() -> None:
     fxinit.dry_run(m, x, index)
     fxinit.materialize(m)
     assert torch.equal(m.lin.weight, eager.lin.weight) and torch.equal(m(x, index), want)
+
+
+class _ComplexWeights(nn.Module):
+    """Spectral layers (neuraloperator, torch-harmonics) keep complex parameters, and views of
+    them that are lazy conjugates: their bits and their conj flag are eager's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 4, dtype=torch.cfloat) * 0.5)
+        with torch.no_grad():
+            torch.view_as_real(self.w)[..., 1].uniform_(-1, 1)
+            self.w.imag[0].zero_()
+        self.register_buffer("conj", self.w.detach().conj())
+        self.register_buffer("spectrum", torch.fft.rfft(torch.randn(8)))
+
+
+@pytest.mark.parametrize("post", [None, "cdouble"])
+def test_complex_weights_and_conjugate_views(post: str | None) -> None:
+    assert_same_as_eager(_ComplexWeights, post=None if post is None else lambda m: m.to(torch.cdouble))
+    m = fxinit.trace_init(_ComplexWeights)
+    fxinit.materialize(m)
+    assert m.conj.is_conj() and m.conj.untyped_storage().data_ptr() == m.w.untyped_storage().data_ptr()

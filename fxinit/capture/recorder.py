@@ -467,9 +467,9 @@ class Recorder(Shadows, Doors):
                 raise self.fail(
                     "tensors from two different fxinit traces were combined in one op",
                     op=str(func),
-                    hint="materialize one of them first, or construct both under one trace_init; a cache that "
-                         "outlives a trace (functools.lru_cache, a module-level dict) may hold a tensor of an earlier "
-                         "one: clear it before tracing",
+                    hint="a cache that outlives a trace (functools.lru_cache, a module-level dict) may hold a tensor "
+                         "of an earlier one, also once that model is materialized: clear it before tracing "
+                         "(f.cache_clear()); else materialize one of them first, or construct both under one trace_init",
                 )
             return x
 

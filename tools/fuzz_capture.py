@@ -32,6 +32,7 @@ import collections
 import dataclasses
 import sys
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,6 +79,7 @@ class Search:
         self.found: list[Found] = []
         self.target: tuple[str, str] | None = None  # (category, signature) being shrunk
         self.last: fp.Hole | None = None
+        self.crashed: fp.Program | None = None  # the program the harness itself failed on
         self.budget = 0
         self.include_known = False  # also programs of WHOLE_ORDER_ONLY's kinds materialized in parts
 
@@ -123,6 +125,9 @@ class Search:
             if self.verbose:
                 print(f"  [{self.run}] new hole {sig!r}: shrinking...", flush=True)
             raise
+        except Exception:  # the harness's own failure (the oracle, an unforeseen program): shown with it
+            self.crashed = program
+            raise
         if not shrinking:
             self.counts[outcome.status] += 1
             if outcome.status == "refused":
@@ -149,8 +154,12 @@ class Search:
             prop()
         except fp.Hole:
             return self.last
-        except Exception as exc:  # hypothesis' own complaints (e.g. too many invalid examples)
+        except Exception as exc:  # hypothesis' own complaints (e.g. too many invalid examples), the harness's
             print(f"  round {round_seed}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            if self.crashed is not None:
+                where = traceback.extract_tb(exc.__traceback__)[-1]
+                print(f"    raised at {where.filename}:{where.lineno} by the program:\n{self.crashed.to_source()}")
+                self.crashed = None
         return None
 
 

@@ -73,6 +73,7 @@ class Link:
     written: frozenset[fx.Node] = frozenset()  # leaves the ops write in place (constants: copied first)
     eager: str = ""  # eager's grad_fn and where the tensor was computed (a warning's words where it is lost)
     settings: Settings | None = None  # torch's settings the trace recorded ``nodes`` under (``fxinit.numerics``)
+    cast_to: torch.dtype | None = None  # ``materialize(dtype=)`` casts ``tensor``: eager's ``Module.to`` did, with autograd
 
 
 @dataclass
@@ -91,6 +92,7 @@ class _Inputs:
     # leaves eager's ``grad_fn`` reaches that ``.data = real`` made real since (by ``id`` of what the
     # capture's autograd holds: the deferred tensor each was) -> the object each is now (``now_real``)
     successors: dict[int, torch.Tensor] = field(default_factory=dict)
+    cast: AbstractSet[int] = frozenset()  # tensors (by ``id``) ``materialize(dtype=)`` casts, as ``Module.to`` would
 
     def preferring(self, leaves: AbstractSet[int]) -> _Inputs:
         """These inputs, a node that several parameters stand for standing for the one among
@@ -109,10 +111,14 @@ class _Inputs:
 ValueOf = Callable[[Any, fx.Node, fx.Node], torch.Tensor]
 
 
-def plan_links(tensors: list[torch.Tensor], value_of: ValueOf | None = None) -> list[Link]:
+def plan_links(tensors: list[torch.Tensor], value_of: ValueOf | None = None,
+               cast: AbstractSet[int] = frozenset(), dtype: torch.dtype | None = None) -> list[Link]:
     """The links of the derived tensors among ``tensors`` that can be rebuilt (before the
     swap); ``value_of`` gives the inputs eager's ops read that nothing can replay (a
-    parameter as it was before a later write, a random or written temporary)."""
+    parameter as it was before a later write, a random or written temporary). ``cast``: the
+    tensors (by ``id``) ``materialize(dtype=dtype)`` casts, as eager's ``Module.to(dtype)``
+    after construction: its parameters are rebound since the ops ran (``.data =``), and a kept
+    buffer is ``.to(dtype)`` of its value then, with autograd (``ToCopyBackward0``)."""
     with plain_attributes():
         derived = [t for t in tensors if t.grad_fn is not None]
     if not derived:
@@ -127,13 +133,18 @@ def plan_links(tensors: list[torch.Tensor], value_of: ValueOf | None = None) -> 
     for t, reaches in zip(derived, leaves_of):
         rec = state_of(t).recorder
         if id(rec) not in by_recorder:
-            by_recorder[id(rec)] = _inputs(rec, tensors, reached, list(swapped.values()))
+            by_recorder[id(rec)] = dataclasses.replace(_inputs(rec, tensors, reached, list(swapped.values())),
+                                                       cast=cast)
         mine = {id(swapped[id(p)][1] if id(p) in swapped else p) for p in reaches}
         inputs = by_recorder[id(rec)].preferring(mine)
-        link = _view_link(t, inputs.parameters) or _link(t, reaches, inputs,
-                                                         None if value_of is None else functools.partial(value_of, rec))
+        link = (None if id(t) in cast else _view_link(t, inputs.parameters)) or _link(
+            t, reaches, inputs, None if value_of is None else functools.partial(value_of, rec))
         if link is None:
             link = Link(t, [], {})  # none: it keeps its value, as a leaf (``relink`` says so)
+        if id(t) in cast:
+            each: Link | None = link
+            while each is not None:
+                each.cast_to, each = dtype, each.fallback
         link.reached = tuple({id(p): p for p in link.leaves.values() if id(p) in mine}.values())
         link.eager = _eager_words(t)
         link.settings = Settings(rec.default_dtype, rec.numerics)
@@ -252,6 +263,8 @@ def _link(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
         signature = [("AccumulateGrad", id(inputs.successors[entry[1]]), *entry[2:])
                      if entry and entry[0] == "AccumulateGrad" and entry[1] in inputs.successors else entry
                      for entry in signature]
+    if inputs.cast:
+        signature = _cast_since(signature, inputs.cast, id(t) in inputs.cast)
     walk = functools.partial(_walk, t, reaches, inputs, value_of, signature)
     without = walk(False)
     with_writes = walk(True)
@@ -260,6 +273,19 @@ def _link(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
         return without
     with_writes.fallback = without
     return with_writes
+
+
+def _cast_since(signature: list, cast: AbstractSet[int], itself: bool) -> list:
+    """Eager's ``grad_fn`` graph once ``Module.to(dtype)`` ran after construction: a cast
+    parameter's ``.data =`` started another ``AccumulateGrad``, so the graph reaches the one left
+    behind, and a cast buffer (``itself``) is a ``ToCopyBackward0`` of what it was."""
+    out = [("AccumulateGrad", entry[1], False) if entry and entry[0] == "AccumulateGrad" and entry[1] in cast
+           and entry[2:] == (True,) else entry for entry in signature]
+    if not itself or not out:
+        return out
+    shifted = [entry if not entry or entry[0] == "AccumulateGrad" else (entry[0], tuple(None if i is None else i + 1 for i in entry[1]))
+               for entry in out]
+    return [("ToCopyBackward0", (1,)), *shifted]
 
 
 def _walk(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
@@ -297,15 +323,17 @@ def _walk(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
             # written after eager's op read it (the kept tensor itself: ``overwritten``)
             stale = reader is not None and inputs.written.get(storage_root(node), -1) > reader.meta["pos"]
             param = _as_parameter(node, mine)
-            then = param is not None and (stale or node is not state_of(param).node)  # written or rebound since
+            then = param is not None and (stale or node is not state_of(param).node  # written or rebound since
+                                          or id(param) in inputs.cast)
             if param is not None and id(param) in inputs.successors:  # made real since: rebound
                 param, then = inputs.successors[id(param)], True
             if param is not None and (not then or id(param) in materialized):
                 if then and value_of is None:
                     return None
                 leaves[node] = param
-                if then:
-                    earlier[node] = reader  # type: ignore[assignment]
+                if then:  # (read by ``t`` itself, a view of it: its value now, after every write)
+                    earlier[node] = reader if reader is not None else max(
+                        inputs.writes.get(storage_root(node), [node]), key=lambda w: w.meta["pos"])
                 continue
             if node in inputs.held and not stale and node is not end:  # (``t`` itself: an alias of it is held,
                 leaves[node] = inputs.held[node]                         # ``Parameter(t, requires_grad=False)``)

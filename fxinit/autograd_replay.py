@@ -232,7 +232,8 @@ def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor], shared: dict[fx.No
             env[node] = computed[node] = out if written is None else written
     for hook in hooks:
         _register(hook, env)
-    return env[link.result if link.result is not None else link.nodes[-1]]
+    result = env[link.result if link.result is not None else link.nodes[-1]]
+    return result if link.cast_to is None else result.to(link.cast_to)  # (eager's ``Module.to``, autograd on)
 
 
 def _register(hook: tuple[int, int, fx.Node, dict], env: dict[fx.Node, Any]) -> None:

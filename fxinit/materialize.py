@@ -264,7 +264,8 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
             values += [_empty_like(t, target, dtype if casts(t) else None)
                        .copy_(loaded[id(t)]()) for t in direct]
         plan.append((rest + direct, values))
-    links = plan_links(tensors, value_of_at_read(target, seed, compile) if init else None)
+    links = plan_links(tensors, value_of_at_read(target, seed, compile) if init else None,
+                       {id(t) for t in tensors if casts(t)} if dtype is not None else frozenset(), dtype)
     apart = buffer_slots_apart([t for t in tensors if id(t) not in uncast], where, dtype)
     holders = weakref_holders(where, [*tensors, *(link.tensor for link in links)])
     with weak_references_dropped(holders):

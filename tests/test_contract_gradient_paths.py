@@ -714,3 +714,38 @@ def test_a_kept_view_a_later_kept_tensor_was_computed_from_is_swapped_after_it()
     assert traced.b1._is_view() and traced.b1._base is traced.w
     grads = [torch.autograd.grad(m.b2.sum() + m.b0.sum(), [m.w]) for m in (eager, traced)]
     assert same_bits(grads[1][0], grads[0][0])
+
+
+class _KeptAndCast(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+        self.register_buffer("b", self.w * 3)
+        self.register_buffer("v", self.w[1:])
+        self.k = self.w.exp()  # a plain attribute: ``Module.to`` leaves it as it is
+        self.lin = nn.utils.weight_norm(nn.Linear(3, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_materialize_with_a_dtype_rebuilds_eagers_graphs_after_module_to(dtype: torch.dtype) -> None:
+    """``materialize(m, dtype=...)`` is eager's construction then ``Module.to(dtype)``: a kept buffer
+    is ``ToCopyBackward0`` of the graph it had, a plain attribute keeps its graph, and both reach
+    the parameters' ``AccumulateGrad`` that the cast left behind, as eager's do. They lost their
+    ``grad_fn`` instead (warned): the replay ran in the new dtype."""
+    torch.manual_seed(0)
+    eager = _KeptAndCast().to(dtype)
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(_KeptAndCast)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fxinit.materialize(traced, dtype=dtype)
+    for name in ("b", "v", "k", "lin.weight"):
+        a, b = eager.get_submodule(name.rpartition(".")[0]), traced.get_submodule(name.rpartition(".")[0])
+        a, b = getattr(a, name.rpartition(".")[2]), getattr(b, name.rpartition(".")[2])
+        assert same_bits(b, a) and type(b.grad_fn) is type(a.grad_fn), name
+    for m in (eager, traced):
+        (m.b.double().sum() + m.v.double().sum() + m.k.double().sum()).backward()
+        with pytest.raises(RuntimeError, match="expected scalar type"):  # eager's saved g and v were cast
+            m.lin.weight.sum().backward()
+    for a, b in zip(eager.parameters(), traced.parameters()):
+        assert (a.grad is None) == (b.grad is None) and (a.grad is None or same_bits(b.grad, a.grad))

@@ -4,6 +4,7 @@ per-op draw counts must agree with what the installed torch really does."""
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import pytest
 import torch
@@ -177,3 +178,41 @@ def test_written_characteristic_polynomial_is_the_one_berlekamp_massey_finds() -
     if lib is None:
         pytest.fail("the native kernels did not build; jumps need them")
     assert lib.fxinit_mt_charpoly_matches() == 1
+
+
+@pytest.mark.parametrize("read", ["get_state", "clone_state", "deepcopy"])
+def test_a_state_read_from_the_generator_itself_in_a_constructor_is_eagers(read: str) -> None:
+    """``torch.default_generator.get_state()`` (or ``clone_state()``, ``copy.deepcopy``)
+    right after a large draw, which the capture skips lazily: the copy held fxinit's placeholder,
+    and used after the trace (a draw from the clone, the state put back) it drew other numbers
+    than eager's, silently (an RNG hunt found it). The generator type's reads now set the true
+    state first, during the capture only."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("big", torch.randn(1000))  # skipped lazily
+            gen = torch.default_generator
+            if read == "get_state":
+                self.saved = gen.get_state()
+            elif read == "clone_state":
+                self.saved = gen.clone_state()
+            else:
+                self.saved = copy.deepcopy(gen)
+            self.lin = nn.Linear(4, 4)
+
+    def after(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(m.saved, torch.Tensor):
+            torch.default_generator.set_state(m.saved)
+            return torch.randn(5), torch.get_rng_state()
+        return torch.randn(5, generator=m.saved), torch.get_rng_state()
+
+    torch.manual_seed(0)
+    eager = after(M())
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(M)
+    got = after(traced)
+    assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+    assert type(torch._C.Generator.__dict__["get_state"]).__name__ == "method_descriptor"  # torch's own again
+    fxinit.materialize(traced)
+    torch.manual_seed(0)
+    assert torch.equal(traced.big, M().big)

@@ -20,18 +20,24 @@ true state before its first recorded draw).
 
 The doors through which real code could see a placeholder are closed while a scope is
 active: ``torch.get_rng_state`` is patched at the level of its code object, so a
-reference imported before fxinit reaches the patch too; starting a thread sets the true
+reference imported before fxinit reaches the patch too; the generator type's own reads
+(``get_state``, ``clone_state``, ``graphsafe_get_state``, and ``__reduce__`` and
+``__getstate__``, which ``copy.deepcopy`` and pickling call) set the true state first when
+they read the default generator (``torch._C.Generator`` is a static type: its dict is
+written directly, as the attribute cache then is told); starting a thread sets the true
 state first, and no skip is lazy while a thread started inside the scope is alive (it may
 draw from the generator at any time; threads that were running before the capture began
-are taken not to draw during it). What stays open is printing or hashing the bytes of
-``torch.default_generator.get_state()`` read directly inside the constructor: the C
-method cannot be patched.
+are taken not to draw during it). A placeholder read so used to leave the constructor in
+a copy, and to draw other numbers after the trace, silently. Where the type cannot be
+written, no skip is lazy.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
+import gc
 import os
 import struct
 import threading
@@ -49,6 +55,11 @@ _patch_lock = threading.Lock()
 _GET_RNG_STATE = torch.random.get_rng_state  # torch.get_rng_state is the same function
 _ORIGINAL_CODE = _GET_RNG_STATE.__code__
 _ORIGINAL_THREAD_START = threading.Thread.start
+_GENERATOR = torch._C.Generator
+#: the generator type's methods that read a state out (the default generator's: made true first)
+_READS = {name: getattr(_GENERATOR, name) for name in (
+    "get_state", "clone_state", "graphsafe_get_state", "__getstate__", "__reduce__") if name in vars(_GENERATOR)}
+_RAW_GET_STATE = _READS["get_state"]
 _started: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()  # threads started inside a scope
 
 
@@ -65,7 +76,7 @@ class LazyCpuGenerator:
     def position(self) -> Snapshot:
         """The state eager's default CPU generator has now."""
         with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
-            real = torch.default_generator.get_state()
+            real = _RAW_GET_STATE(torch.default_generator)
             pending = self._marks.get(_marker(real))
         return pending if pending is not None else RngSnapshot("cpu", real)
 
@@ -75,7 +86,7 @@ class LazyCpuGenerator:
         self._count += 1
         mark = struct.pack("=4Q", *self._base, self._count & 0xFFFFFFFF)
         with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
-            state = torch.default_generator.get_state()
+            state = _RAW_GET_STATE(torch.default_generator)
             start = self._marks.get(_marker(state))
             if start is None:
                 start = RngSnapshot("cpu", state.clone())
@@ -87,7 +98,7 @@ class LazyCpuGenerator:
     def flush(self) -> None:
         """Set the real generator to the true state (before real draws, and at the end)."""
         with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
-            pending = self._marks.get(_marker(torch.default_generator.get_state()))
+            pending = self._marks.get(_marker(_RAW_GET_STATE(torch.default_generator)))
             if pending is not None:
                 torch.default_generator.set_state(pending.state)
 
@@ -100,6 +111,7 @@ class LazyCpuGenerator:
             if len(_active) == 1:
                 _GET_RNG_STATE.__code__ = _get_rng_state_code()
                 threading.Thread.start = _start_thread  # type: ignore[method-assign]
+                _set_generator_reads(_FLUSHING_READS)
         try:
             yield
         finally:
@@ -108,12 +120,13 @@ class LazyCpuGenerator:
                 if not _active:
                     _GET_RNG_STATE.__code__ = _ORIGINAL_CODE
                     threading.Thread.start = _ORIGINAL_THREAD_START  # type: ignore[method-assign]
+                    _set_generator_reads(_READS)
             self.flush()
 
     @property
     def active(self) -> bool:
         """Skips may be lazy: this scope is active and no other Python thread could draw."""
-        return self in _active and not (_started and any(t.is_alive() for t in list(_started)))
+        return self in _active and _READS_CLOSED[0] and not (_started and any(t.is_alive() for t in list(_started)))
 
     def true_snapshot(self, gen: torch.Generator) -> RngSnapshot:
         """``gen``'s state, read once; where it holds one of this capture's placeholders (copied
@@ -158,3 +171,38 @@ def _start_thread(self: threading.Thread) -> None:
     flush_active()
     _started.add(self)
     _ORIGINAL_THREAD_START(self)
+
+
+def _flushing(read: "types.MethodDescriptorType") -> "types.FunctionType":
+    """``read`` of the generator type, setting the true state first where it reads the default generator."""
+    @functools.wraps(read)
+    def flushing_read(self: torch.Generator, *args: object, **kwargs: object) -> object:
+        if self is torch.default_generator:
+            flush_active()
+        return read(self, *args, **kwargs)
+    return flushing_read
+
+
+_FLUSHING_READS = {name: _flushing(read) for name, read in _READS.items()}
+_READS_CLOSED = [True]  # whether the reads could be patched (else no skip is lazy)
+
+
+def _set_generator_reads(reads: dict) -> None:
+    """Put ``reads`` in the generator type's dict (a static type: through its real dict)."""
+    if not _READS_CLOSED[0]:
+        return
+    try:
+        _write_type_dict(reads)
+        taken = all(getattr(_GENERATOR, name) is read for name, read in reads.items())
+    except Exception:  # noqa: BLE001
+        taken = False
+    if not taken:
+        _READS_CLOSED[0] = False
+        with contextlib.suppress(Exception):
+            _write_type_dict(_READS)
+
+
+def _write_type_dict(reads: dict) -> None:
+    real_dict = next(d for d in gc.get_referents(_GENERATOR.__dict__) if isinstance(d, dict))
+    real_dict.update(reads)
+    ctypes.pythonapi.PyType_Modified(ctypes.py_object(_GENERATOR))  # (its attribute cache)

@@ -71,8 +71,8 @@ def compiled_call_refusal(exc: Exception) -> DeferredInitError | None:
         tb = tb.tb_next
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return DeferredInitError(
-        f"a torch.compile'd function was called on deferred tensors while they were traced "
-        f"(torch.compile: {type(exc).__name__}: {first[:200]})",
+        f"a torch.compile'd function ran while the constructor was traced: Dynamo compiles through fxinit's "
+        f"capture, which it cannot (torch.compile's own words, which vary: {type(exc).__name__}: {first[:200]})",
         source=site,
         hint="call the function uncompiled in the constructor (its compiled kernels may round otherwise than "
              "the ops fxinit records), or call it after fxinit.materialize")

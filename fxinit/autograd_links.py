@@ -139,7 +139,7 @@ def plan_links(tensors: list[torch.Tensor], value_of: ValueOf | None = None,
         inputs = by_recorder[id(rec)].preferring(mine)
         link = (None if id(t) in cast else _view_link(t, inputs.parameters)) or _link(
             t, reaches, inputs, None if value_of is None else functools.partial(value_of, rec))
-        if link is None:
+        if link is None or (id(t) in cast and _regenerated_by_its_cast(t, inputs)):
             link = Link(t, [], {})  # none: it keeps its value, as a leaf (``relink`` says so)
         if id(t) in cast:
             each: Link | None = link
@@ -203,7 +203,7 @@ def _inputs(rec: Any, tensors: list[torch.Tensor], reached: AbstractSet[int] = f
     writes: dict[fx.Node, list[fx.Node]] = {}
     for n in rec.graph.nodes:
         if n.meta.get("mutates"):
-            for root in _written_roots(n):
+            for root in written_roots(n):
                 written[root] = max(written.get(root, -1), n.meta["pos"])
                 writes.setdefault(root, []).append(n)
     return _Inputs(parameters, held, rec.constants, written, rec.lifted_with_grad, aliased, writes, successors)
@@ -211,10 +211,10 @@ def _inputs(rec: Any, tensors: list[torch.Tensor], reached: AbstractSet[int] = f
 
 def roots_written_by(nodes: list[fx.Node]) -> set[fx.Node]:
     """The storage roots the in-place ops among ``nodes`` write."""
-    return {root for n in nodes if writes_first_argument(n) for root in _written_roots(n)}
+    return {root for n in nodes if writes_first_argument(n) for root in written_roots(n)}
 
 
-def _written_roots(n: fx.Node) -> set[fx.Node]:
+def written_roots(n: fx.Node) -> set[fx.Node]:
     """The storage roots the recorded op ``n`` writes: the arguments its schema marks written
     (``y.add_(x)`` writes ``y``, reads ``x``), or, where that cannot be told, all it reads."""
     if getattr(n.target, "_schema", None) is not None:
@@ -273,6 +273,14 @@ def _link(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
         return without
     with_writes.fallback = without
     return with_writes
+
+
+def _regenerated_by_its_cast(t: torch.Tensor, inputs: _Inputs) -> bool:
+    """Whether ``t`` is a view whose base was written after it was made: eager's ``Module.to``
+    reads it after casting the parameters, which regenerates its function from the parameter as
+    it is then; the replay cannot tell which ``AccumulateGrad`` that reaches, so it does not guess."""
+    node = state_of(t).node
+    return is_view(node) and inputs.written.get(storage_root(node), -1) > node.meta["pos"]
 
 
 def _cast_since(signature: list, cast: AbstractSet[int], itself: bool) -> list:

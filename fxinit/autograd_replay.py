@@ -18,6 +18,7 @@ that saved the parameter raises; this one runs).
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
 from collections import Counter
 from typing import AbstractSet, Any, Sequence
@@ -25,7 +26,7 @@ from typing import AbstractSet, Any, Sequence
 import torch
 import torch.fx as fx
 
-from fxinit.autograd_links import Link, roots_written_by
+from fxinit.autograd_links import Link, roots_written_by, written_roots
 from fxinit.capture.deferred import RETAINS_GRAD, dressed_as, is_deferred_tensor
 from fxinit.capture.grad_hooks import HOOK_DICTS, UNTRACKED, backward_hooks, register_hook_dict
 from fxinit.capture.swap import swap
@@ -44,6 +45,7 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
     the earlier tensors it read, and swapping those waits until it is gone."""
     rebuilt = []
     lost = []
+    _REGISTERED.ids = []
     shared: dict[fx.Node, Any] = {}  # what the ops of rebuilt tensors computed, unwritten: later ones read it
     holders = Counter(p for p in map(_memory, made) if p) if links else Counter()
     for link in sorted(links, key=_made):
@@ -66,6 +68,12 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
             value.data = link.tensor.data  # the same bits: its memory, which others may share (an alias)
         shared.update((n, v) for n, v in computed.items() if storage_root(n) not in written)
         rebuilt.append((link.tensor, value))
+    _warn_hooks_run_on_parts(Counter(_REGISTERED.ids) + Counter(
+        id(d) for t, _ in rebuilt if (d := backward_hooks(t)) is not None))
+    kept = {id(t) for t, _ in rebuilt}
+    for link in links:
+        if id(link.tensor) not in kept:
+            link.tensor.__dict__.pop(RETAINS_GRAD, None)  # (a leaf now: it retains nothing more)
     if lost:
         warnings.warn(f"fxinit: {len(lost)} tensor(s) computed with autograd from parameters keep eager's values but "
                       f"not eager's grad_fn ({'; '.join(lost[:3])}{' ...' if len(lost) > 3 else ''}), so a backward "
@@ -120,9 +128,11 @@ def _replayed(link: Link | None, shared: dict[fx.Node, Any], written: AbstractSe
     storages its own ops write (``written``); where that replay is not eager's (a view over
     memory another tensor holds), it runs again from the parameters alone."""
     first = link
+    registered = len(_REGISTERED.ids)
     while link is not None:
         for reading in (shared, {}) if shared else (shared,):
             env: dict[fx.Node, Any] = {}
+            del _REGISTERED.ids[registered:]  # (those of a replay not taken)
             try:
                 with torch.enable_grad():
                     given = {n: v for n, v in reading.items() if storage_root(n) not in written} \
@@ -142,6 +152,7 @@ def _replayed(link: Link | None, shared: dict[fx.Node, Any], written: AbstractSe
             except Exception:  # noqa: BLE001
                 pass
         link = link.fallback
+    del _REGISTERED.ids[registered:]
     return None
 
 
@@ -206,7 +217,8 @@ def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor], shared: dict[fx.No
 
     final = backward_hooks(link.tensor)  # (``dressed_as`` carries those)
     hooks = sorted(((at, i, node, d) for i, node in enumerate(link.nodes) for at, d in node.meta.get(HOOK_DICTS, ())
-                    if d is not final and node not in shared), key=lambda h: h[:2])
+                    if d is not final and node not in shared and not _regenerated_since(node, at, link.nodes)),
+                   key=lambda h: h[:2])
     settings = link.settings or Settings(torch.get_default_dtype(), None)
     with settings_applied(settings):
         for node in link.nodes:
@@ -236,11 +248,38 @@ def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor], shared: dict[fx.No
     return result if link.cast_to is None else result.to(link.cast_to)  # (eager's ``Module.to``, autograd on)
 
 
+def _regenerated_since(node: fx.Node, at: int, replayed: list[fx.Node]) -> bool:
+    """Whether eager gave the view ``node`` another ``grad_fn`` after position ``at``, dropping the
+    hooks registered on the one before: a write to its storage under no_grad that the replay does
+    not run (it regenerates the view's function; one the replay runs does so here too)."""
+    if not is_view(node):
+        return False
+    root = storage_root(node)
+    return any(w.meta.get("mutates") and w.meta.get("no_grad") and w.meta["pos"] > at and w not in replayed
+               and root in written_roots(w) for w in node.graph.nodes)
+
+
 def _register(hook: tuple[int, int, fx.Node, dict], env: dict[fx.Node, Any]) -> None:
     """A hook dict the capture noted (``HOOK_DICTS``) on the replayed tensor of its node, as it is now."""
     _, _, node, hooks = hook
     if isinstance(t := env.get(node), torch.Tensor) and t.grad_fn is not None:
         register_hook_dict(t, hooks)
+        _REGISTERED.ids.append(id(hooks))
+
+
+#: ``ids``: the hook dicts the replays ``relink`` took registered (by ``id``), per thread
+_REGISTERED = threading.local()
+
+
+def _warn_hooks_run_on_parts(registered: Counter[int]) -> None:
+    """Say so where a hook dict went on more than one rebuilt node: tensors that eager's graphs share
+    one node of, rebuilt apart (a storage written after one read it), run the hook on each part of
+    the gradient, where eager's runs once on their sum (the same for a hook linear in it)."""
+    if any(n > 1 for n in registered.values()):
+        warnings.warn("fxinit: a gradient hook registered on a tensor that several kept tensors were computed from "
+                      "runs on each one's part of the gradient, where eager's runs once on their sum (the same "
+                      "gradient for a hook linear in it, such as a mask or a scale): register it after materialize "
+                      "for eager's (docs/failure-modes.md)", stacklevel=5)
 
 
 def _same_layout(value: torch.Tensor, t: torch.Tensor) -> bool:

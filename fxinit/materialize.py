@@ -161,11 +161,16 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
     # Tensors computed with autograd (a weight_norm'ed ``weight``) hold references to the
     # parameters they came from, and views (``x = w[1:3]``) to their base: swapping them
     # first releases those references; of the first, the ones computed last first, as they
-    # may hold earlier ones, views too (``t = w * b`` holds ``b = w * 2``, ``w[1] * b`` its view).
+    # may hold earlier ones, views too (``t = w * b`` holds ``b = w * 2``, ``w[1] * b`` its view),
+    # and a base after its views (``b4 = b0.t()`` holds ``b0``, rebound by ``.data =`` since).
     with plain_attributes():
+        made = {id(t): state_of(t).node.meta.get("pos", 0) for t in tensors}
+        for t in tensors:
+            if t.grad_fn is not None and t._is_view() and id(t._base) in made:
+                made[id(t._base)] = min(made[id(t._base)], made[id(t)] - 0.5)
         order = sorted(range(len(tensors)), key=lambda i: (
             tensors[i].grad_fn is None, tensors[i].grad_fn is None and not tensors[i]._is_view(),
-            -state_of(tensors[i]).node.meta.get("pos", 0)))
+            -made[id(tensors[i])]))
         grads = [(t, g) for t in tensors if (g := deferred_grad(t)) is not None]
         for t, _ in grads:
             t.grad = None  # the gradient's own swap needs its only reference; set again below
@@ -265,7 +270,8 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
                        .copy_(loaded[id(t)]()) for t in direct]
         plan.append((rest + direct, values))
     links = plan_links(tensors, value_of_at_read(target, seed, compile) if init else None,
-                       {id(t) for t in tensors if casts(t)} if dtype is not None else frozenset(), dtype)
+                       {id(t) for t in tensors if casts(t) and t.dtype != dtype} if dtype is not None else frozenset(),
+                       dtype)  # (``.to`` gives a tensor already in ``dtype`` back as it is)
     apart = buffer_slots_apart([t for t in tensors if id(t) not in uncast], where, dtype)
     holders = weakref_holders(where, [*tensors, *(link.tensor for link in links)])
     with weak_references_dropped(holders):

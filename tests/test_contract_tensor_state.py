@@ -342,3 +342,42 @@ def test_gradient_hooks_registered_where_eager_registers_them(where: str) -> Non
         loss = (m.k * torch.arange(3.0)).sum() + (m.b0.sum() if where == "on_a_kept_one_read" else 0)
         loss.backward()
     assert same_bits(deferred.lin.bias.grad, eager.lin.bias.grad), where
+
+
+def test_a_hook_on_a_view_whose_function_eager_regenerated_does_not_run() -> None:
+    """``b1 = bias.t()`` kept, a hook on it, then ``b1.copy_(...)`` under no_grad: eager regenerates
+    ``b1``'s function, and the hook stays with the one before, which no backward reaches; the
+    replay registered it on its ``TBackward0``, and the gradient doubled, silently (a review)."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.b1 = self.lin.bias.t()
+            self.b1.register_hook(lambda g: g * 2)
+            with torch.no_grad():
+                self.b1.copy_(torch.ones(3))
+
+    eager, deferred = _both(M)
+    grads = [torch.autograd.grad(m.b1.sum(), m.lin.bias)[0] for m in (eager, deferred)]
+    assert same_bits(grads[1], grads[0])
+
+
+def test_a_hook_that_runs_on_parts_of_a_gradient_is_said_aloud() -> None:
+    """A temporary written in place with autograd on, a hook on it, two kept tensors read it: each
+    is rebuilt with its own copy of the temporary's nodes, so the hook runs on each part of the
+    gradient where eager's runs once on the sum: the same for a linear hook, another gradient for
+    ``g / g.norm()``; materialize says so."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            t = self.lin.weight * 2
+            t.mul_(2)
+            t.register_hook(lambda g: g / g.norm())
+            self.b = t + 1
+            self.c = t.exp()
+
+    torch.manual_seed(0)
+    m = fxinit.trace_init(M)
+    with pytest.warns(UserWarning, match="runs on each one's part of the gradient"):
+        fxinit.materialize(m)

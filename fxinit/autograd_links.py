@@ -375,10 +375,13 @@ def _walk(t: torch.Tensor, reaches: list[torch.Tensor], inputs: _Inputs,
                 else:  # the op that reads its inputs' data: this one, or for ``zeros_like`` the one reading it
                     todo.append((x, reader if reads_no_data(node) and reader is not None else node))
         for root, until in read_until.items():  # the writes before each temporary's last reader
-            if until == float("inf"):  # ``t`` itself: writes under no_grad after its last one with autograd on
+            itself = until == float("inf")
+            if itself:  # ``t`` itself: writes under no_grad after its last one with autograd on
                 until = _last_graded_write(inputs.writes.get(root, ()), root) + 1  # are copied in (``overwritten``)
             for w in inputs.writes.get(root, ()):
-                if root.meta["pos"] < w.meta["pos"] < until and w not in needed:
+                # (and a temporary's writes through ``.data`` after: they change what its readers saved, in eager)
+                after = not itself and w.meta.get(UNTRACKED) and root is not storage_root(end)
+                if root.meta["pos"] < w.meta["pos"] and (w.meta["pos"] < until or after) and w not in needed:
                     if not (writes_first_argument(w) and storage_root(w.args[0]) is root
                             and _replayable(w, inputs, False, True)):
                         return None  # (a random, out= or opaque write: the fallback)

@@ -808,3 +808,25 @@ def test_a_kept_view_of_a_kept_tensor_rebound_since_is_swapped_before_it() -> No
     assert not [w for w in caught if "could not swap" in str(w.message)]
     assert traced._buffers["b4"] is traced.b4 and same_bits(traced.b4, eager.b4)
     assert type(traced.b4.grad_fn) is type(eager.b4.grad_fn)
+
+
+def test_a_write_through_data_after_a_kept_tensor_read_a_temporary_changes_what_it_saved() -> None:
+    """``t = torch.sigmoid(bias)``, ``self.b0 = t * 2``, then ``t.data.mul_(2)``: eager's
+    ``SigmoidBackward0`` saved ``t`` itself, which the write through ``.data`` changed (no version
+    bump), so ``b0``'s gradient is computed from the written value; the replay of ``b0`` stopped at
+    its reader and its gradient was the textbook one, silently (a review)."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            t = torch.sigmoid(self.lin.bias)
+            self.b0 = t * 2
+            t.data.mul_(2)
+            self.b1 = t * 3
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        eager, traced = _both(M)
+    for name in ("b0", "b1"):
+        grads = [torch.autograd.grad(getattr(m, name).sum(), m.lin.bias, retain_graph=True)[0] for m in (eager, traced)]
+        assert same_bits(grads[1], grads[0]), name

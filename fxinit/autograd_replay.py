@@ -28,7 +28,7 @@ import torch.fx as fx
 
 from fxinit.autograd_links import Link, roots_written_by, written_roots
 from fxinit.capture.deferred import RETAINS_GRAD, dressed_as, is_deferred_tensor
-from fxinit.capture.grad_hooks import HOOK_DICTS, UNTRACKED, backward_hooks, register_hook_dict
+from fxinit.capture.grad_hooks import HOOK_DICTS, UNTRACKED, backward_hooks, clear_hooks, register_hook_dict
 from fxinit.capture.swap import swap
 from fxinit.grad_graphs import graph_signature, signatures_match
 from fxinit.numerics import Settings, settings_applied
@@ -68,8 +68,9 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
             value.data = link.tensor.data  # the same bits: its memory, which others may share (an alias)
         shared.update((n, v) for n, v in computed.items() if storage_root(n) not in written)
         rebuilt.append((link.tensor, value))
-    _warn_hooks_run_on_parts(Counter(_REGISTERED.ids) + Counter(
-        id(d) for t, _ in rebuilt if (d := backward_hooks(t)) is not None))
+    cast = {id(link.tensor) for link in links if link.cast_to is not None}
+    _warn_hooks_run_on_parts(Counter(_REGISTERED.ids) + Counter(  # (and the hooks ``dressed_as`` carries)
+        id(d) for t, _ in rebuilt if id(t) not in cast and (d := backward_hooks(t)) is not None))
     kept = {id(t) for t, _ in rebuilt}
     for link in links:
         if id(link.tensor) not in kept:
@@ -81,6 +82,9 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
                       "(docs/failure-modes.md says which ones fxinit cannot rebuild)", stacklevel=5)
     while rebuilt:
         t, value = rebuilt.pop()
+        if id(t) in cast:  # eager's ``.to`` made another tensor: the hooks and ``retain_grad`` stay behind
+            clear_hooks(t)
+            t.__dict__.pop(RETAINS_GRAD, None)
         new = dressed_as(t, value, keep_autograd=True)
         del value
         try:
@@ -215,7 +219,7 @@ def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor], shared: dict[fx.No
     def value(x: Any) -> Any:
         return env[x] if isinstance(x, fx.Node) else x
 
-    final = backward_hooks(link.tensor)  # (``dressed_as`` carries those)
+    final = backward_hooks(link.tensor) if link.cast_to is None else None  # (``dressed_as`` carries those)
     hooks = sorted(((at, i, node, d) for i, node in enumerate(link.nodes) for at, d in node.meta.get(HOOK_DICTS, ())
                     if d is not final and node not in shared and not _regenerated_since(node, at, link.nodes)),
                    key=lambda h: h[:2])

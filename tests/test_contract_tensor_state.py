@@ -381,3 +381,33 @@ def test_a_hook_that_runs_on_parts_of_a_gradient_is_said_aloud() -> None:
     m = fxinit.trace_init(M)
     with pytest.warns(UserWarning, match="runs on each one's part of the gradient"):
         fxinit.materialize(m)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_hooks_and_retain_grad_of_a_kept_buffer_stay_before_a_dtype_cast(dtype: torch.dtype) -> None:
+    """``materialize(dtype=)`` is eager's ``Module.to`` after construction, which gives a buffer another
+    tensor (``ToCopyBackward0``): the hook registered in the constructor stays on the graph before
+    the cast and sees a float32 gradient, and the new buffer retains no gradient. fxinit put the hook
+    on the cast and kept ``retain_grad``, silently (a review)."""
+    seen: list[torch.dtype] = []
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.register_buffer("b", self.lin.weight * 2)
+            self.b.register_hook(lambda g: seen.append(g.dtype))
+            self.register_buffer("r", self.lin.bias * 2)
+            self.r.retain_grad()
+
+    torch.manual_seed(0)
+    eager = M().to(dtype)
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(M)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fxinit.materialize(traced, dtype=dtype)
+    for m in (eager, traced):
+        (m.b.float() * torch.linspace(0.1, 0.9, 9).view(3, 3)).sum().backward()
+    assert seen == [torch.float32, torch.float32] and traced.r.retains_grad == eager.r.retains_grad
+    assert same_bits(traced.lin.weight.grad, eager.lin.weight.grad)

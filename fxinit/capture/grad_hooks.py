@@ -38,6 +38,12 @@ def register_hook_dict(t: torch.Tensor, hooks: dict) -> None:
             t.grad_fn._register_hook_dict(t)
 
 
+def clear_hooks(t: torch.Tensor) -> None:
+    """``t`` without gradient hooks of its own (those registered stay where they went)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        _BACKWARD_HOOKS.__set__(t, None)
+
+
 def note_new_hooks(t: torch.Tensor, before: dict | None, node: fx.Node, position: int) -> None:
     """Note on ``node`` the hook dict ``register_hook`` just gave ``t``, if it is a new one."""
     hooks = backward_hooks(t)

@@ -89,9 +89,10 @@ def buffer_slots_apart(tensors: Iterable[torch.Tensor], where: dict[int, list[Lo
 def separate_buffer_slots(apart: list[tuple[torch.Tensor, list[tuple[torch.nn.Module, str]], bool]],
                           dtype: torch.dtype) -> None:
     """After the swap (``tensors`` are real now): put in the slots of :func:`buffer_slots_apart`
-    the tensors ``Module.to`` would have put there."""
-    with torch.no_grad():
-        for t, slots, cast in apart:
+    the tensors ``Module.to`` would have put there (with autograd, as ``Module._apply`` casts
+    buffers: one computed from a parameter gets ``ToCopyBackward0``)."""
+    for t, slots, cast in apart:
+        with torch.set_grad_enabled(t.grad_fn is not None):
             for mod, name in slots:
                 if mod._buffers.get(name) is t:
                     mod._buffers[name] = t.to(dtype_after_to(t.dtype, dtype)) if cast \

@@ -724,6 +724,8 @@ class _KeptAndCast(nn.Module):
         self.register_buffer("v", self.w[1:])
         self.k = self.w.exp()  # a plain attribute: ``Module.to`` leaves it as it is
         self.lin = nn.utils.weight_norm(nn.Linear(3, 2))
+        self.register_buffer("s", self.w * 5)
+        self.s_alias = self.s  # stays uncast there; the buffer slot gets ``.to`` of it, with autograd
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
@@ -739,12 +741,12 @@ def test_materialize_with_a_dtype_rebuilds_eagers_graphs_after_module_to(dtype: 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fxinit.materialize(traced, dtype=dtype)
-    for name in ("b", "v", "k", "lin.weight"):
+    for name in ("b", "v", "k", "lin.weight", "s", "s_alias"):
         a, b = eager.get_submodule(name.rpartition(".")[0]), traced.get_submodule(name.rpartition(".")[0])
         a, b = getattr(a, name.rpartition(".")[2]), getattr(b, name.rpartition(".")[2])
         assert same_bits(b, a) and type(b.grad_fn) is type(a.grad_fn), name
     for m in (eager, traced):
-        (m.b.double().sum() + m.v.double().sum() + m.k.double().sum()).backward()
+        (m.b.double().sum() + m.v.double().sum() + m.k.double().sum() + m.s.double().sum()).backward()
         with pytest.raises(RuntimeError, match="expected scalar type"):  # eager's saved g and v were cast
             m.lin.weight.sum().backward()
     for a, b in zip(eager.parameters(), traced.parameters()):

@@ -239,13 +239,13 @@ def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor], shared: dict[fx.No
             args = fx.node.map_aggregate(node.args, value)
             kwargs = fx.node.map_aggregate(node.kwargs, value)
             mine = settings.of(node)
-            written = args[0] if node.meta.get(UNTRACKED) and args and isinstance(args[0], torch.Tensor) else None
-            if written is not None:  # through ``.data``: autograd saw nothing, nor does the version change
-                args = (written.data, *args[1:])
+            behind = args[0] if node.meta.get(UNTRACKED) and args and isinstance(args[0], torch.Tensor) else None
+            if behind is not None:  # written through ``.data``: autograd saw nothing, nor does the version change
+                args = (behind.data, *args[1:])
             with torch.set_grad_enabled(not node.meta.get("no_grad")), \
                     contextlib.nullcontext() if mine is settings else settings_applied(mine):  # as eager ran it
                 out = node.target(*args, **kwargs)
-            env[node] = computed[node] = out if written is None else written
+            env[node] = computed[node] = out if behind is None else behind
     for hook in hooks:
         _register(hook, env)
     result = env[link.result if link.result is not None else link.nodes[-1]]
@@ -277,8 +277,8 @@ _REGISTERED = threading.local()
 
 def _warn_hooks_run_on_parts(registered: Counter[int]) -> None:
     """Say so where a hook dict went on more than one rebuilt node: tensors that eager's graphs share
-    one node of, rebuilt apart (a storage written after one read it), run the hook on each part of
-    the gradient, where eager's runs once on their sum (the same for a hook linear in it)."""
+    one node of, rebuilt apart (a storage the ops of more than one write in place), run the hook on
+    each part of the gradient, where eager's runs once on their sum (the same for a hook linear in it)."""
     if any(n > 1 for n in registered.values()):
         warnings.warn("fxinit: a gradient hook registered on a tensor that several kept tensors were computed from "
                       "runs on each one's part of the gradient, where eager's runs once on their sum (the same "

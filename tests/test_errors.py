@@ -3,14 +3,19 @@ and the user's file and line (test_failed_materialize.py: a failing materialize 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 
 import fxinit
 from conftest import assert_modules_equal, assert_same_as_eager, same_bits
@@ -633,3 +638,39 @@ def test_native_code_reading_a_deferred_tensor_is_refused_with_the_calling_line(
     with pytest.raises(fxinit.DeferredInitError, match="native code outside torch's ops") as caught:
         fxinit.trace_init(M)
     assert "test_errors.py" in caught.value.source and "after fxinit.materialize" in str(caught.value)
+
+
+class _Doubling(TorchDispatchMode):
+    """A mode that changes results: every ``randn`` comes out doubled."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        return out * 2 if func is torch.ops.aten.randn.default else out
+
+
+class _Drawn(nn.Module):
+    def __init__(self, inside: Any = None) -> None:
+        super().__init__()
+        with inside if inside is not None else contextlib.nullcontext():
+            self.register_buffer("b", torch.randn(3))
+            self.lin = nn.Linear(3, 3)
+
+
+def test_a_dispatch_mode_entered_before_the_trace_is_refused_by_name() -> None:
+    """A ``TorchDispatchMode`` of the caller's around ``trace_init`` sits below fxinit's capture: what it
+    does to the constructor's ops was lost, silently (doubled ``randn`` values came out single,
+    ``FlopCounterMode`` counted 0, ``FakeTensorMode``'s fakes came out real; a hunt found it)."""
+    for mode in (_Doubling(), FlopCounterMode(display=False), FakeTensorMode()):
+        with mode, pytest.raises(fxinit.DeferredInitError, match="TorchDispatchMode entered before the trace"):
+            fxinit.trace_init(_Drawn)
+
+
+def test_a_dispatch_mode_entered_inside_the_constructor_sees_its_ops_as_in_eager() -> None:
+    torch.manual_seed(0)
+    eager = _Drawn(_Doubling())
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(_Drawn, _Doubling())
+    fxinit.materialize(traced)
+    assert torch.equal(traced.b, eager.b) and torch.equal(traced.lin.weight, eager.lin.weight)
+    with pytest.raises(fxinit.DeferredInitError, match="FakeTensorMode is active inside the traced constructor"):
+        fxinit.trace_init(_Drawn, FakeTensorMode())

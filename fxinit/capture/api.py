@@ -21,6 +21,7 @@ from fxinit.capture.post_import import run_pending
 from fxinit.capture.provenance import source_lines_scope
 from fxinit.capture.real_storages import real_storages
 from fxinit.capture.recorder import Recorder
+from fxinit.capture.user_modes import refuse_modes_below
 
 M = TypeVar("M", bound=torch.nn.Module)
 
@@ -40,6 +41,7 @@ def _capturing(recorder: Recorder) -> Iterator[None]:
     run_pending()  # DTensor's constructor, if torch.distributed.tensor was imported while fxinit was
     init_shims.install()  # torch 2.11's opaque init functions ask deferred tensors ``is_meta``, as later ones do
     fmode, dmode = active_modes(recorder)
+    refuse_modes_below(type(dmode))
     recorder.capturing = True
     _local.depth = _depth() + 1
     try:

@@ -27,6 +27,7 @@ from fxinit.capture.grad_branches import run_as_eager
 from fxinit.capture.moves import MOVES, device_of_number, parse_move, with_index
 from fxinit.capture.real import SIZE_FROM_INDICES, with_inferred_size
 from fxinit.capture.recorder import Recorder
+from fxinit.capture.user_modes import refuse_modes_below_every_mode
 
 _CONSTANT_FACTORIES = {torch.tensor, torch.as_tensor, torch.asarray, torch.from_numpy, torch.frombuffer}
 # The factories a device context (``with torch.device``, ``set_default_device``) gives its
@@ -68,6 +69,7 @@ class CaptureDispatchMode(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.recorder.is_suspended:
             return func(*args, **kwargs)
+        refuse_modes_below_every_mode()
         if any(t is not DeferredTensor and dispatches_itself(t) for t in types):
             # A wrapper subclass of other code among the arguments (quanto's, torchao's): its
             # own __torch_dispatch__ takes the call, as in eager, and calls again with the

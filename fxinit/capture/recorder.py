@@ -238,8 +238,8 @@ class Recorder(Shadows, Doors):
         raise self.fail(
             "fxinit cannot give raw storage access to a deferred tensor (it has no data yet)",
             op=getattr(func, "__name__", str(func)),
-            hint="materialize the tensor first, or guard this code with `if not fxinit.is_meta_init():`",
-        )
+            hint="materialize the tensor first (torch.export reads it so), or guard this code with "
+                 "`if not fxinit.is_meta_init():`")
 
     def _check_live(self) -> None:
         if self.cleared:

@@ -15,7 +15,7 @@ import torch.nn.utils.prune as prune
 import fxinit
 from fxinit.errors import DeferredInitError
 from conftest import same_bits
-from test_contract_sharing import _both, _shares
+from test_contract_sharing import _both, _both_cast, _shares
 
 
 def test_tensors_computed_with_autograd_from_parameters_keep_their_gradient_path() -> None:
@@ -734,13 +734,7 @@ def test_materialize_with_a_dtype_rebuilds_eagers_graphs_after_module_to(dtype: 
     is ``ToCopyBackward0`` of the graph it had, a plain attribute keeps its graph, and both reach
     the parameters' ``AccumulateGrad`` that the cast left behind, as eager's do. They lost their
     ``grad_fn`` instead (warned): the replay ran in the new dtype."""
-    torch.manual_seed(0)
-    eager = _KeptAndCast().to(dtype)
-    torch.manual_seed(0)
-    traced = fxinit.trace_init(_KeptAndCast)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        fxinit.materialize(traced, dtype=dtype)
+    eager, traced = _both_cast(_KeptAndCast, dtype)
     for name in ("b", "v", "k", "lin.weight", "s", "s_alias"):
         a, b = eager.get_submodule(name.rpartition(".")[0]), traced.get_submodule(name.rpartition(".")[0])
         a, b = getattr(a, name.rpartition(".")[2]), getattr(b, name.rpartition(".")[2])

@@ -4,6 +4,8 @@ with autograd from parameters — eager's values, eager's sharing, eager's gradi
 
 from __future__ import annotations
 
+import warnings
+
 from typing import Any, Callable
 
 import numpy as np
@@ -29,6 +31,19 @@ def _both(build: Callable[[], nn.Module], post: Callable[[nn.Module], Any] | Non
             fxinit.materialize(m)
         models.append(m)
     return models[0], models[1]
+
+
+def _both_cast(build: Callable[[], nn.Module], dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
+    """Eager construction then ``Module.to(dtype)``, and ``materialize(dtype=dtype)`` of its trace
+    (warnings are errors there)."""
+    torch.manual_seed(0)
+    eager = build().to(dtype)
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(build)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fxinit.materialize(traced, dtype=dtype)
+    return eager, traced
 
 
 def _shares(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -142,13 +142,15 @@ def _replayed(link: Link | None, shared: dict[fx.Node, Any], written: AbstractSe
                     given = {n: v for n, v in reading.items() if storage_root(n) not in written} \
                         if written and reading else reading
                     value = _run(link, given, env)
-                    if _reaches_leaves_a_cast_left(value, link):
+                    replayed = graph_signature(value) if link.signature is not None else None
+                    if _reaches_leaves_a_cast_left(replayed, link):
                         env.clear()
                         value = _run(link, given, env, regenerate=True)
+                        replayed = graph_signature(value)
                 if link.overwritten and _same_layout(value, link.tensor):  # written after, not by autograd (the
                     value.data.copy_(link.tensor)                          # signature says): its values, its version
                 if _same(value, link.tensor) and (link.signature is None or signatures_match(
-                        graph_signature(value), link.signature)) and not (
+                        replayed, link.signature)) and not (
                         value._is_view() and _memory_shared_elsewhere(link.tensor, value, holders)):
                     if link is first and reading is shared:
                         computed.update(env)
@@ -160,13 +162,12 @@ def _replayed(link: Link | None, shared: dict[fx.Node, Any], written: AbstractSe
     return None
 
 
-def _reaches_leaves_a_cast_left(value: torch.Tensor, link: Link) -> bool:
-    """Whether the replayed graph is eager's but for ``AccumulateGrad`` functions that a cast of a
-    parameter since (``.data =`` of another dtype) left behind, where eager's reach the ones it
-    started: views eager read after the cast (``_run``'s ``regenerate``)."""
-    if link.signature is None or not link.earlier:
+def _reaches_leaves_a_cast_left(replayed: list | None, link: Link) -> bool:
+    """Whether the replayed graph (its ``graph_signature``) is eager's but for ``AccumulateGrad``
+    functions that a cast of a parameter since (``.data =`` of another dtype) left behind, where
+    eager's reach the ones it started: views eager read after the cast (``_run``'s ``regenerate``)."""
+    if replayed is None or link.signature is None or not link.earlier:
         return False
-    replayed = graph_signature(value)
     return not signatures_match(replayed, link.signature) and signatures_match(replayed, link.signature,
                                                                                reached_now=False)
 

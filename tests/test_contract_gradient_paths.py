@@ -15,7 +15,7 @@ import torch.nn.utils.prune as prune
 import fxinit
 from fxinit.errors import DeferredInitError
 from conftest import same_bits
-from test_contract_sharing import _both, _both_cast, _shares
+from test_contract_sharing import _both, _both_unwarned, _shares
 
 
 def test_tensors_computed_with_autograd_from_parameters_keep_their_gradient_path() -> None:
@@ -460,13 +460,7 @@ def test_a_kept_view_of_a_kept_tensor_keeps_its_memory_and_grad_fn() -> None:
             self.b0 = self.m1.weight.clone()
             self.register_buffer("b4", self.b0.t().contiguous())
 
-    torch.manual_seed(0)
-    eager = M()
-    torch.manual_seed(0)
-    m = fxinit.trace_init(M)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        fxinit.materialize(m)
+    eager, m = _both_unwarned(M)
     assert _shares(eager.b0, eager.b4) and _shares(m.b0, m.b4) and same_bits(m.b4, eager.b4)
     assert type(m.b0.grad_fn).__name__ == "CloneBackward0" and type(m.b4.grad_fn).__name__ == "TBackward0"
     assert m.b4.grad_fn.next_functions[0][0] is m.b0.grad_fn  # (eager's graph: one clone)
@@ -644,13 +638,7 @@ def test_kept_tensors_written_after_reading_a_kept_one_share_its_node() -> None:
     computed by an op that writes its own temporary (``matmul``), ran all its ops alone (a
     gradient apart in the last bit, silently), and a view of ``b0`` read after one such lost
     its ``grad_fn``. Only the storages a tensor's own ops write are left out of the sharing."""
-    torch.manual_seed(0)
-    eager = _WrittenReaders()
-    torch.manual_seed(0)
-    m = fxinit.trace_init(_WrittenReaders)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        fxinit.materialize(m)
+    eager, m = _both_unwarned(_WrittenReaders)
     names = ("b0", "b1", "b2", "b3", "b4")
     for model in (eager, m):
         loss = sum((getattr(model, n).double() * (i + 1)).sum() for i, n in enumerate(names))
@@ -734,7 +722,7 @@ def test_materialize_with_a_dtype_rebuilds_eagers_graphs_after_module_to(dtype: 
     is ``ToCopyBackward0`` of the graph it had, a plain attribute keeps its graph, and both reach
     the parameters' ``AccumulateGrad`` that the cast left behind, as eager's do. They lost their
     ``grad_fn`` instead (warned): the replay ran in the new dtype."""
-    eager, traced = _both_cast(_KeptAndCast, dtype)
+    eager, traced = _both_unwarned(_KeptAndCast, dtype)
     for name in ("b", "v", "k", "lin.weight", "s", "s_alias"):
         a, b = eager.get_submodule(name.rpartition(".")[0]), traced.get_submodule(name.rpartition(".")[0])
         a, b = getattr(a, name.rpartition(".")[2]), getattr(b, name.rpartition(".")[2])

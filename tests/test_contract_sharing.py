@@ -33,11 +33,11 @@ def _both(build: Callable[[], nn.Module], post: Callable[[nn.Module], Any] | Non
     return models[0], models[1]
 
 
-def _both_cast(build: Callable[[], nn.Module], dtype: torch.dtype) -> tuple[nn.Module, nn.Module]:
-    """Eager construction then ``Module.to(dtype)``, and ``materialize(dtype=dtype)`` of its trace
-    (warnings are errors there)."""
+def _both_unwarned(build: Callable[[], nn.Module], dtype: torch.dtype | None = None) -> tuple[nn.Module, nn.Module]:
+    """Eager construction (then ``Module.to(dtype)``), and ``materialize(dtype=dtype)`` of its trace,
+    where a warning is an error."""
     torch.manual_seed(0)
-    eager = build().to(dtype)
+    eager = build() if dtype is None else build().to(dtype)
     torch.manual_seed(0)
     traced = fxinit.trace_init(build)
     with warnings.catch_warnings():

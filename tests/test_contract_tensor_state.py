@@ -15,7 +15,7 @@ from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 import fxinit
 from fxinit.capture import foreach_groups
 from conftest import same_bits
-from test_contract_sharing import _both_cast
+from test_contract_sharing import _both_unwarned
 
 
 def _both(cls: type[nn.Module]) -> tuple[nn.Module, nn.Module]:
@@ -401,7 +401,7 @@ def test_hooks_and_retain_grad_of_a_kept_buffer_stay_before_a_dtype_cast(dtype: 
             self.register_buffer("r", self.lin.bias * 2)
             self.r.retain_grad()
 
-    eager, traced = _both_cast(M, dtype)
+    eager, traced = _both_unwarned(M, dtype)
     for m in (eager, traced):
         (m.b.float() * torch.linspace(0.1, 0.9, 9).view(3, 3)).sum().backward()
     assert seen == [torch.float32, torch.float32] and traced.r.retains_grad == eager.r.retains_grad

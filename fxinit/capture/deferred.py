@@ -458,7 +458,7 @@ def _run(func: Any, args: tuple, kwargs: dict) -> Any:
                      "constructor") from exc
         packed = _torch_name(func) in _RECURRENT and len(args) > 1 and isinstance(args[1], torch.Tensor) \
             and not args[1].is_floating_point()  # (the overload of a PackedSequence: data, batch_sizes, ...)
-        if isinstance(exc, DeferredInitError) or not (_META_DATA_ACCESS in str(exc) or (
+        if isinstance(exc, DeferredInitError) or not (META_DATA_ACCESS in str(exc) or (
                 packed and _BATCH_SIZES_ON_META in str(exc))):
             raise
         raise _recorder_of(args, kwargs).fail(  # a kernel that reads memory itself, below any op fxinit sees
@@ -474,7 +474,7 @@ def _run(func: Any, args: tuple, kwargs: dict) -> Any:
 
 _RECURRENT = frozenset(("torch.lstm", "torch.gru", "torch.rnn_tanh", "torch.rnn_relu"))
 #: torch's message for a kernel that touched the data of a tensor without storage (meta)
-_META_DATA_ACCESS = "data is not allocated yet"
+META_DATA_ACCESS = "data is not allocated yet"
 #: torch's message (2.15) for a PackedSequence whose batch sizes are deferred (meta underneath)
 _BATCH_SIZES_ON_META = "batch_sizes tensor should be on CPU, but got meta"
 #: torch's message for ``.item()`` of a meta tensor

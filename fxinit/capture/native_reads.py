@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 
+from fxinit.capture.deferred import META_DATA_ACCESS
 from fxinit.errors import DeferredInitError
 
 #: torch's errors where C++ asks for the memory of a tensor that has none (meta underneath)
-_NO_MEMORY = ("but its data is not allocated yet", "Cannot access data pointer of Tensor that doesn't have storage")
+_NO_MEMORY = (META_DATA_ACCESS, "Cannot access data pointer of Tensor that doesn't have storage")
 
 
 def native_read_refusal(exc: Exception) -> DeferredInitError | None:

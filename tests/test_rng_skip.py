@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
+import pickle
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ import fxinit
 from fxinit.capture.deferred import state_of
 from fxinit.rng import mt19937, native
 from fxinit.rng.draws import cpu_draws
+from tests.conftest import compare_modules
 
 aten = torch.ops.aten
 
@@ -216,3 +219,39 @@ def test_a_state_read_from_the_generator_itself_in_a_constructor_is_eagers(read:
     fxinit.materialize(traced)
     torch.manual_seed(0)
     assert torch.equal(traced.big, M().big)
+
+
+@pytest.mark.parametrize("how", ["pickle the generator", "torch.load a state", "set_state of a loaded state"])
+def test_a_state_unpickled_or_loaded_in_a_constructor_is_taken_by_the_generator(how: str) -> None:
+    """A state tensor that a constructor unpickles or ``torch.load``-s is a deferred constant
+    there (``capture.real.set_from_storage``): torch's ``Generator.__setstate__`` and
+    ``set_state`` took it for a wrong type, a crash where eager works (``SystemError`` from
+    unpickling a generator; ``TypeError`` from ``torch.set_rng_state``)."""
+    saved = io.BytesIO()
+    torch.manual_seed(5)
+    torch.save(torch.get_rng_state(), saved)
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("big", torch.randn(1000))  # skipped lazily
+            if how == "pickle the generator":
+                gen = pickle.loads(pickle.dumps(torch.default_generator))
+            else:
+                state = torch.load(io.BytesIO(saved.getvalue()))
+                gen = torch.Generator()
+                if how == "torch.load a state":
+                    torch.set_rng_state(state)
+                else:
+                    gen.set_state(state)
+            self.drawn = nn.Parameter(torch.randn(3, generator=gen))
+            self.lin = nn.Linear(4, 4)
+
+    torch.manual_seed(0)
+    eager = M()
+    after = torch.get_rng_state()
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(M)
+    assert torch.equal(torch.get_rng_state(), after)
+    fxinit.materialize(traced)
+    assert compare_modules(traced, eager) == []

@@ -24,7 +24,8 @@ reference imported before fxinit reaches the patch too; the generator type's own
 (``get_state``, ``clone_state``, ``graphsafe_get_state``, and ``__reduce__`` and
 ``__getstate__``, which ``copy.deepcopy`` and pickling call) set the true state first when
 they read the default generator (``torch._C.Generator`` is a static type: its dict is
-written directly, as the attribute cache then is told); starting a thread sets the true
+written directly, as the attribute cache then is told; its ``set_state`` and ``__setstate__``
+take the values of deferred states, which unpickling or ``torch.load`` make); starting a thread sets the true
 state first, and no skip is lazy while a thread started inside the scope is alive (it may
 draw from the generator at any time; threads that were running before the capture began
 are taken not to draw during it). A placeholder read so used to leave the constructor in
@@ -47,6 +48,8 @@ from typing import Iterator
 
 import torch
 
+from fxinit.capture.deferred import is_deferred_tensor, state_of
+from fxinit.capture.trees import map_tree
 from fxinit.rng import PendingSnapshot, RngSnapshot, Snapshot, snapshot
 
 _MARK_AT, _MARK_SIZE = 24, 32  # bytes: the first four word slots of a CPU state (see rng.mt19937)
@@ -59,6 +62,9 @@ _GENERATOR = torch._C.Generator
 #: the generator type's methods that read a state out (the default generator's: made true first)
 _READS = {name: getattr(_GENERATOR, name) for name in (
     "get_state", "clone_state", "graphsafe_get_state", "__getstate__", "__reduce__") if name in vars(_GENERATOR)}
+#: the generator type's methods that take a state tensor in (which may be deferred: unpickled, loaded)
+_TAKES = {name: getattr(_GENERATOR, name) for name in ("set_state", "__setstate__") if name in vars(_GENERATOR)}
+_TORCHS_METHODS = {**_READS, **_TAKES}
 _RAW_GET_STATE = _READS["get_state"]
 _started: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()  # threads started inside a scope
 
@@ -111,7 +117,7 @@ class LazyCpuGenerator:
             if len(_active) == 1:
                 _GET_RNG_STATE.__code__ = _get_rng_state_code()
                 threading.Thread.start = _start_thread  # type: ignore[method-assign]
-                _set_generator_reads(_FLUSHING_READS)
+                _set_generator_methods(_CAPTURE_METHODS)
         try:
             yield
         finally:
@@ -120,7 +126,7 @@ class LazyCpuGenerator:
                 if not _active:
                     _GET_RNG_STATE.__code__ = _ORIGINAL_CODE
                     threading.Thread.start = _ORIGINAL_THREAD_START  # type: ignore[method-assign]
-                    _set_generator_reads(_READS)
+                    _set_generator_methods(_TORCHS_METHODS)
             self.flush()
 
     @property
@@ -183,26 +189,44 @@ def _flushing(read: "types.MethodDescriptorType") -> "types.FunctionType":
     return flushing_read
 
 
-_FLUSHING_READS = {name: _flushing(read) for name, read in _READS.items()}
+def _taking_values(take: "types.MethodDescriptorType") -> "types.FunctionType":
+    """``take`` of the generator type, given the exact values of deferred state tensors: a state
+    unpickled (``pickle.loads``, ``copy`` through ``__reduce__``) or ``torch.load``-ed inside a
+    constructor is a deferred constant, which torch's C++ would take for a wrong type."""
+    @functools.wraps(take)
+    def taking_values(self: torch.Generator, *args: object, **kwargs: object) -> object:
+        return take(self, *map_tree(_value, args), **map_tree(_value, kwargs))
+    return taking_values
+
+
+def _value(x: object) -> object:
+    if not is_deferred_tensor(x):
+        return x
+    value = state_of(x).recorder.value_of(x, bounded=False)
+    return x if value is None else value
+
+
+_CAPTURE_METHODS = {**{name: _flushing(read) for name, read in _READS.items()},
+                    **{name: _taking_values(take) for name, take in _TAKES.items()}}
 _READS_CLOSED = [True]  # whether the reads could be patched (else no skip is lazy)
 
 
-def _set_generator_reads(reads: dict) -> None:
-    """Put ``reads`` in the generator type's dict (a static type: through its real dict)."""
+def _set_generator_methods(methods: dict) -> None:
+    """Put ``methods`` in the generator type's dict (a static type: through its real dict)."""
     if not _READS_CLOSED[0]:
         return
     try:
-        _write_type_dict(reads)
-        taken = all(getattr(_GENERATOR, name) is read for name, read in reads.items())
+        _write_type_dict(methods)
+        taken = all(getattr(_GENERATOR, name) is method for name, method in methods.items())
     except Exception:  # noqa: BLE001
         taken = False
     if not taken:
         _READS_CLOSED[0] = False
         with contextlib.suppress(Exception):
-            _write_type_dict(_READS)
+            _write_type_dict(_TORCHS_METHODS)
 
 
-def _write_type_dict(reads: dict) -> None:
+def _write_type_dict(methods: dict) -> None:
     real_dict = next(d for d in gc.get_referents(_GENERATOR.__dict__) if isinstance(d, dict))
-    real_dict.update(reads)
+    real_dict.update(methods)
     ctypes.pythonapi.PyType_Modified(ctypes.py_object(_GENERATOR))  # (its attribute cache)

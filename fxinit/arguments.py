@@ -27,7 +27,7 @@ def checked_dtype(dtype: Any) -> torch.dtype | None:
             raise ValueError(f"dtype={dtype!r} names no torch dtype")
         dtype = named
     if dtype is not None and not (isinstance(dtype, torch.dtype) and (dtype.is_floating_point or dtype.is_complex)):
-        raise ValueError(f"dtype={dtype}: like Module.to, materialize takes a floating-point or complex dtype")
+        raise TypeError(f"dtype={dtype}: like Module.to, materialize takes a floating-point or complex dtype")
     return dtype
 
 

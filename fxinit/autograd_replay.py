@@ -48,6 +48,33 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
     _REGISTERED.ids = []
     shared: dict[fx.Node, Any] = {}  # what the ops of rebuilt tensors computed, unwritten: later ones read it
     holders = Counter(p for p in map(_memory, made) if p) if links else Counter()
+    bound: Bound = {}
+    try:
+        _replay_all(links, shared, holders, bound, rebuilt, lost)
+    finally:
+        _unbind(bound, list(bound))
+    _swap_rebuilt(links, rebuilt, lost)
+
+
+#: Parameters holding a value then (``.data =``) across the replays of one ``relink``, by id:
+#: ``(parameter, its own data)``. Giving a parameter its own data back between two replays would
+#: start another ``AccumulateGrad`` where the dtype differs (``materialize(dtype=)``), where
+#: eager's graphs, all made before ``Module.to``, share one.
+Bound = dict[int, tuple[torch.Tensor, torch.Tensor]]
+
+
+def _unbind(bound: Bound, ids: list[int], advance: bool = False) -> None:
+    """Give the parameters of ``ids`` their own data back (last bound first), ``advance``: their versions advanced."""
+    for key in reversed(ids):
+        if key in bound:
+            p, data = bound.pop(key)
+            p.data = data
+            if advance:
+                torch.autograd.graph.increment_version(p)
+
+
+def _replay_all(links: list[Link], shared: dict[fx.Node, Any], holders: Counter[int], bound: Bound,
+                rebuilt: list[tuple[torch.Tensor, torch.Tensor]], lost: list[str]) -> None:
     for link in sorted(links, key=_made):
         if any(is_deferred_tensor(p) or (p.grad_fn is not None and node.op != "get_attr")  # (a real tensor lifted)
                for node, p in link.leaves.items()):
@@ -60,7 +87,7 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
         if link.overwritten:  # (written after, not by autograd: its values copied in)
             written.add(storage_root(link.result if link.result is not None else link.nodes[-1]))
         computed: dict[fx.Node, Any] = {}
-        value = _replayed(link, shared, written, holders, computed) if link.nodes else None
+        value = _replayed(link, shared, written, holders, computed, bound) if link.nodes else None
         if value is None:  # the tensor keeps its right value, as a leaf
             lost.append(link.eager)
             continue
@@ -68,6 +95,9 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
             value.data = link.tensor.data  # the same bits: its memory, which others may share (an alias)
         shared.update((n, v) for n, v in computed.items() if storage_root(n) not in written)
         rebuilt.append((link.tensor, value))
+
+
+def _swap_rebuilt(links: list[Link], rebuilt: list[tuple[torch.Tensor, torch.Tensor]], lost: list[str]) -> None:
     cast = {id(link.tensor) for link in links if link.cast_to is not None}
     _warn_hooks_run_on_parts(Counter(_REGISTERED.ids) + Counter(  # (and the hooks ``dressed_as`` carries)
         id(d) for t, _ in rebuilt if id(t) not in cast and (d := backward_hooks(t)) is not None))
@@ -79,7 +109,7 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
         warnings.warn(f"fxinit: {len(lost)} tensor(s) computed with autograd from parameters keep eager's values but "
                       f"not eager's grad_fn ({'; '.join(lost[:3])}{' ...' if len(lost) > 3 else ''}), so a backward "
                       "through them does not reach the parameters: compute them in forward or after materialize "
-                      "(docs/failure-modes.md says which ones fxinit cannot rebuild)", stacklevel=5)
+                      "(docs/failure-modes.md says which ones fxinit cannot rebuild)", stacklevel=6)
     while rebuilt:
         t, value = rebuilt.pop()
         if id(t) in cast:  # eager's ``.to`` made another tensor: the hooks and ``retain_grad`` stay behind
@@ -91,7 +121,7 @@ def relink(links: list[Link], made: Sequence[torch.Tensor] = ()) -> None:
             swap(t, new, saved=True)
         except RuntimeError as exc:
             warnings.warn(f"fxinit: a tensor computed with autograd from parameters keeps its value but not its "
-                          f"grad_fn ({exc}): compute it after materialize to have eager's", stacklevel=5)
+                          f"grad_fn ({exc}): compute it after materialize to have eager's", stacklevel=6)
         else:
             if t.__dict__.pop(RETAINS_GRAD, None):  # ``retain_grad()`` in the constructor (its hook: after the swap)
                 t.retain_grad()
@@ -124,7 +154,7 @@ def _made(link: Link) -> int:
 
 
 def _replayed(link: Link | None, shared: dict[fx.Node, Any], written: AbstractSet[fx.Node], holders: Counter[int],
-              computed: dict[fx.Node, Any]) -> torch.Tensor | None:
+              computed: dict[fx.Node, Any], bound: Bound) -> torch.Tensor | None:
     """``link``'s tensor rebuilt with eager's bits, ``grad_fn`` graph and memory (or its
     fallback's), or None. What the ops of tensors rebuilt before it computed stands for those
     ops (``shared``), so that its graph has their autograd nodes, as eager's does (``computed``:
@@ -141,12 +171,12 @@ def _replayed(link: Link | None, shared: dict[fx.Node, Any], written: AbstractSe
                 with torch.enable_grad():
                     given = {n: v for n, v in reading.items() if storage_root(n) not in written} \
                         if written and reading else reading
-                    value = _run(link, given, env)
-                    replayed = graph_signature(value) if link.signature is not None else None
+                    value = _run(link, given, env, bound)
+                    replayed = graph_signature(value, _rebound(bound)) if link.signature is not None else None
                     if _reaches_leaves_a_cast_left(replayed, link):
                         env.clear()
-                        value = _run(link, given, env, regenerate=True)
-                        replayed = graph_signature(value)
+                        value = _run(link, given, env, bound, regenerate=True)
+                        replayed = graph_signature(value, _rebound(bound))
                 if link.overwritten and _same_layout(value, link.tensor):  # written after, not by autograd (the
                     value.data.copy_(link.tensor)                          # signature says): its values, its version
                 if _same(value, link.tensor) and (link.signature is None or signatures_match(
@@ -162,6 +192,11 @@ def _replayed(link: Link | None, shared: dict[fx.Node, Any], written: AbstractSe
     return None
 
 
+def _rebound(bound: Bound) -> set[int]:
+    """The bound parameters whose own data is of another dtype or device than the value they hold."""
+    return {key for key, (p, data) in bound.items() if (data.dtype, data.device) != (p.dtype, p.device)}
+
+
 def _reaches_leaves_a_cast_left(replayed: list | None, link: Link) -> bool:
     """Whether the replayed graph (its ``graph_signature``) is eager's but for ``AccumulateGrad``
     functions that a cast of a parameter since (``.data =`` of another dtype) left behind, where
@@ -172,7 +207,8 @@ def _reaches_leaves_a_cast_left(replayed: list | None, link: Link) -> bool:
                                                                                reached_now=False)
 
 
-def _run(link: Link, shared: dict[fx.Node, Any], env: dict[fx.Node, Any], regenerate: bool = False) -> torch.Tensor:
+def _run(link: Link, shared: dict[fx.Node, Any], env: dict[fx.Node, Any], bound: Bound,
+         regenerate: bool = False) -> torch.Tensor:
     """``link``'s ops on its leaves. A leaf frozen since eager's ops ran (``requires_grad_(False)``
     after construction) requires grad while they run, as it did then; a parameter written or
     rebound since holds its value then (``earlier``) through ``.data =``, and its own data again
@@ -187,24 +223,23 @@ def _run(link: Link, shared: dict[fx.Node, Any], env: dict[fx.Node, Any], regene
     values = {node: link.value_of(node, reader) for node, reader in link.values.items()}  # type: ignore[misc]
     then = {node: link.value_of(node, reader) for node, reader in link.earlier.items()}  # type: ignore[misc]
     frozen = [p for p in link.reached if not p.requires_grad and p.grad_fn is None]
-    now: list[tuple[torch.Tensor, torch.Tensor]] = []
+    mine = {id(link.leaves[node]) for node in then}
+    _unbind(bound, [key for key in bound if key not in mine and key in {id(p) for p in link.leaves.values()}])
     for node, value in then.items():
         p = link.leaves[node]
-        now.append((p, p.data))
+        bound.setdefault(id(p), (p, p.data))
         p.data = value  # its storage, dtype and shape then (``.double()`` since rebinds as eager's did)
     for p in frozen:
         p.requires_grad_(True)
     try:
-        return _run_ops(link, values, shared, env, now if regenerate else [])
+        return _run_ops(link, values, shared, env, bound, [id(link.leaves[node]) for node in then] if regenerate else [])
     finally:
         for p in frozen:
             p.requires_grad_(False)
-        for p, data in reversed(now):
-            p.data = data
 
 
 def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor], shared: dict[fx.Node, Any],
-             computed: dict[fx.Node, Any], restored: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+             computed: dict[fx.Node, Any], bound: Bound, restored: list[int]) -> torch.Tensor:
     """``link``'s ops, each once: what ``shared`` holds for one (another rebuilt tensor's replay
     computed it) is taken, not run again; ``computed`` gets what each op gave. ``restored``:
     parameters given their data back, their versions advanced, before the first op not a view."""
@@ -233,9 +268,7 @@ def _run_ops(link: Link, values: dict[fx.Node, torch.Tensor], shared: dict[fx.No
                 env[node] = computed[node] = shared[node]
                 continue
             if restored and not is_view(node):
-                for p, data in restored:
-                    p.data = data
-                    torch.autograd.graph.increment_version(p)
+                _unbind(bound, restored, advance=True)
                 restored = []
             args = fx.node.map_aggregate(node.args, value)
             kwargs = fx.node.map_aggregate(node.kwargs, value)
@@ -284,7 +317,7 @@ def _warn_hooks_run_on_parts(registered: Counter[int]) -> None:
         warnings.warn("fxinit: a gradient hook registered on a tensor that several kept tensors were computed from "
                       "runs on each one's part of the gradient, where eager's runs once on their sum (the same "
                       "gradient for a hook linear in it, such as a mask or a scale): register it after materialize "
-                      "for eager's (docs/failure-modes.md)", stacklevel=5)
+                      "for eager's (docs/failure-modes.md)", stacklevel=6)
 
 
 def _same_layout(value: torch.Tensor, t: torch.Tensor) -> bool:

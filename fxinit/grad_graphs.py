@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-from typing import Any, Callable, Iterable
+from typing import AbstractSet, Any, Callable, Iterable
 
 import torch
 
@@ -69,13 +69,15 @@ def _saved_names(kind: type) -> tuple[str, ...]:
     return tuple(n for n in dir(kind) if n.startswith("_saved_"))
 
 
-def graph_signature(t: torch.Tensor) -> list:
+def graph_signature(t: torch.Tensor, rebound: AbstractSet[int] = frozenset()) -> list:
     """The shape of ``t``'s ``grad_fn`` graph, in a size linear in it: each function in the
     order a depth-first walk first meets it, as its kind and the positions of what it leads to
     (a leaf as ``AccumulateGrad`` of its object, and whether it is the one a backward reaches the
     object through now: ``.data =`` of another dtype or device starts another, so a graph made
     before that, unlike a view's function regenerated after, does not reach it), as eager's graph
-    has them: through the edges the capture adds to the real tensors it lifts (``_through_lifts``)."""
+    has them: through the edges the capture adds to the real tensors it lifts (``_through_lifts``).
+    ``rebound``: the ids of leaves whose ``.data`` another dtype or device will replace (a replay
+    holding a cast parameter's value then): none of their functions now is the one then."""
     order: dict[int, int] = {}
     out: list = []
     met: list = []  # held until the walk ends, so that no id is reused by another function's wrapper
@@ -85,7 +87,7 @@ def graph_signature(t: torch.Tensor) -> list:
         order[id(fn)] = len(out)
         met.append(fn)
         variable = getattr(fn, "variable", None)
-        out.append(("AccumulateGrad", id(variable), _reached_now(fn, variable))
+        out.append(("AccumulateGrad", id(variable), _reached_now(fn, variable) and id(variable) not in rebound)
                    if isinstance(variable, torch.Tensor) else None)
         return None if isinstance(variable, torch.Tensor) else (fn, iter(fn.next_functions), [])
 

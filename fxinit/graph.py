@@ -128,7 +128,7 @@ class InitGraph:
         if rng not in ("exact", "portable"):
             raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
         if dtype is not None and not cast_by_to(dtype):
-            raise ValueError(f"dtype={dtype}: like Module.to, materialize takes a floating-point or complex dtype")
+            raise TypeError(f"dtype={dtype}: like Module.to, materialize takes a floating-point or complex dtype")
         labels: dict[fx.Node, str] = {}
         for name in wanted:
             node = self.outputs[name]

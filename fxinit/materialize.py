@@ -30,8 +30,9 @@ from fxinit.companions import companions, deferred_grad, with_companions
 from fxinit.checkpoint import CheckpointSource, checkpoint_values, load_by_its_own_code, loads_by_its_own_code
 from fxinit.distributed import deferred_dtensors, held_elsewhere, is_deferred_dtensor, materialize_dtensors
 from fxinit.errors import DeferredInitError
-from fxinit.module_to import (Location, buffer_slots_apart, cast_real, casting_themselves, runs_own_to,
-                              separate_buffer_slots, takes_dtype)
+from fxinit.kept_views import kept_views, remake_views
+from fxinit.module_to import (Location, buffer_slots_apart, cast_real, casting_themselves, new_objects_on_conversion,
+                              runs_own_to, separate_buffer_slots, takes_dtype)
 from fxinit.rnn_weights import weak_references_dropped, weakref_holders
 from fxinit.reachable import Slot, inner_tensors, left_behind, module_slots, module_walk
 from fxinit.spec import dtype_after_to
@@ -157,12 +158,15 @@ def _refuse_changing_wrappers(inner: list[tuple[torch.Tensor, str]], device: tor
         hint="materialize without it, then call model.to(...) or load_state_dict(...) as after eager construction")
 
 
-def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dict[int, list[Location]]) -> None:
+def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dict[int, list[Location]],
+             bare: AbstractSet[int] = frozenset()) -> None:
     # Tensors computed with autograd (a weight_norm'ed ``weight``) hold references to the
     # parameters they came from, and views (``x = w[1:3]``) to their base: swapping them
     # first releases those references; of the first, the ones computed last first, as they
     # may hold earlier ones, views too (``t = w * b`` holds ``b = w * 2``, ``w[1] * b`` its view),
     # and a base after its views (``b4 = b0.t()`` holds ``b0``, rebound by ``.data =`` since).
+    # ``bare``: buffers cast by ``dtype=``, which eager's ``.to`` replaces by tensors of their own
+    # (no attributes, no hooks: ``nn.Buffer``'s mark is gone).
     with plain_attributes():
         made = {id(t): state_of(t).node.meta.get("pos", 0) for t in tensors}
         for t in tensors:
@@ -175,7 +179,7 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
         for t, _ in grads:
             t.grad = None  # the gradient's own swap needs its only reference; set again below
     for t, v in ((tensors[i], values[i]) for i in order):
-        new = dressed_as(t, v)
+        new = dressed_as(t, v, carry=id(t) not in bare)
         try:
             swap(t, new)
         except RuntimeError as exc:
@@ -183,9 +187,10 @@ def _swap_in(tensors: list[torch.Tensor], values: list[torch.Tensor], where: dic
             places = where.get(id(t))
             held = "use_count" in str(exc) or "gradient edge" in str(exc)  # autograd's saved tensors hold it
             if held:
-                hint = ("a computation kept with autograd (a cache the model filled, a grad_fn's saved tensors) holds "
-                        "this tensor where fxinit cannot reach it: materialize before running the model (or the code "
-                        "that filled the cache), or run that code again after materialize")
+                hint = ("something holds this tensor where fxinit cannot reach it: a computation kept with autograd "
+                        "(a cache the model filled, a grad_fn's saved tensors) or a C++ holder (a torch.vmap over a "
+                        "TensorDict of the parameters, as torchrl's reset_parameters runs): materialize before the step "
+                        "that made the reference (running the model, that init step), or run it again after materialize")
             else:
                 hint = "drop other references (weakrefs) to the deferred tensor, or materialize its module"
             if not places:
@@ -227,7 +232,7 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
         id(mod) in inside or (within is not None and id(mod) not in within) for mod, _, _ in where[id(t)])}
 
     def casts(t: torch.Tensor) -> bool:
-        return id(t) not in uncast and takes_dtype(t, where.get(id(t), []), dtype)
+        return id(t) not in uncast and takes_dtype(t, where.get(id(t), []), dtype, within)
 
     loaded = loaded or {}
     by_recorder: dict[int, tuple[Recorder, list[torch.Tensor]]] = {}
@@ -272,12 +277,16 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
     links = plan_links(tensors, value_of_at_read(target, seed, compile) if init else None,
                        {id(t) for t in tensors if casts(t) and t.dtype != dtype} if dtype is not None else frozenset(),
                        dtype)  # (``.to`` gives a tensor already in ``dtype`` back as it is)
-    apart = buffer_slots_apart([t for t in tensors if id(t) not in uncast], where, dtype)
+    apart = buffer_slots_apart([t for t in tensors if id(t) not in uncast], where, dtype, within)
+    bare = {id(t) for t in tensors if dtype is not None and where.get(id(t)) and casts(t)
+            and dtype_after_to(t.dtype, dtype) != t.dtype and "_parameters" not in {k for _, _, k in where[id(t)]}}
     holders = weakref_holders(where, [*tensors, *(link.tensor for link in links)])
+    views = kept_views(tensors)
     with weak_references_dropped(holders):
         for ts, values in plan:
-            _swap_in(ts, values, where)
+            _swap_in(ts, values, where, bare)
         relink(links, tensors)  # (an RNN's flat weights may be tensors computed from parameters: AWD-LSTM's)
+        remake_views(views)
     if dtype is not None:
         separate_buffer_slots(apart, dtype)
     return tensors
@@ -378,6 +387,13 @@ def materialize(obj: M, *, device: torch.device | str | None = None, init: bool 
     if rng not in ("exact", "portable"):
         raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
     seed, dtype, device = checked_seed(seed), checked_dtype(dtype), checked_device(device)
+    if dtype is not None and isinstance(obj, torch.nn.Module) and new_objects_on_conversion():
+        # torch.__future__'s flags: eager's ``.to`` puts new objects in the parameters' places
+        # (or swaps them): its own code runs, on the values materialized in the dtypes they were built in
+        out = materialize(obj, device=device, init=init, keep_cache=keep_cache, state_dict=state_dict, prefix=prefix,
+                          strict=strict, rng=rng, seed=seed, compile=compile)
+        obj.to(dtype)
+        return out
     if state_dict is not None and isinstance(obj, torch.nn.Module) and loads_by_its_own_code(obj):
         # its load hooks rename or rebuild what it reads: its own load_state_dict runs, recorded
         missing, unexpected = load_by_its_own_code(obj, state_dict, prefix, strict, init)

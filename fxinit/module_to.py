@@ -47,30 +47,42 @@ Location = tuple[torch.nn.Module, str, str]  # (module, name, a kind of reachabl
 _PLAIN = frozenset({"__dict__", "container", "hook"})
 
 
+def new_objects_on_conversion() -> bool:
+    """Whether ``Module.to`` puts new objects in the parameters' places (``torch.__future__``'s
+    ``set_overwrite_module_params_on_conversion``) or swaps them (``set_swap_module_params_on_conversion``)."""
+    return torch.__future__.get_overwrite_module_params_on_conversion() or \
+        torch.__future__.get_swap_module_params_on_conversion()
+
+
 def _kinds(places: Iterable[Location]) -> set[str]:
     return {kind for _, _, kind in places}
 
 
-def takes_dtype(t: torch.Tensor, places: list[Location], dtype: torch.dtype | None) -> bool:
+def takes_dtype(t: torch.Tensor, places: list[Location], dtype: torch.dtype | None,
+                within: AbstractSet[int] | None = None) -> bool:
     """Whether the deferred object ``t`` held at ``places`` is swapped with its value cast to
     ``dtype``: a parameter, a buffer no plain attribute holds, or a tensor materialized on its
-    own (no places). A buffer also held as a plain attribute keeps its own dtype there, and
+    own (no places). A buffer also held as a plain attribute, or by a module outside ``within``
+    (the modules, by ``id``, of the one whose ``.to`` this is), keeps its own dtype there, and
     its buffer slots get cast copies (:func:`separate_buffer_slots`)."""
     if dtype is None or dtype_after_to(t.dtype, dtype) == t.dtype or not places:
         return True
     kinds = _kinds(places)
     if "_parameters" in kinds:
         return True
+    if within is not None and any(id(mod) not in within for mod, _, _ in places):
+        return False
     return "_buffers" in kinds and not kinds & _PLAIN
 
 
 def buffer_slots_apart(tensors: Iterable[torch.Tensor], where: dict[int, list[Location]],
-                      dtype: torch.dtype | None) -> list[tuple[torch.Tensor, list[tuple[torch.nn.Module, str]], bool]]:
+                      dtype: torch.dtype | None, within: AbstractSet[int] | None = None
+                      ) -> list[tuple[torch.Tensor, list[tuple[torch.nn.Module, str]], bool]]:
     """Decided before the swap, while ``tensors`` are deferred: the buffer slots that
     ``Module.to(dtype)`` gives tensors of their own, as ``(tensor, slots, cast)``. A buffer
     object in several slots keeps the first (it is swapped cast) and the others get copies
-    (``cast`` False); one that a plain attribute also holds is swapped uncast, and every
-    buffer slot gets a cast copy (``cast`` True)."""
+    (``cast`` False); one that a plain attribute or a module outside ``within`` also holds is
+    swapped uncast, and every buffer slot of the modules ``within`` gets a cast copy (``cast`` True)."""
     out = []
     if dtype is None:
         return out
@@ -79,8 +91,9 @@ def buffer_slots_apart(tensors: Iterable[torch.Tensor], where: dict[int, list[Lo
         kinds = _kinds(places)
         if "_parameters" in kinds or dtype_after_to(t.dtype, dtype) == t.dtype:
             continue
-        slots = [(mod, name) for mod, name, kind in places if kind == "_buffers"]
-        cast = not takes_dtype(t, places, dtype)
+        slots = [(mod, name) for mod, name, kind in places
+                 if kind == "_buffers" and (within is None or id(mod) in within)]
+        cast = not takes_dtype(t, places, dtype, within)
         if slots and (cast or len(slots) > 1):
             out.append((t, slots if cast else slots[1:], cast))
     return out
@@ -174,8 +187,10 @@ def cast_real(module: torch.nn.Module, dtype: torch.dtype, made: AbstractSet[int
     before, by this trace or another (a module handed to the constructor). Cast as
     ``Module.to(dtype)`` casts them — a parameter in place through ``.data``, each buffer slot
     given a cast tensor of its own — so the whole model is eager construction followed by
-    ``.to(dtype)``. Modules in ``inside`` cast themselves (``casting_themselves``)."""
-    for mod in module.modules():
+    ``.to(dtype)``, in its order (a module's children before its own tensors), buffers with
+    autograd (one computed from a parameter gets ``ToCopyBackward0``). Modules in ``inside``
+    cast themselves (``casting_themselves``)."""
+    for mod in _children_first(module):
         if id(mod) in inside:
             continue
         for kind in ("_parameters", "_buffers"):
@@ -186,8 +201,26 @@ def cast_real(module: torch.nn.Module, dtype: torch.dtype, made: AbstractSet[int
                 cast = dtype_after_to(t.dtype, dtype)
                 if cast == t.dtype:
                     continue
-                with torch.no_grad():
-                    if kind == "_parameters":
+                if kind == "_parameters":
+                    with torch.no_grad():
                         t.data = t.data.to(cast)
-                    else:
-                        slots[name] = t.to(cast)
+                else:
+                    slots[name] = t.to(cast)
+
+
+def _children_first(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """``module``'s tree in the order ``Module._apply`` reaches each module's own tensors: its
+    children's (recursively) first; each module once."""
+    out: list[torch.nn.Module] = []
+    seen: set[int] = {id(module)}
+    stack: list[tuple[torch.nn.Module, Any]] = [(module, iter(module.children()))]
+    while stack:
+        mod, children = stack[-1]
+        child = next(children, None)
+        if child is None:
+            stack.pop()
+            out.append(mod)
+        elif id(child) not in seen:
+            seen.add(id(child))
+            stack.append((child, iter(child.children())))
+    return out

@@ -203,11 +203,23 @@ def compare_modules(m: torch.nn.Module, ref: torch.nn.Module, where: str = "") -
             errs.append(p + "values differ: " + first_diff(t, r))
     if tie_partition(got) != tie_partition(want):
         errs.append(f"{where}tie structure (object identity) {tie_partition(got)} vs eager {tie_partition(want)}")
+    if not errs and view_bases(got) != view_bases(want):
+        errs.append(f"{where}views (the name of each view's base, '?' a tensor not among them) {view_bases(got)} "
+                    f"vs eager {view_bases(want)}")
     if not errs:
         sp, wsp = storage_partition(got), storage_partition(want)
         if sp != wsp:
             errs.append(f"{where}storage sharing {sp} vs eager {wsp}")
     return errs
+
+
+def view_bases(named: list[tuple[str, str, torch.Tensor]]) -> dict[str, str]:
+    """Each view among ``named`` (``named_tensors``), with the name of its ``_base`` there, or
+    ``?`` where the base is none of them (a temporary the constructor dropped)."""
+    by_id = {id(t): name for _, name, t in named}
+    return {name: by_id.get(id(t._base), "?") for _, name, t in named
+            if isinstance(t, torch.Tensor) and not fxinit.is_deferred(t) and t._is_view()
+            and t._base.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()}
 
 
 def _shares_outside_memory(t: torch.Tensor) -> bool:

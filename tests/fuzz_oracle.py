@@ -186,11 +186,24 @@ def compare(traced: Built, eager: Built) -> list[tuple[str, str]]:
         sg, sw = _partition(tens_g, _storage_key), _partition(tens_w, _storage_key)
         if sg != sw:
             errs.append(("storage-sharing", f"shared-storage groups {sg} vs eager {sw}"))
+        elif _view_bases(tens_g) != _view_bases(tens_w):
+            errs.append(("view", f"views and the names of their bases ('?': none reachable) {_view_bases(tens_g)} "
+                                 f"vs eager {_view_bases(tens_w)}"))
     if not errs:
         errs += _gradients(got, want)
     if traced.after is not None and eager.after is not None and not torch.equal(traced.after, eager.after):
         errs.append(("rng", f"torch.rand(3) after construction: {traced.after.tolist()} vs eager {eager.after.tolist()}"))
     return errs
+
+
+def _view_bases(items: list[tuple[str, torch.Tensor]]) -> dict[str, str]:
+    by_id = {id(t): name for name, t in items}
+    return {name: by_id.get(id(t._base), "?") for name, t in items if _a_view(t)}
+
+
+def _a_view(t: torch.Tensor) -> bool:
+    """A view of memory its base has (``.data =`` leaves a view's base behind, on other memory)."""
+    return t._is_view() and t._base.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
 
 
 def _gradients(got: list[tuple[str, Any]], want: list[tuple[str, Any]]) -> list[tuple[str, str]]:
@@ -231,7 +244,7 @@ def _gradients(got: list[tuple[str, Any]], want: list[tuple[str, Any]]) -> list[
 
 # the precedence of categories: the first present names the hole
 CATEGORY_ORDER = ("exception", "deferred", "structure", "value", "dtype/shape", "type", "device", "rng", "generator",
-                  "python-value", "storage-sharing", "identity", "requires_grad", "autograd", "gradient", "layout")
+                  "python-value", "storage-sharing", "identity", "requires_grad", "autograd", "gradient", "view", "layout")
 
 
 def _first_line(exc: BaseException) -> str:

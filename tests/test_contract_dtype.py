@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -216,3 +217,114 @@ def test_dtype_of_a_part_leaves_a_pruned_layer_elsewhere_as_it_is() -> None:
     fxinit.materialize(traced)
     _assert_equal(eager, traced)
     assert traced[0].weight_orig.dtype == torch.float32 and traced[1].weight.dtype == torch.float64
+
+
+class _TwoFromOneParameter(nn.Module):
+    """A buffer and a plain attribute computed from one parameter; a buffer object also held by
+    a submodule and a plain attribute; an ``nn.Buffer``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4))
+        self.register_buffer("b", self.w * 3)
+        self.e = self.w.exp()
+        f = torch.arange(4.0)
+        self.register_buffer("a", f)
+        self.c = nn.Module()
+        self.c.register_buffer("x", f)
+        self.c.kept = f
+        self.inv = nn.Buffer(torch.linspace(0, 1, 4))
+
+
+def _backward(m: nn.Module) -> tuple[torch.Tensor, list[torch.dtype]]:
+    calls: list[torch.dtype] = []
+    m.w.register_hook(lambda g: calls.append(g.dtype))
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(5)).to(m.w.dtype)
+    ((x @ m.w).float().sum() + (m.b.float() * torch.arange(4.0)).sum() + m.e.float().sum()).backward()
+    return m.w.grad, calls
+
+
+def test_dtype_keeps_one_accumulator_per_parameter_and_casts_as_to_does() -> None:
+    """Found by a hunt on ``materialize(dtype=)``: each kept tensor's replay gave the parameter its
+    own (cast) data back, so the next one started another ``AccumulateGrad``: a backward added the
+    gradients in another order (one bf16 element differed) and a hook on the parameter ran twice.
+    A buffer object also held outside the module given was cast there too (eager's ``m.c.to``
+    replaces ``c``'s slot only), and a cast ``nn.Buffer`` kept its mark."""
+    torch.manual_seed(0)
+    eager = _TwoFromOneParameter().to(torch.bfloat16)
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(_TwoFromOneParameter)
+    fxinit.materialize(traced, dtype=torch.bfloat16)
+    _assert_equal(eager, traced)
+    assert type(traced.e.grad_fn) is type(eager.e.grad_fn) and type(traced.b.grad_fn) is type(eager.b.grad_fn)
+    assert isinstance(traced.inv, nn.Buffer) == isinstance(eager.inv, nn.Buffer) is False
+    (got, got_calls), (want, want_calls) = _backward(traced), _backward(eager)
+    assert torch.equal(got, want) and got_calls == want_calls, (got_calls, want_calls)
+
+    torch.manual_seed(0)
+    eager = _TwoFromOneParameter()
+    eager.c.to(torch.bfloat16)
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(_TwoFromOneParameter)
+    fxinit.materialize(traced.c, dtype=torch.bfloat16)
+    fxinit.materialize(traced)
+    _assert_equal(eager, traced)
+    assert (traced.a.dtype, traced.c.kept is traced.a, traced.c.x is traced.a) == (torch.float32, True, False)
+
+
+def test_dtype_casts_a_buffer_materialized_before_with_autograd() -> None:
+    """A buffer computed from a parameter, materialized before ``materialize(m, dtype=)``: cast
+    under ``no_grad``, it lost ``requires_grad`` and its ``ToCopyBackward0``, and a backward
+    through it raised where eager's reaches the parameter (``Module._apply`` casts buffers with
+    autograd on, parameters without)."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.register_buffer("b", self.lin.weight * 3)
+
+    torch.manual_seed(0)
+    eager = M().to(torch.bfloat16)
+    torch.manual_seed(0)
+    traced = fxinit.trace_init(M)
+    fxinit.materialize(traced.lin)
+    fxinit.materialize(traced, dtype=torch.bfloat16)
+    _assert_equal(eager, traced)
+    assert type(traced.b.grad_fn).__name__ == type(eager.b.grad_fn).__name__ == "ToCopyBackward0"
+    for m in (traced, eager):
+        m.b.float().sum().backward()
+    assert torch.equal(traced.lin.weight.grad, eager.lin.weight.grad)
+
+
+@pytest.mark.parametrize("flag", ["set_overwrite_module_params_on_conversion", "set_swap_module_params_on_conversion"])
+def test_dtype_under_torchs_future_conversion_flags(flag: str) -> None:
+    """With ``torch.__future__``'s flags eager's ``.to`` puts new parameter objects in the model
+    (untying ``lm_head`` from the embedding) or swaps them: fxinit cast the objects in place."""
+    def build() -> nn.Module:
+        m = nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5, bias=False))
+        m[1].weight = m[0].weight
+        return m
+
+    getattr(torch.__future__, flag)(True)
+    try:
+        torch.manual_seed(0)
+        eager = build()
+        before = eager[0].weight
+        eager.to(torch.bfloat16)
+        torch.manual_seed(0)
+        traced = fxinit.trace_init(build)
+        held = traced[0].weight
+        fxinit.materialize(traced, dtype=torch.bfloat16)
+    finally:
+        getattr(torch.__future__, flag)(False)
+    _assert_equal(eager, traced)
+    assert (traced[0].weight is traced[1].weight) == (eager[0].weight is eager[1].weight)
+    assert (traced[0].weight is held) == (eager[0].weight is before)
+
+
+def test_an_integer_dtype_is_refused_as_module_to_refuses_it() -> None:
+    with pytest.raises(TypeError) as eager:
+        nn.Linear(2, 2).to(torch.int32)
+    with pytest.raises(TypeError, match="floating-point or complex"):
+        fxinit.materialize(fxinit.trace_init(nn.Linear, 2, 2), dtype=torch.int32)
+    assert "floating point or complex" in str(eager.value)

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 import fxinit
-from tests.conftest import assert_same_as_eager, compare_modules
+from tests.conftest import assert_same_as_eager, compare_modules, named_tensors
 
 STEPS = ("normal", "uniform", "slice", "unbind", "split", "scale", "copy", "clone", "plus_one", "transpose",
          "refill", "zero")
@@ -272,3 +272,71 @@ def test_complex_weights_and_conjugate_views(post: str | None) -> None:
     m = fxinit.trace_init(_ComplexWeights)
     fxinit.materialize(m)
     assert m.conj.is_conj() and m.conj.untyped_storage().data_ptr() == m.w.untyped_storage().data_ptr()
+
+
+class _KeptViews(nn.Module):
+    """Views a constructor keeps: of a buffer (a cache and its slice), of a temporary it drops
+    (twice), of a detached alias, of ``.data``, made under ``no_grad`` (of a buffer and of a
+    parameter), ``view_as_real``, ``view_as_complex``, a conjugate view, an output of ``unbind``
+    and a view made under ``inference_mode``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("cache", torch.zeros(2, 4, 3))
+        self.k = self.cache[0]
+        tmp = torch.randn(8)
+        self.t1, self.t2 = tmp[2:], tmp[:4]
+        alias = self.lin.weight.detach()
+        self.register_buffer("row", alias[1])
+        self.col = self.lin.weight.data[:, 2]
+        with torch.no_grad():
+            self.head = self.cache[1, :2]
+            self.register_buffer("w_view", self.lin.weight[0])
+        self.register_buffer("z", torch.randn(4, dtype=torch.cfloat))
+        self.z_real = torch.view_as_real(self.z)
+        self.z_conj = self.z.conj()
+        self.register_buffer("pairs", torch.randn(3, 4))
+        self.as_complex = torch.view_as_complex(self.pairs.view(3, 2, 2))
+        self.unbound = self.pairs.unbind(0)[2]
+        with torch.inference_mode():
+            self.in_inference = self.pairs[0, 1:]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.k[1] = self.lin(x)
+        return self.cache.sum()
+
+
+def test_kept_views_are_views_of_eagers_bases_after_materialize() -> None:
+    """Materialize swapped each kept view in as a tensor of its own on the right memory: the
+    first write with autograd to ``k`` (a cache filled in forward) stayed on ``k``, and a backward
+    through ``cache`` reached nothing (or lost the gradient, silently). Each view is a view of
+    the tensor eager's is a view of again, made in the same grad mode (``kept_views``)."""
+    for order in ("whole", "reverse"):
+        torch.manual_seed(0)
+        eager = _KeptViews()
+        torch.manual_seed(0)
+        m = fxinit.trace_init(_KeptViews)
+        if order == "whole":
+            fxinit.materialize(m)
+        else:
+            for _, _, t in reversed(named_tensors(m)):
+                fxinit.materialize(t)
+        assert compare_modules(m, eager) == []  # (views and the names of their bases included)
+        for name in ("k", "t1", "t2", "row", "col", "head", "w_view", "z_real", "z_conj", "as_complex", "unbound",
+                     "in_inference"):
+            got, want = getattr(m, name), getattr(eager, name)
+            assert got._is_view() and want._is_view(), name
+            assert torch._C._autograd._get_creation_meta(got) == torch._C._autograd._get_creation_meta(want), name
+            assert (got.requires_grad, got.is_leaf) == (want.requires_grad, want.is_leaf), name
+        assert m.t1._base is m.t2._base and m.row._base is not m.lin.weight and m.w_view._base is m.lin.weight
+        x = torch.ones(3)
+        m(x).backward()
+        eager(x).backward()
+        assert torch.equal(m.lin.weight.grad, eager.lin.weight.grad)
+        for mod in (m, eager):  # a write through ``.data``'s view leaves the parameter's version alone
+            before = mod.lin.weight._version
+            mod.col.add_(0)
+            assert mod.lin.weight._version == before
+        with pytest.raises(RuntimeError, match="no_grad mode"):  # as eager's refuses
+            m.head.mul_(m.lin.weight[0, :3].sum())

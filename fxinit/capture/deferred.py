@@ -289,9 +289,16 @@ class DeferredTensor(torch.Tensor):
             "cannot make", op="copy.copy", hint="use t.view_as(t) or t.detach() (a view), or t.clone() (a copy)")
 
     def __reduce_ex__(self, proto: int) -> Any:
-        raise DeferredInitError(
-            "a deferred tensor cannot be pickled or saved",
-            hint="materialize it first (fxinit.materialize)",
+        rec = state_of(self).recorder
+        try:
+            name = rec.storage_names().get(rec.storage_id(self))
+        except Exception:  # noqa: BLE001  (its name where the model holds it: for the message only)
+            name = None
+        raise rec.fail(
+            f"a deferred tensor{f' ({name})' if name else ''} cannot be pickled or saved",
+            op="pickle",
+            hint="materialize it first (fxinit.materialize); a module whose __deepcopy__ pickles what it holds (e3nn's "
+                 "generated code) is deep-copied after materialize",
         )
 
     @classmethod

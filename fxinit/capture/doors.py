@@ -340,6 +340,8 @@ class Doors:
             return FACTORIES.tensor(x, dtype=probe.dtype)
 
         out = build(list(data) if isinstance(data, tuple) else data).reshape(probe.shape)
+        if out._is_view():  # (eager's is a tensor of its own: materialize makes kept views views again)
+            out = out.clone()
         if device is not None:
             out = self.moved(Move(out, torch.device(device), None, False, False, None))
         return out.requires_grad_(True) if requires_grad else out

@@ -61,7 +61,7 @@ def save(obj: "torch.nn.Module | InitGraph | str | os.PathLike", directory: "str
     if rng not in ("exact", "portable"):
         raise ValueError(f"rng={rng!r}: choose 'exact' or 'portable'")
     if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
-        raise ValueError(f"dtype={dtype}: like Module.to, save takes a floating-point or complex dtype")
+        raise TypeError(f"dtype={dtype}: like Module.to, save takes a floating-point or complex dtype")
     if format == "safetensors" and (part is not None or resume):
         raise ValueError("part= and resume= are for the checkpoint directories (format='hf' or 'dcp')")
     source = Source.of(obj)

@@ -14,7 +14,7 @@ For each architecture (``AutoModel.from_config`` on a tiny config), seed and def
 dtype it builds the eager reference, then with fxinit: trace + materialize whole, and
 trace + materialize leaf module by leaf module in reverse order. Every parameter and
 buffer (persistent or not) must match bitwise, with the same dtype, shape, device,
-requires_grad, Parameter type, tying and storage sharing; trace_init must leave the
+requires_grad, Parameter type, tying, storage sharing and views; trace_init must leave the
 global RNG where eager construction leaves it, and materialize must not change it.
 With ``--device D`` both eager construction and the trace run under ``with torch.device(D)``
 (a GPU when D is cuda: values stay on it, and D's generator is checked as well). With
@@ -94,7 +94,16 @@ def compare(ref: Any, got: Any) -> list[str]:
             return {frozenset(v) for v in gs.values() if len(v) > 1}
         if groups(r) != groups(g):
             problems.append(f"{what} differs: {sorted(map(sorted, groups(r) ^ groups(g)))[:2]}")
+    if not problems and _views(r) != _views(g):
+        problems.append(f"views differ (each view's base, '?' none of them): {_views(g)} vs eager {_views(r)}")
     return problems
+
+
+def _views(named: dict[str, Any]) -> dict[str, str]:
+    """Each view of memory its base has, with the name of its ``_base`` among ``named`` (or ``?``)."""
+    by_id = {id(t): name for name, t in named.items()}
+    return {name: by_id.get(id(t._base), "?") for name, t in named.items()
+            if t._is_view() and t._base.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()}
 
 
 # ----------------------------------------------------------------------------- one check

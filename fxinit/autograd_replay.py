@@ -212,7 +212,7 @@ def _run(link: Link, shared: dict[fx.Node, Any], env: dict[fx.Node, Any], bound:
     """``link``'s ops on its leaves. A leaf frozen since eager's ops ran (``requires_grad_(False)``
     after construction) requires grad while they run, as it did then; a parameter written or
     rebound since holds its value then (``earlier``) through ``.data =``, and its own data again
-    afterwards, so that what the ops saved is the parameter itself, its version unchanged, as
+    once the ``relink`` ends (``Bound``), so that what the ops saved is the parameter itself, its version unchanged, as
     eager's was after a ``.data`` write or ``Module.to``. With ``regenerate``, it gets its own
     data back, its version advanced, once the views of it are made: the first op reading one
     then regenerates the view's function from the parameter as it is now (``AsStridedBackward0``
@@ -223,8 +223,8 @@ def _run(link: Link, shared: dict[fx.Node, Any], env: dict[fx.Node, Any], bound:
     values = {node: link.value_of(node, reader) for node, reader in link.values.items()}  # type: ignore[misc]
     then = {node: link.value_of(node, reader) for node, reader in link.earlier.items()}  # type: ignore[misc]
     frozen = [p for p in link.reached if not p.requires_grad and p.grad_fn is None]
-    mine = {id(link.leaves[node]) for node in then}
-    _unbind(bound, [key for key in bound if key not in mine and key in {id(p) for p in link.leaves.values()}])
+    leaves, mine = {id(p) for p in link.leaves.values()}, {id(link.leaves[node]) for node in then}
+    _unbind(bound, [key for key in bound if key in leaves and key not in mine])  # (read as they are now)
     for node, value in then.items():
         p = link.leaves[node]
         bound.setdefault(id(p), (p, p.data))

@@ -32,7 +32,7 @@ from fxinit.distributed import deferred_dtensors, held_elsewhere, is_deferred_dt
 from fxinit.errors import DeferredInitError
 from fxinit.kept_views import kept_views, remake_views
 from fxinit.module_to import (Location, buffer_slots_apart, cast_real, casting_themselves, new_objects_on_conversion,
-                              runs_own_to, separate_buffer_slots, takes_dtype)
+                              replaced_by_to, runs_own_to, separate_buffer_slots, takes_dtype)
 from fxinit.rnn_weights import weak_references_dropped, weakref_holders
 from fxinit.reachable import Slot, inner_tensors, left_behind, module_slots, module_walk
 from fxinit.spec import dtype_after_to
@@ -278,8 +278,7 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
                        {id(t) for t in tensors if casts(t) and t.dtype != dtype} if dtype is not None else frozenset(),
                        dtype)  # (``.to`` gives a tensor already in ``dtype`` back as it is)
     apart = buffer_slots_apart([t for t in tensors if id(t) not in uncast], where, dtype, within)
-    bare = {id(t) for t in tensors if dtype is not None and where.get(id(t)) and casts(t)
-            and dtype_after_to(t.dtype, dtype) != t.dtype and "_parameters" not in {k for _, _, k in where[id(t)]}}
+    bare = {id(t) for t in tensors if casts(t) and replaced_by_to(t, where.get(id(t), []), dtype)}
     holders = weakref_holders(where, [*tensors, *(link.tensor for link in links)])
     views = kept_views(tensors)
     with weak_references_dropped(holders):

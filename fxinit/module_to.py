@@ -75,6 +75,13 @@ def takes_dtype(t: torch.Tensor, places: list[Location], dtype: torch.dtype | No
     return "_buffers" in kinds and not kinds & _PLAIN
 
 
+def replaced_by_to(t: torch.Tensor, places: list[Location], dtype: torch.dtype | None) -> bool:
+    """Whether ``Module.to(dtype)`` puts a tensor of its own in the place of the buffer ``t``
+    held at ``places`` (without the attributes and hooks of ``t``: an ``nn.Buffer`` is one no more)."""
+    return dtype is not None and bool(places) and dtype_after_to(t.dtype, dtype) != t.dtype \
+        and "_parameters" not in _kinds(places)
+
+
 def buffer_slots_apart(tensors: Iterable[torch.Tensor], where: dict[int, list[Location]],
                       dtype: torch.dtype | None, within: AbstractSet[int] | None = None
                       ) -> list[tuple[torch.Tensor, list[tuple[torch.nn.Module, str]], bool]]:

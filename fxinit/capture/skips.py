@@ -208,7 +208,7 @@ def _value(x: object) -> object:
 
 _CAPTURE_METHODS = {**{name: _flushing(read) for name, read in _READS.items()},
                     **{name: _taking_values(take) for name, take in _TAKES.items()}}
-_READS_CLOSED = [True]  # whether the reads could be patched (else no skip is lazy)
+_READS_CLOSED = [True]  # whether the type's methods could be patched (else no skip is lazy)
 
 
 def _set_generator_methods(methods: dict) -> None:

@@ -186,14 +186,18 @@ def compare(traced: Built, eager: Built) -> list[tuple[str, str]]:
         sg, sw = _partition(tens_g, _storage_key), _partition(tens_w, _storage_key)
         if sg != sw:
             errs.append(("storage-sharing", f"shared-storage groups {sg} vs eager {sw}"))
-        elif _view_bases(tens_g) != _view_bases(tens_w):
-            errs.append(("view", f"views and the names of their bases ('?': none reachable) {_view_bases(tens_g)} "
-                                 f"vs eager {_view_bases(tens_w)}"))
+        else:
+            vg, vw = _view_bases(tens_g), _view_bases(tens_w)  # (a base of another name: '?', none reachable)
+            errs += [("view", f"{name}{_VIEW_OF}{vg.get(name)} vs eager's of {vw.get(name)}")
+                     for name in sorted(set(vg) | set(vw)) if vg.get(name) != vw.get(name)]
     if not errs:
         errs += _gradients(got, want)
     if traced.after is not None and eager.after is not None and not torch.equal(traced.after, eager.after):
         errs.append(("rng", f"torch.rand(3) after construction: {traced.after.tolist()} vs eager {eager.after.tolist()}"))
     return errs
+
+
+_VIEW_OF = ": a view of "
 
 
 def _view_bases(items: list[tuple[str, torch.Tensor]]) -> dict[str, str]:
@@ -298,12 +302,13 @@ def check(program: Program, verify_eager: bool = True) -> Outcome:
 
 
 def _all_said(errs: list[tuple[str, str]], lost_grad_fns: int) -> bool:
-    """Whether every difference is a kept tensor that is a leaf where eager's has a ``grad_fn``,
-    no more of them than fxinit's warning counted (a documented limit said aloud, not a hole)."""
+    """Whether every difference is a kept tensor that is a leaf where eager's has a ``grad_fn`` (and
+    so no view), no more of them than fxinit's warning counted (a documented limit said aloud, not a hole)."""
     lost = [m for c, m in errs if c == "autograd" and ": grad_fn None vs eager " in m]
+    names = {m.split(": grad_fn None vs eager ")[0] for m in lost}  # (a view whose link is lost is a leaf too)
     return 0 < len(lost) <= lost_grad_fns and all(
-        c == "autograd" and (": grad_fn None vs eager " in m or m.startswith("the kept tensors with a grad_fn"))
-        for c, m in errs)
+        (c == "autograd" and (": grad_fn None vs eager " in m or m.startswith("the kept tensors with a grad_fn")))
+        or (c == "view" and m.split(_VIEW_OF)[0] in names) for c, m in errs)
 
 
 def raise_hole(program: Program, errs: list[tuple[str, str]]) -> None:

@@ -674,3 +674,12 @@ def test_a_dispatch_mode_entered_inside_the_constructor_sees_its_ops_as_in_eager
     assert torch.equal(traced.b, eager.b) and torch.equal(traced.lin.weight, eager.lin.weight)
     with pytest.raises(fxinit.DeferredInitError, match="FakeTensorMode is active inside the traced constructor"):
         fxinit.trace_init(_Drawn, FakeTensorMode())
+
+
+def test_pickling_a_deferred_tensor_names_it() -> None:
+    """A module whose ``__deepcopy__`` pickles what it holds (e3nn's generated code) met a refusal
+    that named no tensor: the message names it where the model holds it, and the source line."""
+    m = fxinit.trace_init(nn.Linear, 2, 2)
+    with pytest.raises(fxinit.DeferredInitError, match=r"a deferred tensor \(weight\) cannot be pickled") as info:
+        pickle.dumps(m.weight)
+    assert "test_errors.py" in str(info.value)

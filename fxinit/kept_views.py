@@ -6,15 +6,15 @@ filled in ``forward``: ``self.k[1] = self.lin(x)``) gives that base a ``CopySlic
 backward through the base (``self.cache.sum()``) reaches the write's inputs. The values
 ``materialize`` swaps in alias one storage as eager's do, but as tensors of their own: the
 write's history stayed on ``k``, and a backward through ``cache`` found nothing (or a gradient
-went missing, silently). So each swapped-in view is made a view of its base again, in the grad
-mode it was made in (``CreationMeta``: a view made under ``no_grad`` refuses in-place writes with
-autograd, in eager as here; one of a parameter is a leaf that requires grad). Its base is the
+went missing, silently). So each swapped-in view without a ``grad_fn`` is made a view of its
+base again: a leaf, as eager's (made under ``no_grad``, whatever its base requires since), with the
+``CreationMeta`` eager's has (a view made under ``no_grad`` or ``inference_mode``, or one of
+``unbind``'s outputs, refuses in-place writes with autograd, in eager as here). Its base is the
 tensor eager's is: the kept tensor it was taken from (which ``companions`` materializes with it),
 or, for a temporary the constructor dropped, one stand-in per temporary on the same memory.
 
-Views made with autograd on of tensors that require gradients are ``autograd_links``' (rebuilt
-with their ``grad_fn``). A tensor subclass's view is ``as_subclass`` of the view, as the
-results of a subclass's ops are in eager.
+Views with a ``grad_fn`` are ``autograd_links``' (rebuilt with it). A tensor subclass's view is
+``as_subclass`` of the view, as the results of a subclass's ops are in eager.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from fxinit.capture.swap import swap
 
 _CREATION_META = torch._C._autograd._get_creation_meta
 _SET_CREATION_META = torch._C._autograd._set_creation_meta
-_DEFAULT = torch._C._autograd.CreationMeta.DEFAULT
 _NO_GRAD = torch._C._autograd.CreationMeta.NO_GRAD_MODE
 
 
@@ -41,10 +40,6 @@ class KeptView:
     tensor: torch.Tensor  # deferred until the swap, then the value's object
     base: torch.Tensor  # eager's ``_base``: a deferred tensor (kept, or a dropped temporary)
     creation: Any  # how autograd says it was made (``CreationMeta``: grad mode, inference mode, unbind's)
-
-    @property
-    def grad_mode(self) -> bool:
-        return self.creation != _NO_GRAD
 
 
 def kept_views(tensors: list[torch.Tensor]) -> list[KeptView]:
@@ -59,7 +54,7 @@ def kept_views(tensors: list[torch.Tensor]) -> list[KeptView]:
                 kept = KeptView(t, base, _CREATION_META(t))
             except RuntimeError:  # (not a view autograd knows: a dtype view)
                 continue
-            if not (kept.grad_mode and (t.requires_grad or base.requires_grad)):
+            if t.grad_fn is None:  # (one with a ``grad_fn`` is ``autograd_links``')
                 out.append(kept)
     return out
 
@@ -77,17 +72,16 @@ def remake_views(views: list[KeptView]) -> None:
 def _remake(kept: KeptView, stand_ins: dict[int, torch.Tensor]) -> None:
     """``kept``'s tensor made a view of its base (``stand_ins``: those of dropped temporaries, by id)."""
     t, base = kept.tensor, kept.base
-    if is_deferred_tensor(t) or isinstance(t, torch.nn.Parameter) or t._is_view() \
-            or (kept.grad_mode and t.requires_grad) or _memory(t) is None:
+    if is_deferred_tensor(t) or isinstance(t, torch.nn.Parameter) or t._is_view() or t.grad_fn is not None \
+            or _memory(t) is None:
         return
     if is_deferred_tensor(base):  # a temporary eager's view alone keeps alive
         base = stand_ins.get(id(kept.base))
         if base is None:
             base = stand_ins[id(kept.base)] = _stand_in(kept.base, t)
-    if base is None or (kept.grad_mode and base.requires_grad) or base._is_view() or base.device != t.device \
-            or _memory(base) != _memory(t):
+    if base is None or base._is_view() or base.device != t.device or _memory(base) != _memory(t):
         return
-    with torch.set_grad_enabled(kept.grad_mode):
+    with torch.no_grad():  # (a leaf, as eager's: without a ``grad_fn`` whatever its base requires now)
         view = _view_like(base, t)
         if view is None:
             return
@@ -97,9 +91,12 @@ def _remake(kept: KeptView, stand_ins: dict[int, torch.Tensor]) -> None:
             view = torch._neg_view(view)
         if type(t) is not torch.Tensor:  # (a subclass's ops return ``as_subclass`` of theirs: a view too)
             view = view.as_subclass(type(t))
-    if view.is_conj() != t.is_conj() or view.is_neg() != t.is_neg() or view._base is not base:
+    if t.requires_grad and not view.requires_grad:  # (``requires_grad_()`` since)
+        view.requires_grad_(True)
+    if view.is_conj() != t.is_conj() or view.is_neg() != t.is_neg() or view._base is not base \
+            or view.requires_grad != t.requires_grad:
         return
-    if kept.creation not in (_DEFAULT, _NO_GRAD):  # (``unbind``'s outputs, views made under inference_mode)
+    if kept.creation != _NO_GRAD:  # (made with grad on; ``unbind``'s outputs, views made under inference_mode)
         with contextlib.suppress(RuntimeError):  # (no view autograd knows: integer elements)
             _SET_CREATION_META(view, kept.creation)
     view.__dict__.update(t.__dict__)

@@ -271,7 +271,7 @@ def _materialize_tensors(tensors: list[torch.Tensor], where: dict[int, list[Loca
             for t, v in zip(rest, values):
                 if id(t) in loaded:
                     v.copy_(loaded[id(t)]())
-            values += [_empty_like(t, target, dtype if casts(t) else None)
+            values += [_empty_like(t, target, dtype if casts(t) else None, whole_storage=True)
                        .copy_(loaded[id(t)]()) for t in direct]
         plan.append((rest + direct, values))
     links = plan_links(tensors, value_of_at_read(target, seed, compile) if init else None,
@@ -317,8 +317,19 @@ def _refuse_meta_values(tensors: list[torch.Tensor], loaded: Mapping[int, Any], 
              "or pass init=False to allocate them uninitialized, or state_dict= to load them")
 
 
-def _empty_like(t: torch.Tensor, target: torch.device | None, dtype: torch.dtype | None = None) -> torch.Tensor:
-    return torch.empty_strided(t.size(), t.stride(), dtype=dtype_after_to(t.dtype, dtype), device=target or state_of(t).device)
+def _empty_like(t: torch.Tensor, target: torch.device | None, dtype: torch.dtype | None = None,
+                whole_storage: bool = False) -> torch.Tensor:
+    """An empty tensor in ``t``'s layout (``dtype``: cast, as ``.to`` makes one of its own); with
+    ``whole_storage``, and where the dtype stays, on a storage of ``t``'s size at ``t``'s offset
+    (eager's ``load_state_dict`` copies into ``t`` as it is: a view of a temporary keeps it)."""
+    device, cast = target or state_of(t).device, dtype_after_to(t.dtype, dtype)
+    if whole_storage and cast == t.dtype:
+        with plain_attributes():
+            nbytes, offset = t.untyped_storage().nbytes(), t.storage_offset()
+        if offset or nbytes != t.numel() * t.element_size():
+            return torch.empty(nbytes // t.element_size(), dtype=cast, device=device).as_strided(
+                t.size(), t.stride(), offset)
+    return torch.empty_strided(t.size(), t.stride(), dtype=cast, device=device)
 
 
 M = TypeVar("M", torch.nn.Module, torch.Tensor)

@@ -432,3 +432,27 @@ def test_a_pruned_copy_materializes_in_any_order(order: str) -> None:
     assert_modules_equal(m, ref)
     for i in (0, 2):
         assert type(m[i].weight.grad_fn) is type(ref[i].weight.grad_fn)
+
+
+def test_a_parameter_written_with_autograd_after_the_trace_stays_a_parameter() -> None:
+    """Found by the fuzzer (seed 65, small thresholds): a frozen parameter written in place from a
+    tensor that requires grad (``self.w1.add_(self.m0.bias)``) gets a ``grad_fn`` and stays that
+    Parameter object in eager; fxinit rebuilt its graph but gave back a plain tensor."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m0 = nn.Linear(1, 1)
+            self.w1 = nn.Parameter(self.m0.bias.clone(), requires_grad=False)
+
+    def step(m: nn.Module) -> None:
+        m.w1.add_(m.m0.bias, alpha=0.5)
+
+    torch.manual_seed(0)
+    eager = M()
+    step(eager)
+    torch.manual_seed(0)
+    m = fxinit.trace_init(M)
+    step(m)
+    fxinit.materialize(m)
+    assert type(m.w1) is type(eager.w1) is nn.Parameter
+    assert type(m.w1.grad_fn) is type(eager.w1.grad_fn) and torch.equal(m.w1, eager.w1)

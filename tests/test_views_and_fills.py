@@ -340,3 +340,34 @@ def test_kept_views_are_views_of_eagers_bases_after_materialize() -> None:
             assert mod.lin.weight._version == before
         with pytest.raises(RuntimeError, match="no_grad mode"):  # as eager's refuses
             m.head.mul_(m.lin.weight[0, :3].sum())
+
+
+def test_kept_views_after_requires_grad_and_a_checkpoint() -> None:
+    """Found by a second hunt: ``requires_grad_()`` on a kept view or on its base between trace
+    and materialize left the view a tensor of its own (a backward filled its ``.grad`` where eager's
+    view is a leaf view); and a buffer that is the only kept view of a dropped temporary lost its
+    storage offset when loaded (``materialize(state_dict=...)``, eager's ``load_state_dict``)."""
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("cache", torch.zeros(2, 4))
+            self.k = self.cache[0]
+            self.register_buffer("t", torch.randn(4)[1:])
+
+    for step in (lambda m: m.k.requires_grad_(), lambda m: m.cache.requires_grad_()):
+        torch.manual_seed(0)
+        eager = M()
+        step(eager)
+        torch.manual_seed(0)
+        m = fxinit.trace_init(M)
+        step(m)
+        fxinit.materialize(m)
+        assert compare_modules(m, eager) == []
+        assert (m.k._is_view(), m.k._base is m.cache, m.k.is_leaf) == (True, True, True)
+    state = {"cache": torch.ones(2, 4), "t": torch.arange(3.0)}
+    eager = M()
+    eager.load_state_dict(state)
+    m = fxinit.trace_init(M)
+    fxinit.materialize(m, state_dict=state)
+    assert compare_modules(m, eager) == []
+    assert (m.t.storage_offset(), m.t.untyped_storage().nbytes()) == (1, 16)

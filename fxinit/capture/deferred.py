@@ -16,6 +16,7 @@ It is a meta tensor underneath (so every shape computation is PyTorch's own), wi
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -177,6 +178,9 @@ def dressed_as(deferred: torch.Tensor, value: torch.Tensor, keep_autograd: bool 
     if keep_autograd:  # (``deferred`` may be real since its first swap: then its own type is the one made)
         made_as = cls or (type(deferred) if type(deferred) not in (torch.Tensor, DeferredTensor) else None)
         new = value if made_as is None or issubclass(made_as, torch.nn.Parameter) else value.as_subclass(made_as)
+        if made_as is not None and issubclass(made_as, torch.nn.Parameter):  # written in place with autograd:
+            with contextlib.suppress(TypeError):  # eager's is that Parameter (``as_subclass``: an alias in the graph)
+                new.__class__ = made_as
     elif cls is not None:
         new = torch.Tensor._make_subclass(cls, value.detach(), requires_grad)
         if deferred.__dict__.get("_is_param") and not isinstance(new, torch.nn.Parameter):
@@ -291,15 +295,12 @@ class DeferredTensor(torch.Tensor):
     def __reduce_ex__(self, proto: int) -> Any:
         rec = state_of(self).recorder
         try:
-            name = rec.storage_names().get(rec.storage_id(self))
+            name = f" ({rec.storage_names()[rec.storage_id(self)]})"
         except Exception:  # noqa: BLE001  (its name where the model holds it: for the message only)
-            name = None
-        raise rec.fail(
-            f"a deferred tensor{f' ({name})' if name else ''} cannot be pickled or saved",
-            op="pickle",
-            hint="materialize it first (fxinit.materialize); a module whose __deepcopy__ pickles what it holds (e3nn's "
-                 "generated code) is deep-copied after materialize",
-        )
+            name = ""
+        raise rec.fail(f"a deferred tensor{name} cannot be pickled or saved", op="pickle",
+                       hint="materialize it first (fxinit.materialize); a module whose __deepcopy__ pickles what it "
+                            "holds (e3nn's generated code) is deep-copied after materialize")
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001

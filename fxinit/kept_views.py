@@ -27,6 +27,8 @@ import torch
 
 from fxinit.capture.deferred import is_deferred_tensor, plain_attributes
 from fxinit.capture.swap import swap
+from fxinit.passes.ranges import storage_extent
+from fxinit.spec import TensorSpec
 
 _CREATION_META = torch._C._autograd._get_creation_meta
 _SET_CREATION_META = torch._C._autograd._set_creation_meta
@@ -131,9 +133,9 @@ def _view_like(base: torch.Tensor, t: torch.Tensor) -> torch.Tensor | None:
 def _stand_in(deferred: torch.Tensor, view: torch.Tensor) -> torch.Tensor | None:
     """A real tensor in the place of ``deferred`` (a temporary), on the memory of ``view``."""
     with plain_attributes():
-        size, stride, offset = deferred.size(), deferred.stride(), deferred.storage_offset()
-    storage = view.untyped_storage()
-    extent = offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1 if all(size) else 0
-    if extent * deferred.element_size() > storage.nbytes():
+        spec = TensorSpec.of(deferred, view.device)
+    storage, extent = view.untyped_storage(), storage_extent(spec)
+    if extent is None or extent[1] * spec.dtype.itemsize > storage.nbytes():
         return None
-    return torch.empty(0, dtype=deferred.dtype, device=view.device).set_(storage, offset, size, stride)
+    return torch.empty(0, dtype=spec.dtype, device=view.device).set_(storage, spec.storage_offset, spec.shape,
+                                                                     spec.stride)

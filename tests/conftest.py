@@ -264,6 +264,22 @@ def _outputs_equal(a: Any, b: Any) -> bool:
     return len(fa) == len(fb) and all(same_bits(x, y) for x, y in zip(fa, fb))
 
 
+def built_both(factory: Callable[[], torch.nn.Module], step: Callable[[torch.nn.Module], Any] | None = None,
+               seed: int = 0, **options: Any) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """``(eager, traced)``: ``factory()`` built eagerly and with ``fxinit.trace_init`` from one
+    seed, ``step`` run on each after construction, the traced one materialized (``options``)."""
+    torch.manual_seed(seed)
+    eager = factory()
+    if step is not None:
+        step(eager)
+    torch.manual_seed(seed)
+    traced = fxinit.trace_init(factory)
+    if step is not None:
+        step(traced)
+    fxinit.materialize(traced, **options)
+    return eager, traced
+
+
 def assert_same_as_eager(
     factory: Callable[..., torch.nn.Module],
     *args: Any,

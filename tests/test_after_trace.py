@@ -19,6 +19,7 @@ from conftest import (
     assert_bits,
     assert_modules_equal,
     assert_same_as_eager,
+    built_both,
     materialize_in_order,
     named_tensors,
     rng_state,
@@ -447,12 +448,6 @@ def test_a_parameter_written_with_autograd_after_the_trace_stays_a_parameter() -
     def step(m: nn.Module) -> None:
         m.w1.add_(m.m0.bias, alpha=0.5)
 
-    torch.manual_seed(0)
-    eager = M()
-    step(eager)
-    torch.manual_seed(0)
-    m = fxinit.trace_init(M)
-    step(m)
-    fxinit.materialize(m)
+    eager, m = built_both(M, step)
     assert type(m.w1) is type(eager.w1) is nn.Parameter
     assert type(m.w1.grad_fn) is type(eager.w1.grad_fn) and torch.equal(m.w1, eager.w1)

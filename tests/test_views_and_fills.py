@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 import fxinit
-from tests.conftest import assert_same_as_eager, compare_modules, named_tensors
+from tests.conftest import assert_same_as_eager, built_both, compare_modules, named_tensors
 
 STEPS = ("normal", "uniform", "slice", "unbind", "split", "scale", "copy", "clone", "plus_one", "transpose",
          "refill", "zero")
@@ -355,13 +355,7 @@ def test_kept_views_after_requires_grad_and_a_checkpoint() -> None:
             self.register_buffer("t", torch.randn(4)[1:])
 
     for step in (lambda m: m.k.requires_grad_(), lambda m: m.cache.requires_grad_()):
-        torch.manual_seed(0)
-        eager = M()
-        step(eager)
-        torch.manual_seed(0)
-        m = fxinit.trace_init(M)
-        step(m)
-        fxinit.materialize(m)
+        eager, m = built_both(M, step)
         assert compare_modules(m, eager) == []
         assert (m.k._is_view(), m.k._base is m.cache, m.k.is_leaf) == (True, True, True)
     state = {"cache": torch.ones(2, 4), "t": torch.arange(3.0)}
